@@ -1,0 +1,199 @@
+"""Transformer building blocks (SEEDS.md section 7; Vaswani et al. sections 3.1-3.5).
+
+- :class:`TokenEmbedding`: ``Embedding(x) * sqrt(d_model)`` (section 3.4).
+- :class:`SinusoidalPositions` / :class:`LearnedPositions`: ``PE(pos, 2i) = sin(pos / 10000^(2i/d_model))``,
+  ``PE(pos, 2i+1) = cos(pos / 10000^(2i/d_model))`` (section 3.5), or a learned table.
+- :class:`FeedForward`: ``FFN(x) = max(0, x W_1 + b_1) W_2 + b_2`` (section 3.3).
+- :class:`EncoderLayer`: self-attention -> Add & Norm -> FFN -> Add & Norm.
+- :class:`DecoderLayer`: masked self-attention -> Add & Norm -> cross-attention -> Add & Norm -> FFN -> Add & Norm.
+
+Dropout sits where the paper puts it: on each sub-layer's output before the residual add
+(``dropout``) and on embeddings + positions (in the models). Dropout on attention weights
+and on the FFN activation are extra options (tensor2tensor/fairseq), off by default.
+Deviation flag: ``norm_first=True`` gives the pre-norm variant ``x + Sublayer(LayerNorm(x))``
+(more stable for deep stacks); the paper's post-norm ``LayerNorm(x + Sublayer(x))`` is the default.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .multihead import KVCache, MultiHeadAttention
+
+
+class TokenEmbedding(nn.Module):
+    """Token ids ``(B, T)`` -> vectors ``(B, T, d_model)`` scaled by ``sqrt(d_model)``.
+
+    Initialised ``N(0, d_model^-1/2)`` so the scaled embedding has unit variance, like the
+    positional encoding it is added to; ``weight`` can be tied to the output projection.
+    """
+
+    def __init__(self, vocab_size: int, d_model: int, pad_id: int = 0) -> None:
+        super().__init__()
+        self.embedding = nn.Embedding(vocab_size, d_model, padding_idx=pad_id)
+        nn.init.normal_(self.embedding.weight, 0.0, d_model ** -0.5)
+        with torch.no_grad():
+            self.embedding.weight[pad_id].zero_()
+        self.scale = math.sqrt(d_model)
+
+    @property
+    def weight(self) -> Tensor:
+        return self.embedding.weight
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        return self.embedding(tokens) * self.scale  # (B, T, d_model)
+
+
+def sinusoidal_table(max_len: int, d_model: int) -> Tensor:
+    """The paper's table ``(max_len, d_model)``: even dims ``sin(pos / 10000^(2i/d))``, odd dims ``cos(...)``."""
+    pos = torch.arange(max_len, dtype=torch.float64)[:, None]  # (L, 1)
+    two_i = torch.arange(0, d_model, 2, dtype=torch.float64)  # (d/2,)
+    angle = pos / torch.pow(10000.0, two_i / d_model)  # (L, d/2)
+    table = torch.zeros(max_len, d_model, dtype=torch.float64)
+    table[:, 0::2] = torch.sin(angle)
+    table[:, 1::2] = torch.cos(angle[:, : d_model // 2])
+    return table.float()
+
+
+class SinusoidalPositions(nn.Module):
+    """Fixed sinusoidal positional encoding; ``forward(T, offset)`` returns rows ``offset..offset+T-1``."""
+
+    def __init__(self, d_model: int, max_len: int = 1024) -> None:
+        super().__init__()
+        self.register_buffer("table", sinusoidal_table(max_len, d_model), persistent=False)
+
+    def forward(self, T: int, offset: int = 0) -> Tensor:
+        if offset + T > self.table.size(0):
+            raise ValueError(f"position {offset + T} exceeds max_len={self.table.size(0)}")
+        return self.table[offset: offset + T]  # (T, d_model)
+
+
+class LearnedPositions(nn.Module):
+    """A learned position table (an alternative the paper reports as nearly identical)."""
+
+    def __init__(self, d_model: int, max_len: int = 1024) -> None:
+        super().__init__()
+        self.table = nn.Embedding(max_len, d_model)
+        nn.init.normal_(self.table.weight, 0.0, d_model ** -0.5)
+
+    def forward(self, T: int, offset: int = 0) -> Tensor:
+        if offset + T > self.table.num_embeddings:
+            raise ValueError(f"position {offset + T} exceeds max_len={self.table.num_embeddings}")
+        return self.table.weight[offset: offset + T]  # (T, d_model)
+
+
+def make_positions(kind: str, d_model: int, max_len: int) -> nn.Module:
+    """``"sinusoidal"`` or ``"learned"`` positional encoding."""
+    if kind == "sinusoidal":
+        return SinusoidalPositions(d_model, max_len)
+    if kind == "learned":
+        return LearnedPositions(d_model, max_len)
+    raise ValueError(f"unknown positional encoding {kind!r}; choose sinusoidal or learned")
+
+
+class FeedForward(nn.Module):
+    """Position-wise ``max(0, x W_1 + b_1) W_2 + b_2`` — a 1x1 convolution, as seed 001 puts it."""
+
+    def __init__(self, d_model: int, d_ff: int, activation_dropout: float = 0.0) -> None:
+        super().__init__()
+        self.w1 = nn.Linear(d_model, d_ff)
+        self.w2 = nn.Linear(d_ff, d_model)
+        self.activation_dropout = activation_dropout
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = F.relu(self.w1(x))  # (B, T, d_ff)
+        if self.activation_dropout > 0.0:
+            h = F.dropout(h, self.activation_dropout, self.training)
+        return self.w2(h)  # (B, T, d_model)
+
+
+class _ResidualBlock(nn.Module):
+    """Residual wiring shared by encoder and decoder layers.
+
+    Post-norm (paper): ``x = Norm(x + Dropout(Sublayer(x)))``.
+    Pre-norm:          ``x = x + Dropout(Sublayer(Norm(x)))``.
+    ``sublayer_input`` gives what the sub-layer reads; ``add_and_norm`` adds its output back.
+    """
+
+    norm_first: bool
+    dropout: float
+
+    def sublayer_input(self, x: Tensor, norm: nn.LayerNorm) -> Tensor:
+        return norm(x) if self.norm_first else x
+
+    def add_and_norm(self, x: Tensor, y: Tensor, norm: nn.LayerNorm) -> Tensor:
+        x = x + F.dropout(y, self.dropout, self.training)
+        return x if self.norm_first else norm(x)
+
+
+class EncoderLayer(_ResidualBlock):
+    """``x = Norm(x + Dropout(SelfAttn(x)));  x = Norm(x + Dropout(FFN(x)))`` (post-norm; see module doc)."""
+
+    def __init__(self, d_model: int, n_heads: int, d_ff: int, *, dropout: float = 0.1,
+                 attention_dropout: float = 0.0, activation_dropout: float = 0.0,
+                 norm_first: bool = False, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.self_attn = MultiHeadAttention(d_model, n_heads, dropout=attention_dropout)
+        self.ff = FeedForward(d_model, d_ff, activation_dropout)
+        self.norm1 = nn.LayerNorm(d_model, eps=eps)
+        self.norm2 = nn.LayerNorm(d_model, eps=eps)
+        self.dropout = dropout
+        self.norm_first = norm_first
+
+    def forward(self, x: Tensor, mask: Tensor | None = None, need_weights: bool = False
+                ) -> tuple[Tensor, Tensor | None]:
+        """``x`` ``(B, T, d_model)``, ``mask`` ``(B, 1, 1, T)`` key padding -> ``(x, weights (B, H, T, T) | None)``."""
+        y, weights, _ = self.self_attn(self.sublayer_input(x, self.norm1), None, mask, need_weights=need_weights)
+        x = self.add_and_norm(x, y, self.norm1)
+        x = self.add_and_norm(x, self.ff(self.sublayer_input(x, self.norm2)), self.norm2)
+        return x, weights
+
+
+class DecoderLayer(_ResidualBlock):
+    """Masked self-attention, cross-attention to the encoder memory, FFN; each with Add & Norm."""
+
+    def __init__(self, d_model: int, n_heads: int, d_ff: int, *, dropout: float = 0.1,
+                 attention_dropout: float = 0.0, activation_dropout: float = 0.0,
+                 norm_first: bool = False, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.self_attn = MultiHeadAttention(d_model, n_heads, dropout=attention_dropout)
+        self.cross_attn = MultiHeadAttention(d_model, n_heads, dropout=attention_dropout)
+        self.ff = FeedForward(d_model, d_ff, activation_dropout)
+        self.norm1 = nn.LayerNorm(d_model, eps=eps)
+        self.norm2 = nn.LayerNorm(d_model, eps=eps)
+        self.norm3 = nn.LayerNorm(d_model, eps=eps)
+        self.dropout = dropout
+        self.norm_first = norm_first
+
+    def forward(
+        self,
+        x: Tensor,
+        memory: Tensor,
+        self_mask: Tensor | None,
+        memory_mask: Tensor | None,
+        *,
+        cache: tuple[KVCache, KVCache] | None = None,
+        need_weights: bool = False,
+    ) -> tuple[Tensor, Tensor | None, tuple[KVCache, KVCache] | None]:
+        """One decoder layer.
+
+        :param x: ``(B, T, d_model)`` target positions (``T = 1`` when decoding step by step).
+        :param memory: ``(B, S, d_model)`` encoder output.
+        :param self_mask: look-ahead mask ``(T, T_past + T)``, possibly combined with target padding.
+        :param memory_mask: ``(B, 1, 1, S)`` source padding mask.
+        :param cache: ``(self-attention cache, cross-attention cache)`` for incremental decoding.
+        :returns: ``(x, cross-attention weights (B, H, T, S) | None, new cache | None)``.
+        """
+        self_cache, cross_cache = cache if cache is not None else (None, None)
+        y, _, self_cache = self.self_attn(self.sublayer_input(x, self.norm1), None, self_mask, cache=self_cache)
+        x = self.add_and_norm(x, y, self.norm1)
+        y, weights, cross_cache = self.cross_attn(self.sublayer_input(x, self.norm2), memory, memory_mask,
+                                                  cache=cross_cache, need_weights=need_weights)
+        x = self.add_and_norm(x, y, self.norm2)
+        x = self.add_and_norm(x, self.ff(self.sublayer_input(x, self.norm3)), self.norm3)
+        new_cache = (self_cache, cross_cache) if cache is not None else None
+        return x, weights, new_cache
