@@ -99,8 +99,15 @@ class GeneralScore(nn.Module):
         super().__init__()
         self.W = nn.Linear(d_k or d_q, d_q, bias=False)  # maps keys into query space: W k
 
+    def project_keys(self, k: Tensor) -> Tensor:
+        """``W k`` ``(..., T_k, d_q)``: depends on the keys only, so an RNN decoder computes it once."""
+        return self.W(k)
+
+    def score_projected(self, q: Tensor, projected_k: Tensor) -> Tensor:
+        return q @ projected_k.transpose(-2, -1)  # (..., T_q, d_q) @ (..., d_q, T_k)
+
     def forward(self, q: Tensor, k: Tensor) -> Tensor:
-        return q @ self.W(k).transpose(-2, -1)  # (..., T_q, d_q) @ (..., d_q, T_k)
+        return self.score_projected(q, self.project_keys(k))
 
 
 class AdditiveScore(nn.Module):
@@ -117,9 +124,16 @@ class AdditiveScore(nn.Module):
         self.W_k = nn.Linear(d_k or d_q, d_attn, bias=True)
         self.v = nn.Linear(d_attn, 1, bias=False)
 
-    def forward(self, q: Tensor, k: Tensor) -> Tensor:
-        hidden = torch.tanh(self.W_q(q).unsqueeze(-2) + self.W_k(k).unsqueeze(-3))  # (..., T_q, T_k, d_attn)
+    def project_keys(self, k: Tensor) -> Tensor:
+        """``W_k k`` ``(..., T_k, d_attn)``: depends on the keys only, so an RNN decoder computes it once."""
+        return self.W_k(k)
+
+    def score_projected(self, q: Tensor, projected_k: Tensor) -> Tensor:
+        hidden = torch.tanh(self.W_q(q).unsqueeze(-2) + projected_k.unsqueeze(-3))  # (..., T_q, T_k, d_attn)
         return self.v(hidden).squeeze(-1)  # (..., T_q, T_k)
+
+    def forward(self, q: Tensor, k: Tensor) -> Tensor:
+        return self.score_projected(q, self.project_keys(k))
 
 
 Scorer = Callable[[Tensor, Tensor], Tensor]

@@ -1,0 +1,39 @@
+"""attnkit: attention and the Transformer as the seeds describe them, trained and inspected on a CPU.
+
+Where things are (the layout is the architecture):
+
+- :mod:`attnkit.attention`   — masks, score functions, softmax/hard normalizers, the kernel :func:`attend`
+- :mod:`attnkit.multihead`   — :class:`MultiHeadAttention` and its :class:`KVCache`
+- :mod:`attnkit.layers`      — embeddings, positional encodings, feed-forward, encoder/decoder layers
+- :mod:`attnkit.transformer` — the encoder-decoder :class:`Transformer` and its presets
+- :mod:`attnkit.classifier`  — the encoder-only :class:`TransformerClassifier`
+- :mod:`attnkit.rnn`         — :class:`RNNSeq2Seq` with and without attention
+- :mod:`attnkit.search`      — greedy and beam search over the shared single-step interface
+"""
+
+from .attention import (
+    AdditiveScore,
+    GeneralScore,
+    attend,
+    causal_mask,
+    dot_score,
+    hard_attention,
+    make_scorer,
+    padding_mask,
+    scaled_dot_score,
+    soft_attention,
+)
+from .classifier import TransformerClassifier
+from .layers import DecoderLayer, EncoderLayer, FeedForward, SinusoidalPositions, TokenEmbedding
+from .multihead import KVCache, MultiHeadAttention
+from .rnn import RNNConfig, RNNSeq2Seq
+from .transformer import PRESETS, Transformer, TransformerConfig, preset
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AdditiveScore", "DecoderLayer", "EncoderLayer", "FeedForward", "GeneralScore", "KVCache",
+    "MultiHeadAttention", "PRESETS", "RNNConfig", "RNNSeq2Seq", "SinusoidalPositions", "TokenEmbedding",
+    "Transformer", "TransformerClassifier", "TransformerConfig", "attend", "causal_mask", "dot_score",
+    "hard_attention", "make_scorer", "padding_mask", "preset", "scaled_dot_score", "soft_attention",
+]

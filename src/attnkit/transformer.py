@@ -1,0 +1,226 @@
+"""The Transformer encoder-decoder (SEEDS.md section 7; Vaswani et al. 2017, figure 1).
+
+    memory = Encoder(Embed(src) + PE)                                   # N encoder layers
+    logits = Decoder(Embed(<s> y_1 .. y_{t-1}) + PE, memory) W_out       # N decoder layers, look-ahead mask
+
+Training uses teacher forcing (the whole shifted target at once, :meth:`Transformer.forward`).
+Generation starts from ``<s>`` and feeds back each output until ``</s>`` through the
+single-step interface :meth:`Transformer.init_decoder` / :meth:`Transformer.decode_step`,
+shared with the RNN models so one search implementation serves both.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .attention import causal_mask, padding_mask
+from .layers import DecoderLayer, EncoderLayer, TokenEmbedding, make_positions
+from .multihead import KVCache
+
+PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
+
+
+@dataclass
+class TransformerConfig:
+    """Model dimensions. Presets: :data:`PRESETS` (``base`` and ``big`` are the paper's)."""
+
+    d_model: int = 256
+    n_heads: int = 4
+    d_ff: int = 1024
+    encoder_layers: int = 3
+    decoder_layers: int = 3
+    dropout: float = 0.1  # residual and embedding dropout (the paper's P_drop)
+    attention_dropout: float = 0.0  # on attention weights (not in the paper)
+    activation_dropout: float = 0.0  # after the FFN ReLU (not in the paper)
+    norm_first: bool = False  # pre-norm instead of the paper's post-norm
+    positions: Literal["sinusoidal", "learned"] = "sinusoidal"
+    max_len: int = 1024
+    share_embeddings: bool = True  # one embedding for source and target (needs a joint vocabulary)
+    tie_output: bool = True  # output projection = target embedding matrix
+
+    def validate(self) -> None:
+        from .errors import UserError
+
+        if self.d_model % self.n_heads:
+            raise UserError(f"model.d_model={self.d_model} must be divisible by model.n_heads={self.n_heads}")
+
+
+PRESETS: dict[str, TransformerConfig] = {
+    "tiny": TransformerConfig(d_model=64, n_heads=4, d_ff=256, encoder_layers=2, decoder_layers=2),
+    "small": TransformerConfig(d_model=256, n_heads=4, d_ff=1024, encoder_layers=3, decoder_layers=3),
+    "base": TransformerConfig(d_model=512, n_heads=8, d_ff=2048, encoder_layers=6, decoder_layers=6, dropout=0.1),
+    "big": TransformerConfig(d_model=1024, n_heads=16, d_ff=4096, encoder_layers=6, decoder_layers=6, dropout=0.3),
+}
+
+
+def preset(name: str, **changes: object) -> TransformerConfig:
+    """A copy of preset ``name`` with ``changes`` applied."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
+    return replace(PRESETS[name], **changes)
+
+
+class TransformerEncoder(nn.Module):
+    """Embedding + positions + N encoder layers (+ a final LayerNorm for pre-norm stacks)."""
+
+    def __init__(self, cfg: TransformerConfig, vocab_size: int, embedding: TokenEmbedding | None = None,
+                 pad_id: int = PAD_ID) -> None:
+        super().__init__()
+        self.pad_id = pad_id
+        self.embed = embedding or TokenEmbedding(vocab_size, cfg.d_model, pad_id)
+        self.positions = make_positions(cfg.positions, cfg.d_model, cfg.max_len)
+        self.dropout = cfg.dropout
+        self.layers = nn.ModuleList(
+            EncoderLayer(cfg.d_model, cfg.n_heads, cfg.d_ff, dropout=cfg.dropout,
+                         attention_dropout=cfg.attention_dropout, activation_dropout=cfg.activation_dropout,
+                         norm_first=cfg.norm_first)
+            for _ in range(cfg.encoder_layers)
+        )
+        self.final_norm = nn.LayerNorm(cfg.d_model) if cfg.norm_first else None
+
+    def forward(self, src: Tensor, need_weights: bool = False) -> tuple[Tensor, Tensor, list[Tensor]]:
+        """``src`` ``(B, S)`` -> ``(memory (B, S, d_model), mask (B, 1, 1, S), per-layer self-attention weights)``."""
+        mask = padding_mask(src, self.pad_id).unsqueeze(1)  # (B, 1, 1, S): True at real tokens
+        x = self.embed(src) + self.positions(src.size(1))  # (B, S, d_model)
+        x = F.dropout(x, self.dropout, self.training)
+        all_weights = []
+        for layer in self.layers:
+            x, weights = layer(x, mask, need_weights=need_weights)
+            if weights is not None:
+                all_weights.append(weights)
+        if self.final_norm is not None:
+            x = self.final_norm(x)
+        return x, mask, all_weights
+
+
+@dataclass
+class TransformerState:
+    """Decoder state for step-by-step generation (see :meth:`Transformer.decode_step`).
+
+    ``caches`` holds one ``(self-attention, cross-attention)`` :class:`KVCache` pair per layer.
+    With ``caches=None`` the decoder recomputes the whole prefix in ``tokens`` every step
+    (the uncached baseline the benchmark compares against).
+    """
+
+    memory: Tensor  # (B, S, d_model)
+    memory_mask: Tensor  # (B, 1, 1, S)
+    tokens: Tensor  # (B, t) tokens fed so far (incl. <s>)
+    caches: list[tuple[KVCache, KVCache]] | None
+
+    def select(self, index: Tensor) -> TransformerState:
+        """Keep / reorder / repeat batch rows; ``index`` ``(B',)``."""
+        caches = None if self.caches is None else [(s.select(index), c.select(index)) for s, c in self.caches]
+        return TransformerState(self.memory.index_select(0, index), self.memory_mask.index_select(0, index),
+                                self.tokens.index_select(0, index), caches)
+
+
+class Transformer(nn.Module):
+    """Encoder-decoder Transformer returning logits; loss, search and precision live elsewhere."""
+
+    pad_id, bos_id, eos_id = PAD_ID, BOS_ID, EOS_ID
+
+    def __init__(self, cfg: TransformerConfig, src_vocab_size: int, tgt_vocab_size: int) -> None:
+        super().__init__()
+        cfg.validate()
+        self.cfg = cfg
+        if cfg.share_embeddings and src_vocab_size != tgt_vocab_size:
+            raise ValueError(f"share_embeddings needs one vocabulary, got {src_vocab_size} and {tgt_vocab_size}")
+        self.encoder = TransformerEncoder(cfg, src_vocab_size)
+        self.tgt_embed = self.encoder.embed if cfg.share_embeddings else TokenEmbedding(tgt_vocab_size, cfg.d_model)
+        self.positions = make_positions(cfg.positions, cfg.d_model, cfg.max_len)
+        self.dropout = cfg.dropout
+        self.layers = nn.ModuleList(
+            DecoderLayer(cfg.d_model, cfg.n_heads, cfg.d_ff, dropout=cfg.dropout,
+                         attention_dropout=cfg.attention_dropout, activation_dropout=cfg.activation_dropout,
+                         norm_first=cfg.norm_first)
+            for _ in range(cfg.decoder_layers)
+        )
+        self.final_norm = nn.LayerNorm(cfg.d_model) if cfg.norm_first else None
+        self.out_proj = nn.Linear(cfg.d_model, tgt_vocab_size, bias=False)
+        if cfg.tie_output:
+            self.out_proj.weight = self.tgt_embed.weight
+        self._init_weights()
+
+    def _init_weights(self) -> None:
+        """Xavier-uniform for attention and FFN matrices (as fairseq / the Annotated Transformer)."""
+        for name, p in self.named_parameters():
+            if p.dim() == 2 and "embed" not in name and "positions" not in name and p is not self.out_proj.weight:
+                nn.init.xavier_uniform_(p)
+
+    # -- teacher forcing ---------------------------------------------------------------
+
+    def encode(self, src: Tensor) -> tuple[Tensor, Tensor]:
+        """``src`` ``(B, S)`` -> ``(memory (B, S, d_model), memory_mask (B, 1, 1, S))``."""
+        memory, mask, _ = self.encoder(src)
+        return memory, mask
+
+    def decode(self, tgt_in: Tensor, memory: Tensor, memory_mask: Tensor, *, need_weights: bool = False
+               ) -> tuple[Tensor, list[Tensor]]:
+        """Decoder hidden states for the whole shifted target ``tgt_in`` ``(B, T)`` -> ``(B, T, d_model)``.
+
+        Padding in the target needs no mask: a real position never looks right of itself, and
+        outputs at padded positions are ignored by the loss.
+        """
+        T = tgt_in.size(1)
+        self_mask = causal_mask(T, device=tgt_in.device)  # (T, T)
+        x = F.dropout(self.tgt_embed(tgt_in) + self.positions(T), self.dropout, self.training)
+        cross = []
+        for layer in self.layers:
+            x, weights, _ = layer(x, memory, self_mask, memory_mask, need_weights=need_weights)
+            if weights is not None:
+                cross.append(weights)
+        if self.final_norm is not None:
+            x = self.final_norm(x)
+        return x, cross
+
+    def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
+        """Teacher forcing: ``src`` (B, S), ``tgt_in`` = ``<s> y_1 .. y_{T-1}`` (B, T) -> logits (B, T, V)."""
+        memory, memory_mask = self.encode(src)
+        hidden, _ = self.decode(tgt_in, memory, memory_mask)
+        return self.out_proj(hidden)
+
+    def cross_attention(self, src: Tensor, tgt_in: Tensor) -> list[Tensor]:
+        """Per-layer cross-attention weights ``(B, H, T, S)`` under teacher forcing (for inspection)."""
+        memory, memory_mask = self.encode(src)
+        return self.decode(tgt_in, memory, memory_mask, need_weights=True)[1]
+
+    # -- single-step interface (attnkit.search) ------------------------------------------
+
+    def init_decoder(self, src: Tensor, use_cache: bool = True) -> TransformerState:
+        """Run the encoder once; the returned state starts before ``<s>``."""
+        memory, memory_mask = self.encode(src)
+        caches = [(KVCache(), KVCache()) for _ in self.layers] if use_cache else None
+        tokens = src.new_zeros(src.size(0), 0)
+        return TransformerState(memory, memory_mask, tokens, caches)
+
+    def decode_step(self, prev: Tensor, state: TransformerState, need_weights: bool = False
+                    ) -> tuple[Tensor, TransformerState, Tensor | None]:
+        """Feed ``prev`` ``(B,)`` -> ``(logits (B, V), new state, cross-attention (B, S) | None)``.
+
+        The returned weights are the last layer's cross-attention averaged over heads.
+        """
+        tokens = torch.cat([state.tokens, prev[:, None]], dim=1)  # (B, t)
+        t = tokens.size(1)
+        if state.caches is None:  # recompute the whole prefix
+            hidden, cross = self.decode(tokens, state.memory, state.memory_mask, need_weights=need_weights)
+            hidden, caches = hidden[:, -1:], None
+        else:
+            x = self.tgt_embed(prev[:, None]) + self.positions(1, offset=t - 1)  # (B, 1, d_model)
+            x = F.dropout(x, self.dropout, self.training)
+            caches, cross = [], []
+            for layer, cache in zip(self.layers, state.caches, strict=True):
+                # one query at the newest position sees every cached key: no look-ahead mask needed
+                x, weights, cache = layer(x, state.memory, None, state.memory_mask, cache=cache,
+                                          need_weights=need_weights)
+                caches.append(cache)
+                if weights is not None:
+                    cross.append(weights)
+            hidden = self.final_norm(x) if self.final_norm is not None else x
+        logits = self.out_proj(hidden[:, 0])  # (B, V)
+        attention = cross[-1][:, :, -1].mean(dim=1) if need_weights else None  # (B, H, T, S) -> (B, S)
+        return logits, TransformerState(state.memory, state.memory_mask, tokens, caches), attention
