@@ -156,12 +156,18 @@ def make_scorer(name: ScoreName, d_q: int, d_k: int | None = None) -> Scorer:
 # --------------------------------------------------------------------------------------
 
 
+def _at_least_float32(e: Tensor) -> Tensor:
+    """Softmax runs in float32 under bf16/fp16 autocast, and stays float64 for float64 inputs."""
+    return e if e.dtype == torch.float64 else e.float()
+
+
 def soft_attention(e: Tensor, mask: Tensor | None = None, beta: float = 1.0) -> Tensor:
     """``alpha = softmax(beta * e)`` over keys, in float32 (seed 3's soft argmax with inverse temperature).
 
     Masked keys get weight 0; a row whose keys are all masked gets all-zero weights.
     """
-    logits = e.float() * beta if beta != 1.0 else e.float()
+    logits = _at_least_float32(e)
+    logits = logits * beta if beta != 1.0 else logits
     if mask is not None:
         logits = logits.masked_fill(~mask, torch.finfo(logits.dtype).min)
     weights = torch.softmax(logits, dim=-1)
@@ -177,7 +183,7 @@ def hard_attention(e: Tensor, mask: Tensor | None = None, beta: float = 1.0, *,
     The argmax has no gradient. With ``straight_through`` the forward pass stays one-hot while
     the backward pass uses the gradient of ``softmax(beta * e)`` (straight-through estimator).
     """
-    logits = e.float()
+    logits = _at_least_float32(e)
     if mask is not None:
         logits = logits.masked_fill(~mask, torch.finfo(logits.dtype).min)
     hard = F.one_hot(logits.argmax(dim=-1), num_classes=e.size(-1)).to(logits.dtype)  # (..., T_q, T_k)
