@@ -1,0 +1,225 @@
+"""Attention heatmaps: (weights, source tokens, target tokens) -> figure.
+
+Pure functions. Figures are built with matplotlib's object-oriented API
+(:class:`matplotlib.figure.Figure`), never through ``pyplot``: importing this module or
+drawing a figure changes no backend, no rcParams and registers no figure with a global
+figure manager. The caller decides where, or whether, a figure is saved
+(:func:`save_figure`).
+
+Layout convention (as in Bahdanau et al. 2015, Fig. 3): rows are target tokens (y axis,
+top to bottom in output order), columns are source tokens (x axis, labels rotated), and
+the colour scale is fixed to [0, 1] so plots of different sentences are comparable.
+
+Glyphs: matplotlib's bundled DejaVu Sans has no Hangul. If a CJK font is installed (see
+``_CJK_FONT_FAMILIES``) tick labels fall back to it; otherwise Korean tokens render as
+boxes and matplotlib warns about missing glyphs.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from matplotlib import font_manager
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+from matplotlib.image import AxesImage
+
+__all__ = ["attention_grid", "attention_heatmap", "save_figure"]
+
+#: Inches per token along either axis, and the fixed margin for labels and colorbar.
+_CELL_INCHES = 0.35
+_MARGIN_INCHES = (2.0, 1.5)  # (width, height)
+_MIN_AXES_INCHES = 1.5
+_MAX_FIGURE_INCHES = 40.0
+_GRID_MAX_COLS = 4
+_DPI = 120
+_CMAP = "viridis"
+#: Weights may exceed [0, 1] by float rounding; beyond this they are not probabilities.
+_RANGE_TOLERANCE = 1e-4
+_CJK_FONT_FAMILIES = (
+    "Noto Sans CJK KR",
+    "Noto Sans KR",
+    "NanumGothic",
+    "Malgun Gothic",
+    "AppleGothic",
+    "Noto Sans CJK JP",
+    "Noto Sans CJK SC",
+)
+
+
+def _to_numpy(weights: Any) -> np.ndarray:
+    """A torch tensor (any device/dtype, with or without grad) or array-like -> float64 array."""
+    if hasattr(weights, "detach"):  # torch.Tensor, without importing torch here
+        weights = weights.detach().to("cpu").float().numpy()
+    return np.asarray(weights, dtype=np.float64)
+
+
+def _check_weights(w: np.ndarray, src_tokens: list[str], tgt_tokens: list[str], what: str) -> None:
+    """Raise ValueError unless ``w[..., T_tgt, T_src]`` matches the token lists and is in [0, 1]."""
+    expected = (len(tgt_tokens), len(src_tokens))
+    if w.shape[-2:] != expected:
+        raise ValueError(
+            f"{what} has shape {tuple(w.shape)} but the tokens give (T_tgt, T_src) = {expected} "
+            f"({len(tgt_tokens)} target, {len(src_tokens)} source tokens); the last two dims "
+            "must be (target, source)"
+        )
+    if 0 in expected:
+        raise ValueError(f"cannot plot attention with no tokens: (T_tgt, T_src) = {expected}")
+    if not np.isfinite(w).all():
+        raise ValueError(f"{what} contains NaN or infinite values")
+    lo, hi = float(w.min()), float(w.max())
+    if lo < -_RANGE_TOLERANCE or hi > 1 + _RANGE_TOLERANCE:
+        raise ValueError(
+            f"{what} ranges over [{lo:.4g}, {hi:.4g}], outside [0, 1]: pass normalized attention "
+            "weights (after softmax), not scores"
+        )
+
+
+@lru_cache(maxsize=1)
+def _tick_font_families() -> tuple[str, ...]:
+    """Font family list for tick labels: the default, then any installed CJK fallback."""
+    installed = {entry.name for entry in font_manager.fontManager.ttflist}
+    return ("sans-serif", *(name for name in _CJK_FONT_FAMILIES if name in installed))
+
+
+def _axes_inches(n_tgt: int, n_src: int) -> tuple[float, float]:
+    """(width, height) in inches of one heatmap's axes: a fixed size per token."""
+    return (max(_MIN_AXES_INCHES, _CELL_INCHES * n_src), max(_MIN_AXES_INCHES, _CELL_INCHES * n_tgt))
+
+
+def _draw(
+    ax: Axes,
+    w: np.ndarray,
+    src_tokens: list[str],
+    tgt_tokens: list[str],
+    *,
+    x_labels: bool,
+    y_labels: bool,
+) -> AxesImage:
+    """Draw one (T_tgt, T_src) heatmap on ``ax`` with fixed [0, 1] colour scale."""
+    image = ax.imshow(w, cmap=_CMAP, vmin=0.0, vmax=1.0, aspect="auto", interpolation="nearest")
+    families = list(_tick_font_families())
+    ax.set_xticks(range(len(src_tokens)), labels=src_tokens if x_labels else [], rotation=90, fontfamily=families)
+    ax.set_yticks(range(len(tgt_tokens)), labels=tgt_tokens if y_labels else [], fontfamily=families)
+    if x_labels:
+        ax.set_xlabel("source")
+    if y_labels:
+        ax.set_ylabel("target")
+    return image
+
+
+def attention_heatmap(
+    weights: Any,
+    src_tokens: list[str],
+    tgt_tokens: list[str],
+    *,
+    title: str | None = None,
+) -> Figure:
+    """Heatmap of one attention matrix: entry (i, j) is alpha_ij, how much target token i
+    attends to source token j (Bahdanau et al. 2015, Eq. 6).
+
+    :param weights: shape (T_tgt, T_src), values in [0, 1] (rows of a softmax); a torch
+        tensor (any device, may require grad) or anything :func:`numpy.asarray` accepts.
+    :param src_tokens: T_src labels for the x axis (columns).
+    :param tgt_tokens: T_tgt labels for the y axis (rows).
+    :param title: optional figure title.
+    :return: a new :class:`~matplotlib.figure.Figure`, sized from the token counts.
+    :raises ValueError: if the shape does not match the token lists (the message gives
+        both), there are no tokens, or the values are not finite numbers in [0, 1].
+    """
+    w = _to_numpy(weights)
+    if w.ndim != 2:
+        raise ValueError(
+            f"weights must have shape (T_tgt, T_src), got {tuple(w.shape)}; for (H, T_tgt, T_src) "
+            "use attention_grid, for a batch pick one element first"
+        )
+    _check_weights(w, src_tokens, tgt_tokens, "weights")
+
+    axes_w, axes_h = _axes_inches(len(tgt_tokens), len(src_tokens))
+    size = (min(_MAX_FIGURE_INCHES, axes_w + _MARGIN_INCHES[0]), min(_MAX_FIGURE_INCHES, axes_h + _MARGIN_INCHES[1]))
+    fig = Figure(figsize=size, layout="constrained")
+    ax = fig.add_subplot()
+    image = _draw(ax, w, src_tokens, tgt_tokens, x_labels=True, y_labels=True)
+    fig.colorbar(image, ax=ax, label="attention weight")
+    if title is not None:
+        ax.set_title(title)
+    return fig
+
+
+def attention_grid(
+    weights_per_head: Any,
+    src_tokens: list[str],
+    tgt_tokens: list[str],
+    *,
+    title: str | None = None,
+) -> Figure:
+    """One heatmap per head, for inspecting multi-head attention, with one shared colorbar.
+
+    Heads are laid out row by row, at most 4 per row; source labels appear on every panel,
+    target labels on the first column only.
+
+    :param weights_per_head: shape (H, T_tgt, T_src), values in [0, 1]; torch tensor or
+        array-like (one batch element: ``weights[b]`` of a (B, H, T_tgt, T_src) tensor).
+    :param src_tokens: T_src labels for the x axes.
+    :param tgt_tokens: T_tgt labels for the y axes.
+    :param title: optional figure title (each panel is titled ``head h``).
+    :return: a new :class:`~matplotlib.figure.Figure`.
+    :raises ValueError: as :func:`attention_heatmap`, or if there is not exactly one head dim.
+    """
+    w = _to_numpy(weights_per_head)
+    if w.ndim != 3 or w.shape[0] == 0:
+        raise ValueError(
+            f"weights_per_head must have shape (H, T_tgt, T_src) with H >= 1, got {tuple(w.shape)}; "
+            "for a batch pick one element first"
+        )
+    _check_weights(w, src_tokens, tgt_tokens, "weights_per_head")
+
+    n_heads = w.shape[0]
+    n_cols = min(n_heads, _GRID_MAX_COLS)
+    n_rows = math.ceil(n_heads / n_cols)
+    axes_w, axes_h = _axes_inches(len(tgt_tokens), len(src_tokens))
+    size = (
+        min(_MAX_FIGURE_INCHES, n_cols * (axes_w + _MARGIN_INCHES[0] / 2) + 1.0),
+        min(_MAX_FIGURE_INCHES, n_rows * (axes_h + _MARGIN_INCHES[1]) + 0.5),
+    )
+    fig = Figure(figsize=size, layout="constrained")
+    axes = fig.subplots(n_rows, n_cols, squeeze=False)  # (n_rows, n_cols) array of Axes
+
+    used: list[Axes] = []
+    image = None
+    for h in range(n_rows * n_cols):
+        ax = axes[h // n_cols, h % n_cols]
+        if h >= n_heads:
+            ax.set_axis_off()  # empty slot in the last row
+            continue
+        image = _draw(ax, w[h], src_tokens, tgt_tokens, x_labels=True, y_labels=h % n_cols == 0)
+        ax.set_xlabel("")  # one shared "source"/"target" label per figure instead
+        ax.set_ylabel("")
+        ax.set_title(f"head {h}")
+        used.append(ax)
+    fig.supxlabel("source")
+    fig.supylabel("target")
+    fig.colorbar(image, ax=used, label="attention weight", fraction=0.02, pad=0.01)
+    if title is not None:
+        fig.suptitle(title)
+    return fig
+
+
+def save_figure(fig: Figure, path: str | Path) -> Path:
+    """Write ``fig`` as a PNG at ``path`` (dpi 120), creating parent directories.
+
+    :param fig: a figure, e.g. from :func:`attention_heatmap`.
+    :param path: destination; must end in ``.png``.
+    :return: the path written, as a :class:`~pathlib.Path`.
+    :raises ValueError: if the suffix is not ``.png`` (the file would lie about its format).
+    """
+    path = Path(path)
+    if path.suffix.lower() != ".png":
+        raise ValueError(f"save_figure writes PNG files; give a path ending in .png, not {str(path)!r}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, format="png", dpi=_DPI)
+    return path
