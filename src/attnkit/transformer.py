@@ -47,7 +47,7 @@ class TransformerConfig:
         from .errors import UserError
 
         if self.d_model % self.n_heads:
-            raise UserError(f"model.d_model={self.d_model} must be divisible by model.n_heads={self.n_heads}")
+            raise UserError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
 
 
 PRESETS: dict[str, TransformerConfig] = {

@@ -1,0 +1,102 @@
+"""The schema of a run's YAML file (``attnkit train CONFIG.yaml``): typed dataclasses.
+
+Loaded by :func:`attnkit.config.load_config`, which rejects unknown or mistyped keys by
+name. ``configs/*.yaml`` are commented examples; every key has the default shown here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from .errors import UserError
+from .rnn import RNNConfig
+from .transformer import TransformerConfig
+
+
+@dataclass
+class TokenizerConfig:
+    """SentencePiece subwords, trained by ``attnkit train`` on the training text."""
+
+    vocab_size: int = 8000
+    model_type: Literal["unigram", "bpe"] = "unigram"
+    joint: bool = True  # one vocabulary for source and target (needed for shared embeddings)
+
+
+@dataclass
+class DataConfig:
+    """Where the text comes from.
+
+    Translation: ``train`` is the source file and ``train_tgt`` the line-aligned target file
+    (plain text, optionally ``.gz``), or ``train`` alone is a ``.tsv`` / ``.jsonl`` holding
+    both sides. Classification: ``train`` is a ``.tsv`` / ``.csv`` with a header.
+    ``generate: dates`` uses the built-in date-normalisation task instead of files.
+    """
+
+    train: str = ""
+    train_tgt: str | None = None
+    valid: str = ""
+    valid_tgt: str | None = None
+    generate: Literal["none", "dates"] = "none"
+    generate_train: int = 40000  # generated examples (generate: dates)
+    generate_valid: int = 500
+    text_column: str | None = None  # classification: header names (detected when unambiguous)
+    label_column: str | None = None
+    max_len: int = 256  # pairs with a side longer than this many subwords are dropped from training
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+
+    def validate(self) -> None:
+        if self.generate == "none" and not self.train:
+            raise UserError("data.train is empty: give a training file (or data.generate: dates)")
+        if self.generate == "none" and not self.valid:
+            raise UserError("data.valid is empty: give a validation file")
+
+
+@dataclass
+class ModelConfig:
+    """``arch: transformer`` reads ``transformer:``, ``arch: rnn`` reads ``rnn:``."""
+
+    arch: Literal["transformer", "rnn"] = "transformer"
+    transformer: TransformerConfig = field(default_factory=TransformerConfig)
+    rnn: RNNConfig = field(default_factory=RNNConfig)
+    pooling: Literal["max", "mean", "first"] = "max"  # classification only
+
+
+@dataclass
+class TrainConfig:
+    """Optimisation, precision, validation and checkpointing."""
+
+    seed: int = 1
+    max_tokens: int = 4096  # padded tokens per batch (max of source and target side)
+    accumulate: int = 1  # batches per update
+    max_updates: int = 20000
+    max_epochs: int = 100
+    max_minutes: float = 0.0  # wall-clock budget for training; 0 = none
+    lr: float = 7e-4  # peak learning rate (reached at the end of warmup)
+    schedule: Literal["inverse_sqrt", "noam", "constant"] = "inverse_sqrt"
+    warmup: int = 4000
+    betas: tuple[float, float] = (0.9, 0.98)
+    eps: float = 1e-9
+    weight_decay: float = 0.0
+    label_smoothing: float = 0.1
+    clip_norm: float = 1.0  # 0 = no clipping
+    precision: Literal["auto", "bf16", "fp32"] = "auto"  # auto: bf16 where the CPU has AMX/AVX512-BF16, or CUDA
+    valid_every: int = 1000  # updates between validations (and checkpoints)
+    valid_bleu_sentences: int = 500  # greedy-decode this many dev sentences for BLEU (0 = skip)
+    keep_checkpoints: int = 5  # most recent step checkpoints kept (for averaging and resume)
+    average_last: int = 5  # average the last K checkpoints into averaged.safetensors at the end (0/1 = off)
+    patience: int = 0  # stop after this many validations without improvement (0 = never)
+    threads: int = 0  # torch intra-op threads (0 = torch's default)
+    progress: bool = True
+
+
+@dataclass
+class RunConfig:
+    """One training run."""
+
+    task: Literal["translate", "classify"] = "translate"
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    decode_beam: int = 4  # defaults for `attnkit translate` / `evaluate`
+    decode_lenpen: float = 0.6

@@ -1,0 +1,322 @@
+"""What is learned from what: translation and classification tasks for the one trainer.
+
+A task turns a :class:`~attnkit.runconfig.RunConfig` into token ids, builds its model,
+collates batches, computes the training loss and validates. The trainer
+(:mod:`attnkit.train`) knows nothing else about the data, so both tasks share its
+optimizer, schedule, precision, checkpoints and resume logic.
+
+Run directory layout (written by ``attnkit train``, read by every other command)::
+
+    config.yaml            the resolved configuration
+    tokenizer.json, *.model  SentencePiece model(s)
+    classes.json           class names (classification)
+    checkpoints/step-N/    model.safetensors + trainer.pt (optimizer, schedule, data position, RNG)
+    best.safetensors       best validation score so far
+    averaged.safetensors   mean of the last K checkpoints (written at the end of training)
+    metrics.jsonl          one JSON object per validation
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import sacrebleu
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from . import dates
+from .checkpoint import atomic_write_text, check_compatible, load_weights
+from .classifier import TransformerClassifier
+from .config import load_config
+from .data import filter_examples, make_batches, pad_batch, read_labelled, read_parallel
+from .errors import UserError
+from .rnn import RNNSeq2Seq
+from .runconfig import RunConfig
+from .search import beam_search, greedy_search
+from .tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer, train_tokenizer
+from .transformer import Transformer
+
+CONFIG_FILE, CLASSES_FILE, TOKENIZER_META = "config.yaml", "classes.json", "tokenizer.json"
+
+
+@dataclass
+class Batch:
+    """Model inputs and targets; ``n_targets`` = what the loss is averaged over (tokens or sentences)."""
+
+    inputs: tuple[Tensor, ...]
+    targets: Tensor
+    n_targets: int
+
+
+class Task(Protocol):
+    """What the trainer needs from a task."""
+
+    name: str
+
+    def build_model(self) -> nn.Module: ...
+    def batches(self, epoch: int) -> list[list[int]]: ...
+    def collate(self, indices: list[int], device: torch.device) -> Batch: ...
+    def loss(self, model: nn.Module, batch: Batch, label_smoothing: float) -> Tensor: ...
+    def validate(self, model: nn.Module, device: torch.device) -> dict[str, float]: ...
+
+
+# --------------------------------------------------------------------------------------
+# Translation
+# --------------------------------------------------------------------------------------
+
+
+def read_translation_split(cfg: RunConfig, split: str) -> list[tuple[str, str]]:
+    """``split`` is ``"train"`` or ``"valid"``: sentence pairs from files or the generator."""
+    data = cfg.data
+    if data.generate == "dates":
+        n = data.generate_train if split == "train" else data.generate_valid
+        return dates.generate_pairs(n, seed=cfg.train.seed, split=split)
+    src, tgt = (data.train, data.train_tgt) if split == "train" else (data.valid, data.valid_tgt)
+    return read_parallel(src, tgt)
+
+
+def build_translation_model(cfg: RunConfig, tok: Tokenizer) -> nn.Module:
+    """A :class:`Transformer` or :class:`RNNSeq2Seq` sized for the tokenizer's vocabularies."""
+    V_src, V_tgt = tok.src_vocab_size, tok.tgt_vocab_size
+    if cfg.model.arch == "rnn":
+        return RNNSeq2Seq(cfg.model.rnn, V_src, V_tgt)
+    tcfg = cfg.model.transformer
+    if tcfg.share_embeddings and not tok.joint:
+        raise UserError("model.transformer.share_embeddings needs data.tokenizer.joint: true")
+    return Transformer(tcfg, V_src, V_tgt)
+
+
+def translate_texts(model: nn.Module, tok: Tokenizer, texts: list[str], *, beam: int = 1, lenpen: float = 0.6,
+                    batch_size: int = 64, max_len_a: float = 1.0, max_len_b: float = 50,
+                    n_best: int = 1, device: torch.device | None = None) -> list[list[str]]:
+    """Translate ``texts`` (sorted by length into batches, returned in input order); n-best per sentence."""
+    device = device or next(model.parameters()).device
+    ids = [s + [EOS_ID] for s in tok.encode_src(texts)]
+    order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
+    out: list[list[str]] = [[] for _ in texts]
+    model.eval()
+    with torch.inference_mode():
+        for start in range(0, len(order), batch_size):
+            chunk = order[start: start + batch_size]
+            src = pad_batch([ids[i] for i in chunk], PAD_ID).to(device)
+            if beam == 1 and n_best == 1:
+                hyps = [[h] for h in greedy_search(model, src, max_len_a=max_len_a, max_len_b=max_len_b)]
+            else:
+                hyps = beam_search(model, src, beam_size=beam, lenpen=lenpen, n_best=n_best,
+                                   max_len_a=max_len_a, max_len_b=max_len_b)
+            for i, nbest in zip(chunk, hyps, strict=True):
+                out[i] = tok.decode_tgt([h.tokens for h in nbest])
+    return out
+
+
+class TranslationTask:
+    """Sequence-to-sequence with teacher forcing and label-smoothed cross-entropy."""
+
+    name = "translate"
+
+    def __init__(self, cfg: RunConfig, run_dir: Path, log=print) -> None:
+        self.cfg = cfg
+        train_pairs = read_translation_split(cfg, "train")
+        self.valid_pairs = read_translation_split(cfg, "valid")
+        if (run_dir / TOKENIZER_META).exists():
+            self.tok = Tokenizer.load(run_dir)
+        else:
+            t = cfg.data.tokenizer
+            log(f"training a {t.model_type} SentencePiece tokenizer (vocab {t.vocab_size}, joint {t.joint})")
+            self.tok = train_tokenizer([s for s, _ in train_pairs], [t_ for _, t_ in train_pairs], run_dir,
+                                       vocab_size=t.vocab_size, model_type=t.model_type, joint=t.joint,
+                                       seed=cfg.train.seed)
+        src_ids = self.tok.encode_src([s for s, _ in train_pairs])
+        tgt_ids = self.tok.encode_tgt([t for _, t in train_pairs])
+        keep, stats = filter_examples(list(zip(src_ids, tgt_ids, strict=True)), cfg.data.max_len)
+        log(f"training data: {stats}")
+        self.src = [src_ids[i] + [EOS_ID] for i in keep]  # x_1 .. x_S </s>
+        self.tgt = [[BOS_ID] + tgt_ids[i] + [EOS_ID] for i in keep]  # <s> y_1 .. y_T </s>
+        v_src = self.tok.encode_src([s for s, _ in self.valid_pairs])
+        v_tgt = self.tok.encode_tgt([t for _, t in self.valid_pairs])
+        self.valid_src = [s + [EOS_ID] for s in v_src]
+        self.valid_tgt = [[BOS_ID] + t + [EOS_ID] for t in v_tgt]
+
+    def build_model(self) -> nn.Module:
+        return build_translation_model(self.cfg, self.tok)
+
+    def batches(self, epoch: int) -> list[list[int]]:
+        return make_batches([len(s) for s in self.src], [len(t) - 1 for t in self.tgt], self.cfg.train.max_tokens,
+                            seed=self.cfg.train.seed, epoch=epoch)
+
+    @staticmethod
+    def _collate(src: list[list[int]], tgt: list[list[int]], device: torch.device) -> Batch:
+        s = pad_batch(src, PAD_ID).to(device)  # (B, S)
+        t = pad_batch(tgt, PAD_ID).to(device)  # (B, T+1)
+        tgt_in, tgt_out = t[:, :-1], t[:, 1:]  # teacher forcing: input <s> y_1.., predict y_1.. </s>
+        return Batch((s, tgt_in), tgt_out, int(tgt_out.ne(PAD_ID).sum()))
+
+    def collate(self, indices: list[int], device: torch.device) -> Batch:
+        return self._collate([self.src[i] for i in indices], [self.tgt[i] for i in indices], device)
+
+    def loss(self, model: nn.Module, batch: Batch, label_smoothing: float) -> Tensor:
+        """Sum over non-pad target tokens of label-smoothed cross-entropy (float32)."""
+        logits = model(*batch.inputs)  # (B, T, V)
+        return F.cross_entropy(logits.float().flatten(0, 1), batch.targets.flatten(), ignore_index=PAD_ID,
+                               label_smoothing=label_smoothing, reduction="sum")
+
+    def validate(self, model: nn.Module, device: torch.device) -> dict[str, float]:
+        """Dev loss (no smoothing), perplexity and greedy BLEU; ``score`` = BLEU (or -loss without BLEU)."""
+        model.eval()
+        total, n = 0.0, 0
+        order = make_batches([len(s) for s in self.valid_src], [len(t) - 1 for t in self.valid_tgt],
+                             self.cfg.train.max_tokens, seed=0, epoch=0, shuffle=False)
+        with torch.inference_mode():
+            for idx in order:
+                b = self._collate([self.valid_src[i] for i in idx], [self.valid_tgt[i] for i in idx], device)
+                total += self.loss(model, b, 0.0).item()
+                n += b.n_targets
+        loss = total / max(n, 1)
+        metrics = {"valid_loss": loss, "valid_ppl": math.exp(min(loss, 50.0))}
+        k = self.cfg.train.valid_bleu_sentences
+        if k > 0:
+            pairs = self.valid_pairs[:k]
+            hyps = translate_texts(model, self.tok, [s for s, _ in pairs], beam=1, device=device)
+            metrics["valid_bleu"] = sacrebleu.corpus_bleu([h[0] for h in hyps], [[t for _, t in pairs]]).score
+            metrics["valid_exact"] = 100.0 * sum(h[0] == t for h, (_, t) in zip(hyps, pairs, strict=True)) / len(pairs)
+        metrics["score"] = metrics.get("valid_bleu", -loss)
+        model.train()
+        return metrics
+
+
+# --------------------------------------------------------------------------------------
+# Classification
+# --------------------------------------------------------------------------------------
+
+
+class ClassificationTask:
+    """Encoder-only classifier with (label-smoothed) cross-entropy; validation accuracy as the score."""
+
+    name = "classify"
+
+    def __init__(self, cfg: RunConfig, run_dir: Path, log=print) -> None:
+        self.cfg = cfg
+        d = cfg.data
+        train = read_labelled(d.train, text_column=d.text_column, label_column=d.label_column)
+        valid = read_labelled(d.valid, text_column=d.text_column, label_column=d.label_column)
+        classes_file = run_dir / CLASSES_FILE
+        if classes_file.exists():
+            self.classes = json.loads(classes_file.read_text(encoding="utf-8"))
+        else:
+            self.classes = train.classes
+            atomic_write_text(classes_file, json.dumps(self.classes, ensure_ascii=False) + "\n")
+        unknown = sorted(set(valid.labels) - set(self.classes))
+        if unknown:
+            raise UserError(f"{d.valid}: label(s) {unknown} do not occur in the training data {d.train}")
+        if (run_dir / TOKENIZER_META).exists():
+            self.tok = Tokenizer.load(run_dir)
+        else:
+            t = d.tokenizer
+            log(f"training a {t.model_type} SentencePiece tokenizer (vocab {t.vocab_size})")
+            self.tok = train_tokenizer(train.texts, None, run_dir, vocab_size=t.vocab_size,
+                                       model_type=t.model_type, seed=cfg.train.seed)
+        index = {c: i for i, c in enumerate(self.classes)}
+        self.x = [ids[: d.max_len] for ids in self.tok.encode_src(train.texts)]
+        self.y = [index[label] for label in train.labels]
+        self.valid_x = [ids[: d.max_len] for ids in self.tok.encode_src(valid.texts)]
+        self.valid_y = [index[label] for label in valid.labels]
+        log(f"training data: {len(self.x)} texts, {len(self.classes)} classes {self.classes}")
+
+    def build_model(self) -> nn.Module:
+        if self.cfg.model.arch != "transformer":
+            raise UserError("task classify needs model.arch: transformer")
+        return TransformerClassifier(self.cfg.model.transformer, self.tok.src_vocab_size, len(self.classes),
+                                     pooling=self.cfg.model.pooling)
+
+    def batches(self, epoch: int) -> list[list[int]]:
+        return make_batches([len(x) for x in self.x], None, self.cfg.train.max_tokens,
+                            seed=self.cfg.train.seed, epoch=epoch)
+
+    def collate(self, indices: list[int], device: torch.device) -> Batch:
+        x = pad_batch([self.x[i] or [PAD_ID] for i in indices], PAD_ID).to(device)
+        y = torch.tensor([self.y[i] for i in indices], device=device)
+        return Batch((x,), y, len(indices))
+
+    def loss(self, model: nn.Module, batch: Batch, label_smoothing: float) -> Tensor:
+        logits = model(*batch.inputs)  # (B, C)
+        return F.cross_entropy(logits.float(), batch.targets, label_smoothing=label_smoothing, reduction="sum")
+
+    def validate(self, model: nn.Module, device: torch.device) -> dict[str, float]:
+        model.eval()
+        correct, total_loss = 0, 0.0
+        with torch.inference_mode():
+            for start in range(0, len(self.valid_x), 256):
+                idx = list(range(start, min(start + 256, len(self.valid_x))))
+                x = pad_batch([self.valid_x[i] or [PAD_ID] for i in idx], PAD_ID).to(device)
+                y = torch.tensor([self.valid_y[i] for i in idx], device=device)
+                logits = model(x).float()
+                total_loss += F.cross_entropy(logits, y, reduction="sum").item()
+                correct += int((logits.argmax(-1) == y).sum())
+        model.train()
+        acc = 100.0 * correct / max(len(self.valid_x), 1)
+        return {"valid_loss": total_loss / max(len(self.valid_x), 1), "valid_acc": acc, "score": acc}
+
+
+def make_task(cfg: RunConfig, run_dir: Path, log=print) -> Task:
+    return ClassificationTask(cfg, run_dir, log) if cfg.task == "classify" else TranslationTask(cfg, run_dir, log)
+
+
+# --------------------------------------------------------------------------------------
+# Loading a trained run
+# --------------------------------------------------------------------------------------
+
+
+@dataclass
+class LoadedRun:
+    cfg: RunConfig
+    tok: Tokenizer
+    model: nn.Module
+    classes: list[str] | None
+    weights_path: Path
+
+
+def find_weights(path: Path) -> tuple[Path, Path]:
+    """``(run_dir, weights file)`` for a run directory or a ``.safetensors`` file inside one.
+
+    A run directory resolves to ``averaged.safetensors``, else ``best.safetensors``, else the newest step.
+    """
+    if path.is_file():
+        run_dir = path.parent
+        while not (run_dir / CONFIG_FILE).exists() and run_dir != run_dir.parent:
+            run_dir = run_dir.parent
+        if not (run_dir / CONFIG_FILE).exists():
+            raise UserError(f"{path}: no {CONFIG_FILE} found beside it or above it; point at a run directory")
+        return run_dir, path
+    if not (path / CONFIG_FILE).exists():
+        raise UserError(f"{path}: not a run directory (no {CONFIG_FILE}); train one with `attnkit train`")
+    for name in ("averaged.safetensors", "best.safetensors"):
+        if (path / name).exists():
+            return path, path / name
+    steps = sorted((path / "checkpoints").glob("step-*/model.safetensors"))
+    if not steps:
+        raise UserError(f"{path}: the run has no checkpoint yet")
+    return path, steps[-1]
+
+
+def load_run(path: str | Path, device: torch.device | None = None) -> LoadedRun:
+    """Config, tokenizer and model with trained weights, from a run directory or checkpoint file."""
+    run_dir, weights = find_weights(Path(path))
+    cfg = load_config(RunConfig, run_dir / CONFIG_FILE)
+    tok = Tokenizer.load(run_dir)
+    classes = None
+    if cfg.task == "classify":
+        classes = json.loads((run_dir / CLASSES_FILE).read_text(encoding="utf-8"))
+        model: nn.Module = TransformerClassifier(cfg.model.transformer, tok.src_vocab_size, len(classes),
+                                                 pooling=cfg.model.pooling)
+    else:
+        model = build_translation_model(cfg, tok)
+    state, _ = load_weights(weights)
+    check_compatible(model.state_dict(), state, weights)
+    model.load_state_dict(state)
+    model.to(device or torch.device("cpu")).eval()
+    return LoadedRun(cfg, tok, model, classes, weights)

@@ -1,0 +1,269 @@
+"""The trainer: optimisation, schedule, precision, validation, checkpoints and exact resume.
+
+One trainer serves every task (:mod:`attnkit.tasks`). Per update::
+
+    for each of `accumulate` batches:  loss = sum CE(model(inputs), targets) / n_targets;  backward
+    clip the gradient norm;  Adam(beta1 0.9, beta2 0.98, eps 1e-9) step;  learning rate from the schedule
+
+Schedules (Vaswani et al. eq. 3 is ``noam``):
+``inverse_sqrt``: ``lr * min(step / warmup, sqrt(warmup / step))`` — linear warm-up to ``lr``, then ``1/sqrt(step)``;
+``noam``: ``lr * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)`` (``lr`` is the paper's factor, 1.0 there);
+``constant``: ``lr`` after linear warm-up.
+
+Checkpoints are taken every ``valid_every`` updates and at the end. Each is a directory
+``checkpoints/step-N`` written under a temporary name and renamed into place, so a crash
+(Ctrl-C, kill -9) leaves either the whole checkpoint or none. It holds the weights
+(safetensors) and the trainer state (optimizer, step, data position, RNG, early-stopping
+counters; loaded with ``weights_only=True``). ``--resume`` restarts from the newest one and
+reproduces the uninterrupted run exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import sys
+import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from pathlib import Path
+
+import torch
+from torch import nn
+from tqdm import tqdm
+
+from .checkpoint import (
+    average_weights,
+    capture_rng_state,
+    load_training_state,
+    load_weights,
+    restore_rng_state,
+    save_training_state,
+    save_weights,
+)
+from .config import dump_config
+from .errors import UserError
+from .runconfig import RunConfig, TrainConfig
+from .tasks import CONFIG_FILE, Task, make_task
+
+MODEL_FILE, STATE_FILE = "model.safetensors", "trainer.pt"
+
+
+def choose_device() -> torch.device:
+    """CUDA when present, else the CPU."""
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def cpu_has_fast_bf16() -> bool:
+    """True when the CPU has AMX or AVX512-BF16 (bf16 matmul much faster than fp32)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            flags = f.read()
+    except OSError:
+        return False
+    return "amx_bf16" in flags or "avx512_bf16" in flags
+
+
+def resolve_bf16(precision: str, device: torch.device) -> bool:
+    """Whether to train under bfloat16 autocast."""
+    if precision == "fp32":
+        return False
+    if device.type == "cuda":
+        supported = torch.cuda.is_bf16_supported()
+    else:
+        supported = cpu_has_fast_bf16()
+    if precision == "bf16" and device.type == "cuda" and not supported:
+        raise UserError("train.precision: bf16 is not supported by this GPU; use fp32")
+    return supported or precision == "bf16"
+
+
+def autocast(device: torch.device, bf16: bool) -> AbstractContextManager:
+    """The one autocast context of attnkit: bfloat16 matmuls, float32 softmax/loss (done explicitly)."""
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16)
+
+
+def learning_rate(step: int, cfg: TrainConfig, d_model: int) -> float:
+    """The learning rate for update number ``step`` (1-based); see the module docstring."""
+    step = max(step, 1)
+    warmup = max(cfg.warmup, 1)
+    if cfg.schedule == "noam":
+        return cfg.lr * d_model ** -0.5 * min(step ** -0.5, step * warmup ** -1.5)
+    if cfg.schedule == "inverse_sqrt":
+        return cfg.lr * min(step / warmup, math.sqrt(warmup / step))
+    return cfg.lr * min(step / warmup, 1.0)
+
+
+def model_width(model: nn.Module) -> int:
+    cfg = getattr(model, "cfg", None)
+    return int(getattr(cfg, "d_model", getattr(cfg, "hidden_size", 512)))
+
+
+class Trainer:
+    """Train ``cfg`` into ``run_dir``; ``run()`` returns the last validation metrics."""
+
+    def __init__(self, cfg: RunConfig, run_dir: str | Path, *, resume: bool = False,
+                 log: Callable[[str], None] | None = None) -> None:
+        self.cfg = cfg
+        self.tc = cfg.train
+        self.run_dir = Path(run_dir)
+        self.ckpt_dir = self.run_dir / "checkpoints"
+        self.log = log or (lambda msg: tqdm.write(msg, file=sys.stderr))
+        if self.tc.threads > 0:
+            torch.set_num_threads(self.tc.threads)
+        existing = sorted(self.ckpt_dir.glob("step-*")) if self.ckpt_dir.exists() else []
+        if existing and not resume:
+            raise UserError(f"{self.run_dir} already holds checkpoints; pass --resume to continue it, "
+                            f"or choose another --run-dir")
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        dump_config(cfg, self.run_dir / CONFIG_FILE)
+        torch.manual_seed(self.tc.seed)
+        self.device = choose_device()
+        self.bf16 = resolve_bf16(self.tc.precision, self.device)
+        self.task: Task = make_task(cfg, self.run_dir, self.log)
+        torch.manual_seed(self.tc.seed)  # model init independent of what data preparation drew
+        self.model = self.task.build_model().to(self.device)
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=self.tc.lr, betas=self.tc.betas,
+                                          eps=self.tc.eps, weight_decay=self.tc.weight_decay)
+        self.step, self.epoch, self.batch_pos = 0, 0, 0
+        self.best_score, self.bad_validations = -math.inf, 0
+        if resume and existing:
+            self._load_checkpoint(existing[-1])
+        n_params = sum(p.numel() for p in self.model.parameters())
+        self.log(f"{self.task.name}: {type(self.model).__name__} with {n_params / 1e6:.2f}M parameters on "
+                 f"{self.device} ({'bf16 autocast' if self.bf16 else 'fp32'}, {torch.get_num_threads()} threads)")
+
+    # -- checkpoints ---------------------------------------------------------------------
+
+    def _trainer_state(self) -> dict:
+        return {"optimizer": self.optimizer.state_dict(), "step": self.step, "epoch": self.epoch,
+                "batch_pos": self.batch_pos, "best_score": self.best_score,
+                "bad_validations": self.bad_validations, "rng": capture_rng_state()}
+
+    def save_checkpoint(self) -> Path:
+        """Write ``checkpoints/step-N`` atomically (temp dir + rename) and prune old ones."""
+        final = self.ckpt_dir / f"step-{self.step:08d}"
+        if final.exists():
+            return final
+        tmp = self.ckpt_dir / f".tmp-step-{self.step:08d}-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        save_weights(tmp / MODEL_FILE, self.model.state_dict(), {"step": str(self.step)})
+        save_training_state(tmp / STATE_FILE, self._trainer_state())
+        os.replace(tmp, final)
+        for old in sorted(self.ckpt_dir.glob("step-*"))[: -max(self.tc.keep_checkpoints, 1)]:
+            shutil.rmtree(old, ignore_errors=True)
+        return final
+
+    def _load_checkpoint(self, path: Path) -> None:
+        state, _ = load_weights(path / MODEL_FILE)
+        self.model.load_state_dict(state)
+        ts = load_training_state(path / STATE_FILE)
+        self.optimizer.load_state_dict(ts["optimizer"])
+        self.step, self.epoch, self.batch_pos = ts["step"], ts["epoch"], ts["batch_pos"]
+        self.best_score, self.bad_validations = ts["best_score"], ts["bad_validations"]
+        restore_rng_state(ts["rng"])
+        self._truncate_metrics()
+        self.log(f"resumed from {path} (update {self.step}, epoch {self.epoch + 1}, batch {self.batch_pos})")
+
+    def _truncate_metrics(self) -> None:
+        """Drop metric lines logged after the checkpoint we resume from (they will be logged again)."""
+        path = self.run_dir / "metrics.jsonl"
+        if path.exists():
+            lines = [ln for ln in path.read_text(encoding="utf-8").splitlines()
+                     if ln.strip() and json.loads(ln).get("step", 0) <= self.step]
+            path.write_text("".join(ln + "\n" for ln in lines), encoding="utf-8")
+
+    # -- the loop ------------------------------------------------------------------------
+
+    def validate(self) -> dict[str, float]:
+        with autocast(self.device, self.bf16):
+            metrics = self.task.validate(self.model, self.device)
+        metrics = {"step": self.step, "epoch": self.epoch + 1, **{k: round(v, 4) for k, v in metrics.items()}}
+        with open(self.run_dir / "metrics.jsonl", "a", encoding="utf-8") as f:
+            f.write(json.dumps(metrics) + "\n")
+        if metrics["score"] > self.best_score:
+            self.best_score, self.bad_validations = metrics["score"], 0
+            save_weights(self.run_dir / "best.safetensors", self.model.state_dict(), {"step": str(self.step)})
+        else:
+            self.bad_validations += 1
+        self.log("validation " + " ".join(f"{k} {v}" for k, v in metrics.items()))
+        return metrics
+
+    def run(self) -> dict[str, float]:
+        tc, model = self.tc, self.model
+        model.train()
+        start = time.perf_counter()
+        metrics: dict[str, float] = {}
+        targets_seen, last_report = 0, time.perf_counter()
+        bar = tqdm(total=tc.max_updates, initial=self.step, disable=not tc.progress, unit="upd",
+                   dynamic_ncols=True, file=sys.stderr)
+        stop = self.step >= tc.max_updates
+        while not stop and self.epoch < tc.max_epochs:
+            batches = self.task.batches(self.epoch)
+            while self.batch_pos < len(batches):
+                group = batches[self.batch_pos: self.batch_pos + tc.accumulate]
+                loss_value = self._update(group)
+                targets_seen += self._last_targets
+                self.batch_pos += len(group)
+                self.step += 1
+                bar.update(1)
+                now = time.perf_counter()
+                if now - last_report > 1.0:
+                    lr = self.optimizer.param_groups[0]["lr"]
+                    bar.set_postfix(loss=f"{loss_value:.3f}", lr=f"{lr:.2e}",
+                                    tok_s=f"{targets_seen / (now - last_report):.0f}", refresh=False)
+                    targets_seen, last_report = 0, now
+                out_of_time = tc.max_minutes > 0 and (now - start) / 60 >= tc.max_minutes
+                stop = self.step >= tc.max_updates or out_of_time
+                if self.step % tc.valid_every == 0 or stop:
+                    metrics = self.validate()
+                    if self.batch_pos >= len(batches):
+                        self.epoch, self.batch_pos = self.epoch + 1, 0
+                    self.save_checkpoint()
+                    if tc.patience and self.bad_validations >= tc.patience:
+                        self.log(f"early stopping: no improvement in {tc.patience} validations")
+                        stop = True
+                if stop:
+                    break
+            else:
+                self.epoch, self.batch_pos = self.epoch + 1, 0
+        bar.close()
+        if not metrics or metrics.get("step") != self.step:
+            metrics = self.validate()
+            self.save_checkpoint()
+        self._average()
+        self.log(f"trained {self.step} updates in {(time.perf_counter() - start) / 60:.1f} min; run: {self.run_dir}")
+        return metrics
+
+    _last_targets = 0
+
+    def _update(self, group: list[list[int]]) -> float:
+        """One optimizer update over ``group`` (``accumulate`` batches); returns the mean loss per target."""
+        tc = self.tc
+        lr = learning_rate(self.step + 1, tc, model_width(self.model))
+        for g in self.optimizer.param_groups:
+            g["lr"] = lr
+        batches = [self.task.collate(b, self.device) for b in group]
+        n_total = sum(b.n_targets for b in batches)
+        total = 0.0
+        for batch in batches:
+            with autocast(self.device, self.bf16):
+                loss = self.task.loss(self.model, batch, tc.label_smoothing)
+            (loss / n_total).backward()
+            total += loss.item()
+        if tc.clip_norm > 0:
+            nn.utils.clip_grad_norm_(self.model.parameters(), tc.clip_norm)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self._last_targets = n_total
+        return total / max(n_total, 1)
+
+    def _average(self) -> None:
+        k = self.tc.average_last
+        steps = sorted(self.ckpt_dir.glob("step-*"))[-k:] if k > 1 else []
+        if len(steps) > 1:
+            averaged = average_weights([s / MODEL_FILE for s in steps])
+            save_weights(self.run_dir / "averaged.safetensors", averaged, {"averaged": ",".join(s.name for s in steps)})
+            self.log(f"averaged {len(steps)} checkpoints into averaged.safetensors")
