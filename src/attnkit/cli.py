@@ -176,7 +176,14 @@ COMMANDS = {"demo": cmd_demo, "train": cmd_train, "translate": cmd_translate, "e
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    # KEY=VALUE overrides may also follow options (`train c.yaml --run-dir r --resume train.lr=1e-3`),
+    # which argparse alone rejects once the positional list has been consumed before the options.
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        if hasattr(args, "overrides") and all("=" in e and not e.startswith("-") for e in extra):
+            args.overrides += extra
+        else:
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         COMMANDS[args.command](args)
     except UserError as e:

@@ -217,15 +217,16 @@ class Trainer:
                     targets_seen, last_report = 0, now
                 out_of_time = tc.max_minutes > 0 and (now - start) / 60 >= tc.max_minutes
                 stop = self.step >= tc.max_updates or out_of_time
+                epoch_done = False
                 if self.step % tc.valid_every == 0 or stop:
                     metrics = self.validate()
-                    if self.batch_pos >= len(batches):
-                        self.epoch, self.batch_pos = self.epoch + 1, 0
+                    if self.batch_pos >= len(batches):  # the checkpoint must point at the next epoch
+                        self.epoch, self.batch_pos, epoch_done = self.epoch + 1, 0, True
                     self.save_checkpoint()
                     if tc.patience and self.bad_validations >= tc.patience:
                         self.log(f"early stopping: no improvement in {tc.patience} validations")
                         stop = True
-                if stop:
+                if stop or epoch_done:  # epoch_done: fetch the new epoch's batches, not replay these
                     break
             else:
                 self.epoch, self.batch_pos = self.epoch + 1, 0

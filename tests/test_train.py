@@ -1,0 +1,196 @@
+"""Tests for attnkit.train: data order, overfitting, exact resume, atomic checkpoints, run-dir safety."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from attnkit import dates
+from attnkit.checkpoint import load_training_state, load_weights
+from attnkit.cli import main
+from attnkit.config import load_config
+from attnkit.errors import UserError
+from attnkit.runconfig import RunConfig, TrainConfig
+from attnkit.tasks import translate_texts
+from attnkit.train import Trainer, learning_rate
+
+
+def raw_config(dropout: float = 0.0, **train) -> dict:
+    return {
+        "task": "translate",
+        "data": {"generate": "dates", "generate_train": 120, "generate_valid": 10, "max_len": 64,
+                 "tokenizer": {"vocab_size": 70}},
+        "model": {"transformer": {"d_model": 32, "n_heads": 2, "d_ff": 64, "encoder_layers": 1,
+                                  "decoder_layers": 1, "dropout": dropout, "max_len": 128}},
+        "train": {"max_tokens": 300, "max_updates": 20, "valid_every": 1000, "progress": False,
+                  "precision": "fp32", "threads": 1, "warmup": 5, "lr": 3e-3, "valid_bleu_sentences": 5,
+                  "average_last": 0, **train},
+    }
+
+
+def quiet(msg: str) -> None:
+    pass
+
+
+def write_yaml(path: Path, raw: dict) -> Path:
+    path.write_text(yaml.safe_dump(raw), encoding="utf-8")
+    return path
+
+
+def epoch_length(tmp_path: Path, raw: dict) -> int:
+    """Updates per epoch of ``raw`` (accumulate 1), found by building its task in a scratch directory."""
+    from attnkit.tasks import make_task
+
+    return len(make_task(load_config(RunConfig, raw), tmp_path / "scratch", quiet).batches(0))
+
+
+# -- the data order --------------------------------------------------------------------
+
+
+def test_trainer_walks_each_epoch_in_the_tasks_order(tmp_path):
+    """Every example exactly once per epoch, in task.batches(epoch) order, also when a validation ends an epoch."""
+    raw = raw_config()
+    n = epoch_length(tmp_path, raw)
+    raw["train"].update(max_updates=3 * n, valid_every=n)  # validations (and checkpoints) at epoch ends
+    trainer = Trainer(load_config(RunConfig, raw), tmp_path / "run", log=quiet)
+    seen: list[list[int]] = []
+    collate = trainer.task.collate
+    trainer.task.collate = lambda idx, device: (seen.append(list(idx)), collate(idx, device))[1]
+    trainer.run()
+    expected = [b for epoch in range(3) for b in trainer.task.batches(epoch)]
+    assert seen == expected
+    for epoch in range(3):
+        flat = sorted(i for b in seen[epoch * n:(epoch + 1) * n] for i in b)
+        assert flat == list(range(len(trainer.task.src)))
+    assert (trainer.step, trainer.epoch, trainer.batch_pos) == (3 * n, 3, 0)
+
+
+def test_accumulate_groups_batches_into_one_update(tmp_path):
+    raw = raw_config(max_updates=3, accumulate=2)
+    trainer = Trainer(load_config(RunConfig, raw), tmp_path / "run", log=quiet)
+    seen: list[list[int]] = []
+    collate = trainer.task.collate
+    trainer.task.collate = lambda idx, device: (seen.append(list(idx)), collate(idx, device))[1]
+    trainer.run()
+    assert trainer.step == 3 and seen == trainer.task.batches(0)[:6]
+
+
+# -- learning ---------------------------------------------------------------------------
+
+
+def test_tiny_model_overfits_tiny_corpus(tmp_path):
+    pairs = dates.generate_pairs(12, seed=3, split="train", formats=["de_long", "en_long", "us_numeric"])
+    src, tgt = tmp_path / "train.src", tmp_path / "train.tgt"
+    src.write_text("".join(s + "\n" for s, _ in pairs), encoding="utf-8")
+    tgt.write_text("".join(t + "\n" for _, t in pairs), encoding="utf-8")
+    raw = raw_config(max_updates=250, max_tokens=1000, valid_every=250, label_smoothing=0.0, warmup=30,
+                     lr=5e-3, valid_bleu_sentences=12)
+    raw["data"] = {"train": str(src), "train_tgt": str(tgt), "valid": str(src), "valid_tgt": str(tgt),
+                   "tokenizer": {"vocab_size": 60}}
+    trainer = Trainer(load_config(RunConfig, raw), tmp_path / "run", log=quiet)
+    assert len(trainer.task.batches(0)) == 1  # one batch per update: the whole corpus
+    metrics = trainer.run()
+    assert metrics["valid_loss"] < 0.05  # the training data itself, without label smoothing
+    assert metrics["valid_exact"] == 100.0
+    hyps = translate_texts(trainer.model, trainer.task.tok, [s for s, _ in pairs], beam=1)
+    assert [h[0] for h in hyps] == [t for _, t in pairs]
+
+
+@pytest.mark.parametrize("schedule", ["inverse_sqrt", "noam", "constant"])
+def test_learning_rate_warms_up_to_peak(schedule):
+    cfg = TrainConfig(lr=1e-3 if schedule != "noam" else 1.0, warmup=100, schedule=schedule)
+    lrs = [learning_rate(s, cfg, 64) for s in range(1, 400)]
+    peak = max(lrs)
+    assert lrs.index(peak) == 99  # step 100
+    assert all(a < b for a, b in zip(lrs[:99], lrs[1:100], strict=True))
+    expected = {"inverse_sqrt": 1e-3, "constant": 1e-3, "noam": 64 ** -0.5 * 100 ** -0.5}[schedule]
+    assert math.isclose(peak, expected, rel_tol=1e-9)
+
+
+# -- resume ----------------------------------------------------------------------------
+
+
+def weights(run: Path, step: int) -> dict[str, torch.Tensor]:
+    return load_weights(run / "checkpoints" / f"step-{step:08d}" / "model.safetensors")[0]
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.1])
+def test_resume_is_bitwise_identical(tmp_path, capsys, dropout):
+    raw = raw_config(dropout=dropout)
+    n_epoch = epoch_length(tmp_path, raw)
+    n = n_epoch + n_epoch // 2 + 1  # resume mid-epoch, after a validation that ended an epoch
+    assert n % n_epoch
+    raw["train"]["valid_every"] = n_epoch
+    config = write_yaml(tmp_path / "tiny.yaml", raw)
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    total = 2 * n
+
+    assert main(["train", str(config), "--run-dir", str(straight), f"train.max_updates={total}"]) == 0
+    assert main(["train", str(config), "--run-dir", str(resumed), f"train.max_updates={n}"]) == 0
+    if dropout:  # a crash while writing a later checkpoint leaves a temporary directory behind
+        junk = resumed / "checkpoints" / f".tmp-step-{n + 1:08d}-99999"
+        junk.mkdir()
+        (junk / "model.safetensors").write_bytes(b"\x00garbage")
+    assert main(["train", str(config), "--run-dir", str(resumed), "--resume",
+                 f"train.max_updates={total}"]) == 0
+    capsys.readouterr()
+
+    a, b = weights(straight, total), weights(resumed, total)
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+    sa = load_training_state(straight / "checkpoints" / f"step-{total:08d}" / "trainer.pt")
+    sb = load_training_state(resumed / "checkpoints" / f"step-{total:08d}" / "trainer.pt")
+    assert (sa["step"], sa["epoch"], sa["batch_pos"]) == (sb["step"], sb["epoch"], sb["batch_pos"])
+    assert torch.equal(sa["rng"]["torch"], sb["rng"]["torch"])
+    for key, state in sa["optimizer"]["state"].items():
+        assert torch.equal(state["exp_avg_sq"], sb["optimizer"]["state"][key]["exp_avg_sq"])
+    steps = [line for line in (resumed / "metrics.jsonl").read_text().splitlines()]
+    assert len(steps) == len(set(steps))  # no validation logged twice
+
+
+def test_resume_without_progress_left_does_nothing(tmp_path, capsys):
+    config = write_yaml(tmp_path / "tiny.yaml", raw_config(max_updates=3))
+    run = tmp_path / "run"
+    assert main(["train", str(config), "--run-dir", str(run)]) == 0
+    before = weights(run, 3)
+    assert main(["train", str(config), "--run-dir", str(run), "--resume"]) == 0
+    after = weights(run, 3)
+    assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+# -- run directory safety ---------------------------------------------------------------
+
+
+def test_refuses_to_overwrite_an_existing_run(tmp_path, capsys):
+    config = write_yaml(tmp_path / "tiny.yaml", raw_config(max_updates=2))
+    run = tmp_path / "run"
+    assert main(["train", str(config), "--run-dir", str(run)]) == 0
+    before = weights(run, 2)
+    capsys.readouterr()
+    assert main(["train", str(config), "--run-dir", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("attnkit: error: ") and "--resume" in err and str(run) in err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    after = weights(run, 2)
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    with pytest.raises(UserError, match="--resume"):
+        Trainer(load_config(RunConfig, raw_config()), run, log=quiet)
+
+
+def test_checkpoints_are_pruned_and_averaged(tmp_path):
+    raw = raw_config(max_updates=8, valid_every=2, keep_checkpoints=3, average_last=2)
+    trainer = Trainer(load_config(RunConfig, raw), tmp_path / "run", log=quiet)
+    trainer.run()
+    ckpts = sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir())
+    assert ckpts == ["step-00000004", "step-00000006", "step-00000008"]
+    avg = load_weights(tmp_path / "run" / "averaged.safetensors")[0]
+    w6, w8 = weights(tmp_path / "run", 6), weights(tmp_path / "run", 8)
+    for key in avg:
+        torch.testing.assert_close(avg[key], (w6[key].double() + w8[key].double()).div(2).float())
+    lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    assert len(lines) == 4
