@@ -35,6 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
                                    "languages as ISO 8601, report exact match on held-out dates and save a "
                                    "cross-attention heatmap. No download needed.")
     p.add_argument("-o", "--out-dir", default=".", help="where the run and the heatmap PNG go (default: .)")
+    p.add_argument("--held-out", type=int, metavar="N",
+                   help="how many held-out dates to score for exact match (default: 1000; fewer is quicker)")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
                    help="config overrides, e.g. train.max_updates=200 (see configs/demo.yaml)")
 
@@ -95,10 +97,21 @@ def _write_output(path: str | None, lines: list[str]) -> None:
         Path(path).write_text(text, encoding="utf-8")
 
 
+def _beam(given: int | None, default: int) -> int:
+    """``--beam``, or the run's ``decode_beam`` when not given; at least 1."""
+    beam = default if given is None else given
+    if beam < 1:
+        raise UserError(f"--beam must be at least 1 (1 = greedy), got {beam}")
+    return beam
+
+
 def cmd_demo(args: argparse.Namespace) -> None:
     from .demo import run_demo
 
-    run_demo(args.out_dir, args.overrides)
+    if args.held_out is None:
+        run_demo(args.out_dir, args.overrides)
+    else:
+        run_demo(args.out_dir, args.overrides, held_out=args.held_out)
 
 
 def cmd_train(args: argparse.Namespace) -> None:
@@ -122,9 +135,9 @@ def cmd_translate(args: argparse.Namespace) -> None:
     run = load_run(args.model)
     if run.cfg.task != "translate":
         raise UserError(f"{args.model} is a {run.cfg.task} model; use `attnkit classify`")
-    beam = args.beam or run.cfg.decode_beam
-    if args.n_best > beam:
-        raise UserError(f"--n-best {args.n_best} must not exceed --beam {beam}")
+    beam = _beam(args.beam, run.cfg.decode_beam)
+    if not 1 <= args.n_best <= beam:
+        raise UserError(f"--n-best {args.n_best} must be between 1 and --beam {beam}")
     lenpen = run.cfg.decode_lenpen if args.lenpen is None else args.lenpen
     hyps = translate_texts(run.model, run.tok, _read_input(args.input), beam=beam, lenpen=lenpen,
                            n_best=args.n_best, batch_size=args.batch_size, max_len_a=args.max_len_a,
@@ -151,8 +164,8 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
         return
     if not (args.src and args.ref):
         raise UserError("evaluating a translation model needs --src FILE and --ref FILE")
+    beam = _beam(args.beam, run.cfg.decode_beam)
     pairs = read_parallel(args.src, args.ref)
-    beam = args.beam or run.cfg.decode_beam
     lenpen = run.cfg.decode_lenpen if args.lenpen is None else args.lenpen
     hyps = [h[0] for h in translate_texts(run.model, run.tok, [s for s, _ in pairs], beam=beam, lenpen=lenpen)]
     if args.hyp_out:

@@ -45,8 +45,10 @@ def demo_config(overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
 
 
 def run_demo(out_dir: str | Path = ".", overrides: list[str] | tuple[str, ...] = (), *, examples: int = 8,
-             log=print) -> float:
-    """Train, evaluate on held-out dates, print translations, save a heatmap; returns exact match in percent."""
+             held_out: int = HELD_OUT, log=print) -> float:
+    """Train, evaluate on ``held_out`` unseen dates, print translations, save a heatmap; returns exact match in %."""
+    if held_out < 1:
+        raise UserError(f"--held-out must be at least 1, got {held_out}")
     cfg = demo_config(overrides)
     out = Path(out_dir)
     run_dir = out / "attnkit-demo-run"
@@ -59,7 +61,7 @@ def run_demo(out_dir: str | Path = ".", overrides: list[str] | tuple[str, ...] =
     minutes = (time.perf_counter() - t0) / 60
 
     run = load_run(run_dir)
-    test = dates.generate_pairs(HELD_OUT, seed=cfg.train.seed + 1, split="test")
+    test = dates.generate_pairs(held_out, seed=cfg.train.seed + 1, split="test")
     hyps = [h[0] for h in translate_texts(run.model, run.tok, [s for s, _ in test], beam=cfg.decode_beam)]
     correct = [h == t for h, (_, t) in zip(hyps, test, strict=True)]
     exact = 100.0 * sum(correct) / len(test)

@@ -1,0 +1,391 @@
+"""Tests for attnkit.cli: every command end to end on tiny models, and one-line errors for bad input."""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from safetensors.torch import save_file
+
+from attnkit import dates
+from attnkit.classify import predict
+from attnkit.cli import main
+from attnkit.config import load_config
+from attnkit.demo import HELD_OUT
+from attnkit.runconfig import RunConfig
+from attnkit.tasks import load_run
+from attnkit.train import Trainer
+
+ROOT = Path(__file__).resolve().parents[1]
+SUBCOMMANDS = {
+    "demo": ["--out-dir", "--held-out", "KEY=VALUE"],
+    "train": ["--run-dir", "--resume", "KEY=VALUE"],
+    "translate": ["--input", "--output", "--beam", "--lenpen", "--n-best"],
+    "evaluate": ["--src", "--ref", "--data", "--beam", "--hyp-out"],
+    "classify": ["--input", "--with-attention"],
+}
+TINY_MODEL = {"d_model": 32, "n_heads": 2, "d_ff": 64, "encoder_layers": 1, "decoder_layers": 1, "dropout": 0.0,
+              "max_len": 128}
+TINY_TRAIN = {"progress": False, "precision": "fp32", "threads": 1, "warmup": 5, "lr": 3e-3, "max_tokens": 400,
+              "valid_bleu_sentences": 5, "average_last": 0}
+
+
+def cli(capsys, *argv: str) -> tuple[int, str, str]:
+    """``(exit code, stdout, stderr)`` of ``attnkit ARGV`` run in-process; ``[::2]`` picks (code, stderr)."""
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def assert_one_line_error(code: int, err: str, *needles: str) -> str:
+    """Exit status 2, and the last stderr line is the error: one line, naming what is wrong, no traceback."""
+    assert code == 2
+    assert "Traceback" not in err
+    lines = err.strip().splitlines()
+    assert len([ln for ln in lines if ln.startswith("attnkit: error:")]) == 1, err
+    assert lines[-1].startswith("attnkit: error: "), err
+    for needle in needles:
+        assert needle in lines[-1], (needle, lines[-1])
+    return lines[-1]
+
+
+def write_lines(path: Path, lines: list[str]) -> Path:
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return path
+
+
+def write_yaml(path: Path, raw: dict) -> Path:
+    path.write_text(yaml.safe_dump(raw), encoding="utf-8")
+    return path
+
+
+def translation_config(tmp: Path, n: int = 150) -> dict:
+    train = dates.generate_pairs(n, seed=1, split="train")
+    valid = dates.generate_pairs(10, seed=1, split="valid")
+    write_lines(tmp / "train.src", [s for s, _ in train])
+    write_lines(tmp / "train.tgt", [t for _, t in train])
+    write_lines(tmp / "valid.src", [s for s, _ in valid])
+    write_lines(tmp / "valid.tgt", [t for _, t in valid])
+    return {"task": "translate",
+            "data": {"train": str(tmp / "train.src"), "train_tgt": str(tmp / "train.tgt"),
+                     "valid": str(tmp / "valid.src"), "valid_tgt": str(tmp / "valid.tgt"),
+                     "tokenizer": {"vocab_size": 70}},
+            "model": {"transformer": TINY_MODEL},
+            "train": {**TINY_TRAIN, "max_updates": 6, "valid_every": 6},
+            "decode_beam": 2}
+
+
+POSITIVE = ["good", "great", "lovely", "fine", "superb", "happy"]
+NEGATIVE = ["bad", "awful", "poor", "sad", "terrible", "boring"]
+FILLER = ["the", "film", "was", "a", "plot", "story", "and", "really"]
+
+
+def labelled_rows(n: int, seed: int) -> list[tuple[str, str]]:
+    rng = random.Random(seed)
+    rows = []
+    for i in range(n):
+        label = "pos" if i % 2 else "neg"
+        words = rng.sample(FILLER, 3) + [rng.choice(POSITIVE if label == "pos" else NEGATIVE)]
+        rng.shuffle(words)
+        rows.append((" ".join(words), label))
+    return rows
+
+
+def write_tsv(path: Path, rows: list[tuple[str, str]], header: str | None = "sentence\tlabel") -> Path:
+    return write_lines(path, ([header] if header else []) + [f"{t}\t{y}" for t, y in rows])
+
+
+def classification_config(tmp: Path) -> dict:
+    write_tsv(tmp / "train.tsv", labelled_rows(80, seed=1))
+    write_tsv(tmp / "valid.tsv", labelled_rows(20, seed=2))
+    return {"task": "classify",
+            "data": {"train": str(tmp / "train.tsv"), "valid": str(tmp / "valid.tsv"),
+                     "tokenizer": {"vocab_size": 40}},
+            "model": {"transformer": TINY_MODEL},
+            "train": {**TINY_TRAIN, "max_updates": 60, "valid_every": 60, "label_smoothing": 0.0, "lr": 5e-3}}
+
+
+@pytest.fixture(scope="module")
+def translation_run(tmp_path_factory) -> Path:
+    tmp = tmp_path_factory.mktemp("translation")
+    config = write_yaml(tmp / "tiny.yaml", translation_config(tmp))
+    assert main(["train", str(config), "--run-dir", str(tmp / "run")]) == 0
+    return tmp / "run"
+
+
+@pytest.fixture(scope="module")
+def classifier_run(tmp_path_factory) -> Path:
+    tmp = tmp_path_factory.mktemp("classification")
+    config = write_yaml(tmp / "tiny.yaml", classification_config(tmp))
+    assert main(["train", str(config), "--run-dir", str(tmp / "run")]) == 0
+    return tmp / "run"
+
+
+# -- help ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", sorted(SUBCOMMANDS))
+def test_help_for_every_subcommand(capsys, command):
+    with pytest.raises(SystemExit) as exit_info:
+        main([command, "--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"usage: attnkit {command}")
+    for option in SUBCOMMANDS[command]:
+        assert option in out
+
+
+def test_top_level_help_lists_commands_and_demo_default_matches(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    for command in SUBCOMMANDS:
+        assert command in out
+    with pytest.raises(SystemExit):
+        main(["demo", "--help"])
+    assert f"default: {HELD_OUT}" in capsys.readouterr().out
+
+
+# -- demo ------------------------------------------------------------------------------
+
+
+def test_demo_end_to_end(tmp_path, capsys):
+    code, out, err = cli(capsys, "demo", "-o", str(tmp_path), "--held-out", "30",
+                         "data.generate_train=300", "data.generate_valid=20", "train.max_updates=20",
+                         "train.valid_every=10", "train.progress=false", "train.threads=1",
+                         "model.transformer.d_model=32", "model.transformer.d_ff=64", "train.max_tokens=500",
+                         "data.tokenizer.vocab_size=100", "train.valid_bleu_sentences=20", "train.precision=fp32")
+    assert code == 0, err
+    assert re.search(r"^exact match: \d+\.\d%$", out, flags=re.M)
+    assert "held-out dates" in out
+    png = tmp_path / "attnkit-demo-attention.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (tmp_path / "attnkit-demo-run" / "config.yaml").exists()
+
+
+def test_demo_rejects_bad_overrides(tmp_path, capsys):
+    assert_one_line_error(*cli(capsys, "demo", "-o", str(tmp_path), "train.max_updatez=3")[::2], "train.max_updatez")
+    assert_one_line_error(*cli(capsys, "demo", "-o", str(tmp_path), "--held-out", "0")[::2], "--held-out")
+
+
+# -- translation -----------------------------------------------------------------------
+
+
+def test_translate_and_evaluate(translation_run, tmp_path, capsys):
+    src = write_lines(tmp_path / "test.src", ["3. März 2021", "May 1, 1999", ""])
+    ref = write_lines(tmp_path / "test.ref", ["2021-03-03", "1999-05-01", ""])
+    code, out, err = cli(capsys, "translate", str(translation_run), "-i", str(src), "--beam", "2", "--n-best", "2")
+    assert code == 0, err
+    lines = out.splitlines()
+    assert len(lines) == 3 and all(line.count("\t") == 1 for line in lines)
+    hyp = tmp_path / "hyp.txt"
+    code, out, err = cli(capsys, "translate", str(translation_run), "-i", str(src), "-o", str(hyp), "--beam", "1")
+    assert code == 0 and out == ""
+    assert len(hyp.read_text(encoding="utf-8").splitlines()) == 3
+    code, out, err = cli(capsys, "evaluate", str(translation_run), "--src", str(src), "--ref", str(ref),
+                         "--beam", "1", "--hyp-out", str(tmp_path / "hyp2.txt"))
+    assert code == 0, err
+    assert re.search(r"^BLEU \d+\.\d\d  chrF \d+\.\d\d", out, flags=re.M) and "tok:13a" in out
+    assert (tmp_path / "hyp2.txt").read_text(encoding="utf-8") == hyp.read_text(encoding="utf-8")
+
+
+def test_translate_bad_flags(translation_run, capsys):
+    assert_one_line_error(*cli(capsys, "translate", str(translation_run), "--beam", "1", "--n-best", "2")[::2],
+                          "--n-best")
+    assert_one_line_error(*cli(capsys, "translate", str(translation_run), "--beam", "-1")[::2], "--beam")
+    assert_one_line_error(*cli(capsys, "translate", str(translation_run), "--beam", "0")[::2], "--beam")
+    assert_one_line_error(*cli(capsys, "evaluate", str(translation_run), "--src", "a", "--ref", "b",
+                               "--beam", "0")[::2], "--beam")
+    assert_one_line_error(*cli(capsys, "classify", str(translation_run))[::2], "attnkit translate")
+
+
+def test_unknown_config_key(tmp_path, capsys):
+    raw = translation_config(tmp_path)
+    raw["train"]["learning_rate"] = 1e-3
+    config = write_yaml(tmp_path / "bad.yaml", raw)
+    line = assert_one_line_error(*cli(capsys, "train", str(config), "--run-dir", str(tmp_path / "r"))[::2],
+                                 "train.learning_rate", str(config))
+    assert "did you mean" not in line or "train.lr" in line
+    assert_one_line_error(*cli(capsys, "train", str(config), "--run-dir", str(tmp_path / "r"), "model.d_modle=3")[::2],
+                          "model.d_modle")
+
+
+def test_mistyped_config_value(tmp_path, capsys):
+    config = write_yaml(tmp_path / "ok.yaml", translation_config(tmp_path))
+    assert_one_line_error(*cli(capsys, "train", str(config), "--run-dir", str(tmp_path / "r"),
+                               "train.max_updates=many")[::2], "train.max_updates", "integer")
+    raw = translation_config(tmp_path)
+    raw["train"]["progress"] = "yes please"
+    bad = write_yaml(tmp_path / "bad.yaml", raw)
+    assert_one_line_error(*cli(capsys, "train", str(bad), "--run-dir", str(tmp_path / "r"))[::2], "train.progress")
+
+
+def test_missing_train_file_and_missing_config(tmp_path, capsys):
+    raw = translation_config(tmp_path)
+    raw["data"]["train"] = str(tmp_path / "nowhere.src")
+    config = write_yaml(tmp_path / "c.yaml", raw)
+    assert_one_line_error(*cli(capsys, "train", str(config), "--run-dir", str(tmp_path / "r"))[::2],
+                          "nowhere.src", "not found")
+    assert_one_line_error(*cli(capsys, "train", str(tmp_path / "none.yaml"))[::2], "none.yaml")
+
+
+def test_parallel_files_of_different_length(tmp_path, capsys):
+    raw = translation_config(tmp_path)
+    write_lines(tmp_path / "short.tgt", ["2000-01-01"] * 7)
+    raw["data"]["train_tgt"] = str(tmp_path / "short.tgt")
+    config = write_yaml(tmp_path / "c.yaml", raw)
+    assert_one_line_error(*cli(capsys, "train", str(config), "--run-dir", str(tmp_path / "r"))[::2],
+                          "train.src", "150", "short.tgt", "7")
+
+
+def test_invalid_utf8_names_file_and_line(tmp_path, capsys):
+    raw = translation_config(tmp_path)
+    (tmp_path / "train.src").write_bytes(b"1 May 1999\n2 May 1999\nM\xe4rz 1999\n" + b"x\n" * 147)
+    config = write_yaml(tmp_path / "c.yaml", raw)
+    assert_one_line_error(*cli(capsys, "train", str(config), "--run-dir", str(tmp_path / "r"))[::2],
+                          "train.src:3", "UTF-8")
+
+
+def test_corrupt_checkpoint(translation_run, tmp_path, capsys):
+    run = tmp_path / "run"
+    run.mkdir()
+    for name in ("config.yaml", "tokenizer.json", "spm.model"):
+        (run / name).write_bytes((translation_run / name).read_bytes())
+    bad = run / "best.safetensors"
+    bad.write_bytes(bytes(random.Random(0).randrange(256) for _ in range(4096)))
+    src = write_lines(tmp_path / "in.txt", ["1 May 1999"])
+    assert_one_line_error(*cli(capsys, "translate", str(run), "-i", str(src))[::2], "best.safetensors")
+    assert_one_line_error(*cli(capsys, "translate", str(bad), "-i", str(src))[::2], "best.safetensors")
+
+
+def test_foreign_checkpoint(translation_run, tmp_path, capsys):
+    run = tmp_path / "run"
+    run.mkdir()
+    for name in ("config.yaml", "tokenizer.json", "spm.model"):
+        (run / name).write_bytes((translation_run / name).read_bytes())
+    save_file({"encoder.weight": torch.zeros(3, 4), "head.bias": torch.zeros(2)}, str(run / "best.safetensors"))
+    src = write_lines(tmp_path / "in.txt", ["1 May 1999"])
+    assert_one_line_error(*cli(capsys, "translate", str(run), "-i", str(src))[::2], "best.safetensors",
+                          "does not fit")
+    # the right keys but other shapes: a checkpoint of a wider model
+    state = load_run(translation_run).model.state_dict()
+    save_file({k: torch.zeros(*(2 * s for s in v.shape)) for k, v in state.items() if "out_proj" not in k},
+              str(run / "best.safetensors"))
+    assert_one_line_error(*cli(capsys, "translate", str(run), "-i", str(src))[::2], "shape")
+
+
+def test_not_a_run_directory(tmp_path, capsys):
+    assert_one_line_error(*cli(capsys, "translate", str(tmp_path))[::2], "not a run directory")
+    assert_one_line_error(*cli(capsys, "evaluate", str(tmp_path / "missing"))[::2], "missing")
+
+
+# -- classification --------------------------------------------------------------------
+
+
+def test_classification_end_to_end(classifier_run, tmp_path, capsys):
+    texts = ["the film was great", "a really awful story", "plot and superb"]
+    inputs = write_lines(tmp_path / "in.txt", texts)
+    code, out, err = cli(capsys, "classify", str(classifier_run), "-i", str(inputs), "--with-attention")
+    assert code == 0, err
+    lines = out.splitlines()
+    assert len(lines) == 3
+    for line, text in zip(lines, texts, strict=True):
+        label, prob, shown, tokens = line.split("\t")
+        assert label in ("neg", "pos") and 0.5 <= float(prob) <= 1.0 and shown == text
+        assert re.fullmatch(r"(\S+:\d\.\d\d ?)+", tokens)
+    assert [line.split("\t")[0] for line in lines] == ["pos", "neg", "pos"]
+
+    code, out, err = cli(capsys, "classify", str(classifier_run), "-i", str(inputs))
+    assert code == 0 and all(line.count("\t") == 2 for line in out.splitlines())
+
+    data = write_tsv(tmp_path / "test.tsv", labelled_rows(20, seed=3))
+    code, out, err = cli(capsys, "evaluate", str(classifier_run), "--data", str(data),
+                         "--hyp-out", str(tmp_path / "pred.txt"))
+    assert code == 0, err
+    assert re.search(r"^accuracy \d+\.\d\d  macro-F1 \d+\.\d\d$", out, flags=re.M)
+    assert "confusion matrix" in out and re.search(r"^neg +\d+ +\d+$", out, flags=re.M)
+    assert len((tmp_path / "pred.txt").read_text().splitlines()) == 20
+    accuracy = float(re.search(r"accuracy (\S+)", out).group(1))
+    assert accuracy >= 90.0
+
+
+def test_classifier_save_load_round_trip(tmp_path):
+    config = load_config(RunConfig, classification_config(tmp_path), ["train.max_updates=5", "train.valid_every=5"])
+    trainer = Trainer(config, tmp_path / "run", log=lambda msg: None)
+    trainer.run()
+    texts = [t for t, _ in labelled_rows(10, seed=4)]
+    first = load_run(tmp_path / "run" / "checkpoints" / "step-00000005" / "model.safetensors")
+    second = load_run(tmp_path / "run")  # best.safetensors, saved at the same (only) validation
+    assert second.weights_path.name == "best.safetensors"
+    p1, ids = predict(first, texts)
+    p2, _ = predict(second, texts)
+    assert torch.equal(p1, p2)
+    trainer.model.eval()
+    first.model = trainer.model  # the in-memory model, same tokenizer and batching
+    p3, _ = predict(first, texts)
+    assert torch.equal(p1, p3)
+    assert first.classes == ["neg", "pos"]
+
+
+def test_classification_input_errors(classifier_run, tmp_path, capsys):
+    rows = labelled_rows(6, seed=5)
+    no_header = write_tsv(tmp_path / "noheader.tsv", rows, header=None)
+    assert_one_line_error(*cli(capsys, "evaluate", str(classifier_run), "--data", str(no_header))[::2],
+                          "noheader.tsv:1", "header")
+    wrong_column = write_tsv(tmp_path / "cols.tsv", rows, header="sentence\tstars")
+    assert_one_line_error(*cli(capsys, "evaluate", str(classifier_run), "--data", str(wrong_column))[::2],
+                          "cols.tsv", "label")
+    empty_text = write_tsv(tmp_path / "empty.tsv", [*rows[:2], ("  ", "pos"), *rows[2:]])
+    assert_one_line_error(*cli(capsys, "evaluate", str(classifier_run), "--data", str(empty_text))[::2],
+                          "empty.tsv:4", "empty text")
+    unknown = write_tsv(tmp_path / "unknown.tsv", [*rows, ("so so film", "neutral")])
+    assert_one_line_error(*cli(capsys, "evaluate", str(classifier_run), "--data", str(unknown))[::2],
+                          "unknown.tsv", "neutral")
+    assert_one_line_error(*cli(capsys, "evaluate", str(classifier_run))[::2], "--data")
+    assert_one_line_error(*cli(capsys, "translate", str(classifier_run))[::2], "attnkit classify")
+
+
+def test_training_a_classifier_on_a_file_without_label_column(tmp_path, capsys):
+    raw = classification_config(tmp_path)
+    write_tsv(tmp_path / "train.tsv", labelled_rows(10, seed=1), header="sentence\tstars")
+    config = write_yaml(tmp_path / "c.yaml", raw)
+    assert_one_line_error(*cli(capsys, "train", str(config), "--run-dir", str(tmp_path / "r"))[::2],
+                          "train.tsv", "label")
+
+
+# -- the real command ------------------------------------------------------------------
+
+
+def run_attnkit(*argv: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    return subprocess.run([sys.executable, "-m", "attnkit", *argv], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_subprocess_user_error_has_no_traceback(tmp_path):
+    raw = translation_config(tmp_path)
+    raw["train"]["learning_rate"] = 1e-3
+    config = write_yaml(tmp_path / "bad.yaml", raw)
+    proc = run_attnkit("train", str(config), cwd=tmp_path)
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("attnkit: error: ")
+    assert "train.learning_rate" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_subprocess_translate_corrupt_checkpoint(translation_run, tmp_path):
+    bad = tmp_path / "model.safetensors"
+    for name in ("config.yaml", "tokenizer.json", "spm.model"):
+        (tmp_path / name).write_bytes((translation_run / name).read_bytes())
+    bad.write_bytes(os.urandom(1000))
+    proc = run_attnkit("translate", str(bad), cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.startswith("attnkit: error: ") and proc.stderr.count("\n") == 1
+    assert "model.safetensors" in proc.stderr and "Traceback" not in proc.stderr
