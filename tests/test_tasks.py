@@ -14,12 +14,14 @@ from attnkit import dates
 from attnkit.config import load_config
 from attnkit.data import pad_batch, padding_fraction
 from attnkit.demo import DEMO_CONFIG
+from attnkit.errors import UserError
 from attnkit.evaluate import classification_scores, translation_scores
 from attnkit.runconfig import RunConfig
 from attnkit.search import beam_search
 from attnkit.tasks import TranslationTask, translate_texts
 from attnkit.tokenizer import EOS_ID, PAD_ID
 from attnkit.train import Trainer
+from attnkit.transformer import Transformer, TransformerConfig
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
@@ -139,6 +141,35 @@ def test_translate_texts_keeps_input_order_and_n_best(trained):
     single = [translate_texts(model, tok, [t], beam=3, n_best=2)[0] for t in texts]
     assert out == single
     assert translate_texts(model, tok, [], beam=2) == []
+
+
+class NeverEnds(Transformer):
+    """A Transformer that never emits </s>: every output runs to its length budget."""
+
+    longest = 0  # most decoder positions used so far
+
+    def decode_step(self, prev, state, need_weights=False):
+        self.longest = max(self.longest, state.tokens.size(1) + 1)
+        logits, state, weights = super().decode_step(prev, state, need_weights)
+        logits[:, EOS_ID] = float("-inf")
+        return logits, state, weights
+
+
+def test_translate_texts_stays_within_the_models_positions(trained):
+    tok = trained.task.tok
+    torch.manual_seed(0)
+    model = NeverEnds(TransformerConfig(d_model=32, n_heads=2, d_ff=64, encoder_layers=1, decoder_layers=1,
+                                        max_len=24), tok.src_vocab_size, tok.tgt_vocab_size).eval()
+    texts = ["1 May 1999", "Sonntag, 3. März 2024"]
+    for beam in (1, 2):
+        model.longest = 0
+        translate_texts(model, tok, texts, beam=beam, max_len_b=50)  # budget 50+ > 24 positions
+        assert model.longest == 24
+        model.longest = 0
+        translate_texts(model, tok, texts, beam=beam, max_len_a=0.0, max_len_b=5)  # within the limit
+        assert model.longest == 5
+    with pytest.raises(UserError, match=r"input line 2 .* at most 24"):
+        translate_texts(model, tok, ["1 May 1999", " ".join(["Sonntag, 3. März 2024"] * 4)])
 
 
 # -- evaluation ------------------------------------------------------------------------

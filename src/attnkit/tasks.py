@@ -97,20 +97,31 @@ def translate_texts(model: nn.Module, tok: Tokenizer, texts: list[str], *, beam:
     """Translate ``texts`` (sorted by length into batches, returned in input order); n-best per sentence."""
     device = device or next(model.parameters()).device
     ids = [s + [EOS_ID] for s in tok.encode_src(texts)]
+    # A Transformer has positions for max_len tokens: longer inputs are an error, longer outputs are cut there.
+    limit = getattr(getattr(model, "cfg", None), "max_len", None)
+    for i, s in enumerate(ids if limit else []):
+        if len(s) > limit:
+            raise UserError(f"input line {i + 1} is {len(s)} subwords long (with </s>) but the model reads at most "
+                            f"{limit} (model.transformer.max_len); split the line")
     order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
     out: list[list[str]] = [[] for _ in texts]
     model.eval()
     with torch.inference_mode():
         for start in range(0, len(order), batch_size):
             chunk = order[start: start + batch_size]
-            src = pad_batch([ids[i] for i in chunk], PAD_ID).to(device)
-            if beam == 1 and n_best == 1:
-                hyps = [[h] for h in greedy_search(model, src, max_len_a=max_len_a, max_len_b=max_len_b)]
-            else:
-                hyps = beam_search(model, src, beam_size=beam, lenpen=lenpen, n_best=n_best,
-                                   max_len_a=max_len_a, max_len_b=max_len_b)
-            for i, nbest in zip(chunk, hyps, strict=True):
-                out[i] = tok.decode_tgt([h.tokens for h in nbest])
+            capped = [i for i in chunk if limit and math.floor(max_len_a * len(ids[i]) + max_len_b) > limit]
+            parts = [([i for i in chunk if i not in capped], max_len_a, max_len_b), (capped, 0.0, limit)]
+            for part, a, b in parts:
+                if not part:
+                    continue
+                src = pad_batch([ids[i] for i in part], PAD_ID).to(device)
+                if beam == 1 and n_best == 1:
+                    hyps = [[h] for h in greedy_search(model, src, max_len_a=a, max_len_b=b)]
+                else:
+                    hyps = beam_search(model, src, beam_size=beam, lenpen=lenpen, n_best=n_best,
+                                       max_len_a=a, max_len_b=b)
+                for i, nbest in zip(part, hyps, strict=True):
+                    out[i] = tok.decode_tgt([h.tokens for h in nbest])
     return out
 
 
