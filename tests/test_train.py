@@ -182,6 +182,20 @@ def test_refuses_to_overwrite_an_existing_run(tmp_path, capsys):
         Trainer(load_config(RunConfig, raw_config()), run, log=quiet)
 
 
+def test_restart_before_first_checkpoint_reuses_nothing_stale(tmp_path, capsys):
+    config = write_yaml(tmp_path / "tiny.yaml", raw_config(max_updates=2))
+    run = tmp_path / "run"
+    assert main(["train", str(config), "--run-dir", str(run)]) == 0
+    for ckpt in (run / "checkpoints").iterdir():  # as if killed before the first checkpoint was renamed
+        ckpt.rename(ckpt.with_name(".tmp-" + ckpt.name))
+    capsys.readouterr()
+    code = main(["train", str(config), "--run-dir", str(run), "data.tokenizer.vocab_size=50"])
+    err = capsys.readouterr().err
+    assert code == 2 and "tokenizer" in err and "Traceback" not in err  # not silently the old tokenizer
+    assert main(["train", str(config), "--run-dir", str(run)]) == 0  # the same settings start over
+    assert len((run / "metrics.jsonl").read_text().splitlines()) == 1
+
+
 def test_checkpoints_are_pruned_and_averaged(tmp_path):
     raw = raw_config(max_updates=8, valid_every=2, keep_checkpoints=3, average_last=2)
     trainer = Trainer(load_config(RunConfig, raw), tmp_path / "run", log=quiet)

@@ -43,7 +43,7 @@ from .checkpoint import (
     save_training_state,
     save_weights,
 )
-from .config import dump_config
+from .config import dump_config, load_config
 from .errors import UserError
 from .runconfig import RunConfig, TrainConfig
 from .tasks import CONFIG_FILE, Task, make_task
@@ -116,6 +116,11 @@ class Trainer:
         if existing and not resume:
             raise UserError(f"{self.run_dir} already holds checkpoints; pass --resume to continue it, "
                             f"or choose another --run-dir")
+        if not existing and (self.run_dir / CONFIG_FILE).exists():  # a run that stopped before its first checkpoint
+            old = load_config(RunConfig, self.run_dir / CONFIG_FILE)
+            if (old.task, old.data) != (cfg.task, cfg.data):  # its tokenizer / classes would be reused silently
+                raise UserError(f"{self.run_dir} holds the tokenizer of a run with other task/data settings; "
+                                f"choose another --run-dir or delete that directory")
         self.run_dir.mkdir(parents=True, exist_ok=True)
         dump_config(cfg, self.run_dir / CONFIG_FILE)
         torch.manual_seed(self.tc.seed)
@@ -130,6 +135,8 @@ class Trainer:
         self.best_score, self.bad_validations = -math.inf, 0
         if resume and existing:
             self._load_checkpoint(existing[-1])
+        else:
+            self._truncate_metrics()  # validations of a run that never reached a checkpoint
         n_params = sum(p.numel() for p in self.model.parameters())
         self.log(f"{self.task.name}: {type(self.model).__name__} with {n_params / 1e6:.2f}M parameters on "
                  f"{self.device} ({'bf16 autocast' if self.bf16 else 'fp32'}, {torch.get_num_threads()} threads)")
