@@ -246,6 +246,14 @@ def test_parallel_files_of_different_length(tmp_path, capsys):
                           "train.src", "150", "short.tgt", "7")
 
 
+def test_empty_validation_set(tmp_path, capsys):
+    config = write_yaml(tmp_path / "c.yaml", translation_config(tmp_path))
+    write_lines(tmp_path / "valid.src", [])
+    write_lines(tmp_path / "valid.tgt", [])
+    assert_one_line_error(*cli(capsys, "train", str(config), "--run-dir", str(tmp_path / "r"))[::2],
+                          "valid.src", "no validation pairs")
+
+
 def test_invalid_utf8_names_file_and_line(tmp_path, capsys):
     raw = translation_config(tmp_path)
     (tmp_path / "train.src").write_bytes(b"1 May 1999\n2 May 1999\nM\xe4rz 1999\n" + b"x\n" * 147)

@@ -134,6 +134,9 @@ class TranslationTask:
         self.cfg = cfg
         train_pairs = read_translation_split(cfg, "train")
         self.valid_pairs = read_translation_split(cfg, "valid")
+        if not self.valid_pairs:  # validation would divide by zero
+            where = cfg.data.valid if cfg.data.generate == "none" else "data.generate_valid"
+            raise UserError(f"{where}: no validation pairs; give at least one")
         if (run_dir / TOKENIZER_META).exists():
             self.tok = Tokenizer.load(run_dir)
         else:
