@@ -29,12 +29,13 @@ from .train import Trainer
 DEMO_CONFIG: dict = {
     "task": "translate",
     "data": {"generate": "dates", "generate_train": 40000, "generate_valid": 300, "max_len": 64,
-             "tokenizer": {"vocab_size": 600, "model_type": "unigram", "joint": True}},
+             "tokenizer": {"vocab_size": 300, "model_type": "char", "joint": True}},
     "model": {"arch": "transformer",
               "transformer": {"d_model": 128, "n_heads": 4, "d_ff": 256, "encoder_layers": 2,
-                              "decoder_layers": 2, "dropout": 0.1, "max_len": 128}},
-    "train": {"max_tokens": 3000, "max_updates": 1800, "lr": 2e-3, "warmup": 200, "valid_every": 300,
-              "valid_bleu_sentences": 300, "keep_checkpoints": 3, "average_last": 3, "max_minutes": 2.5},
+                              "decoder_layers": 2, "dropout": 0.0, "norm_first": True, "max_len": 128}},
+    "train": {"max_tokens": 2500, "max_updates": 3000, "lr": 3e-3, "warmup": 200, "label_smoothing": 0.0,
+              "precision": "fp32", "valid_every": 250, "valid_bleu_sentences": 300, "keep_checkpoints": 3,
+              "average_last": 3, "max_minutes": 2.3},
     "decode_beam": 1,
 }
 HELD_OUT = 1000

@@ -19,7 +19,7 @@ class TokenizerConfig:
     """SentencePiece subwords, trained by ``attnkit train`` on the training text."""
 
     vocab_size: int = 8000
-    model_type: Literal["unigram", "bpe"] = "unigram"
+    model_type: Literal["unigram", "bpe", "char"] = "unigram"  # char: one piece per character
     joint: bool = True  # one vocabulary for source and target (needed for shared embeddings)
 
 

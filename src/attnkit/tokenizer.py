@@ -54,7 +54,7 @@ PAD_PIECE, UNK_PIECE, BOS_PIECE, EOS_PIECE = "<pad>", "<unk>", "<s>", "</s>"
 #: Ids that never carry text; decoding drops them.
 SPECIAL_IDS: frozenset[int] = frozenset({PAD_ID, BOS_ID, EOS_ID})
 _NUM_SPECIAL = 4  # pad, unk, bos, eos
-MODEL_TYPES: tuple[str, ...] = ("unigram", "bpe")
+MODEL_TYPES: tuple[str, ...] = ("unigram", "bpe", "char")
 #: Name of the metadata file inside a tokenizer directory.
 TOKENIZER_FILE = "tokenizer.json"
 _FORMAT_VERSION = 1
