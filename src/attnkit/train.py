@@ -133,6 +133,8 @@ class Trainer:
                                           eps=self.tc.eps, weight_decay=self.tc.weight_decay)
         self.step, self.epoch, self.batch_pos = 0, 0, 0
         self.best_score, self.bad_validations = -math.inf, 0
+        self.seconds_before = 0.0  # wall-clock training time of earlier sessions (resume)
+        self._session_start = time.perf_counter()
         if resume and existing:
             self._load_checkpoint(existing[-1])
         else:
@@ -146,7 +148,8 @@ class Trainer:
     def _trainer_state(self) -> dict:
         return {"optimizer": self.optimizer.state_dict(), "step": self.step, "epoch": self.epoch,
                 "batch_pos": self.batch_pos, "best_score": self.best_score,
-                "bad_validations": self.bad_validations, "rng": capture_rng_state()}
+                "bad_validations": self.bad_validations, "rng": capture_rng_state(),
+                "train_seconds": self.seconds_before + time.perf_counter() - self._session_start}
 
     def save_checkpoint(self) -> Path:
         """Write ``checkpoints/step-N`` atomically (temp dir + rename) and prune old ones."""
@@ -170,6 +173,7 @@ class Trainer:
         self.optimizer.load_state_dict(ts["optimizer"])
         self.step, self.epoch, self.batch_pos = ts["step"], ts["epoch"], ts["batch_pos"]
         self.best_score, self.bad_validations = ts["best_score"], ts["bad_validations"]
+        self.seconds_before = float(ts.get("train_seconds", 0.0))
         restore_rng_state(ts["rng"])
         self._truncate_metrics()
         self.log(f"resumed from {path} (update {self.step}, epoch {self.epoch + 1}, batch {self.batch_pos})")
@@ -187,7 +191,8 @@ class Trainer:
     def validate(self) -> dict[str, float]:
         with autocast(self.device, self.bf16):
             metrics = self.task.validate(self.model, self.device)
-        metrics = {"step": self.step, "epoch": self.epoch + 1, **{k: round(v, 4) for k, v in metrics.items()}}
+        metrics = {"step": self.step, "epoch": self.epoch + 1, "minutes": round(self.minutes(), 2),
+                   **{k: round(v, 4) for k, v in metrics.items()}}
         with open(self.run_dir / "metrics.jsonl", "a", encoding="utf-8") as f:
             f.write(json.dumps(metrics) + "\n")
         if metrics["score"] > self.best_score:
@@ -198,10 +203,14 @@ class Trainer:
         self.log("validation " + " ".join(f"{k} {v}" for k, v in metrics.items()))
         return metrics
 
+    def minutes(self) -> float:
+        """Wall-clock minutes spent training this run, over all sessions (resume included)."""
+        return (self.seconds_before + time.perf_counter() - self._session_start) / 60
+
     def run(self) -> dict[str, float]:
         tc, model = self.tc, self.model
         model.train()
-        start = time.perf_counter()
+        self._session_start = time.perf_counter()
         metrics: dict[str, float] = {}
         targets_seen, last_report = 0, time.perf_counter()
         bar = tqdm(total=tc.max_updates, initial=self.step, disable=not tc.progress, unit="upd",
@@ -222,7 +231,7 @@ class Trainer:
                     bar.set_postfix(loss=f"{loss_value:.3f}", lr=f"{lr:.2e}",
                                     tok_s=f"{targets_seen / (now - last_report):.0f}", refresh=False)
                     targets_seen, last_report = 0, now
-                out_of_time = tc.max_minutes > 0 and (now - start) / 60 >= tc.max_minutes
+                out_of_time = tc.max_minutes > 0 and self.minutes() >= tc.max_minutes
                 stop = self.step >= tc.max_updates or out_of_time
                 epoch_done = False
                 if self.step % tc.valid_every == 0 or stop:
@@ -242,7 +251,7 @@ class Trainer:
             metrics = self.validate()
             self.save_checkpoint()
         self._average()
-        self.log(f"trained {self.step} updates in {(time.perf_counter() - start) / 60:.1f} min; run: {self.run_dir}")
+        self.log(f"trained {self.step} updates in {self.minutes():.1f} min; run: {self.run_dir}")
         return metrics
 
     _last_targets = 0

@@ -1,0 +1,127 @@
+"""Multi30k: train, decode test_2016_flickr with beam search, score with sacreBLEU — one command.
+
+    python benchmarks/multi30k.py                                   # de->en Transformer (configs/multi30k-de-en.yaml)
+    python benchmarks/multi30k.py --config configs/multi30k-en-de.yaml
+    python benchmarks/multi30k.py --config configs/multi30k-de-en-rnn-bahdanau.yaml
+    python benchmarks/multi30k.py --config configs/multi30k-de-en-rnn-noattn.yaml
+    python benchmarks/multi30k.py --skip-train --run-dir runs/multi30k-de-en   # re-decode a trained run
+
+Writes ``benchmarks/results/<name>.json`` (BLEU cased/lowercased, chrF, signature, training
+minutes, validation BLEU against training minutes, decoding speed with and without the
+key/value cache) and ``benchmarks/results/<name>.test.hyp`` (the detokenized hypotheses).
+Reads ``../shared/data/multi30k``; trains for the config's ``train.max_minutes`` (60).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+from attnkit.config import load_config  # noqa: E402
+from attnkit.data import read_parallel  # noqa: E402
+from attnkit.evaluate import translation_scores  # noqa: E402
+from attnkit.runconfig import RunConfig  # noqa: E402
+from attnkit.tasks import load_run, translate_texts  # noqa: E402
+from attnkit.train import Trainer  # noqa: E402
+from attnkit.transformer import Transformer  # noqa: E402
+
+DATA = ROOT.parent / "shared" / "data" / "multi30k"
+
+
+class Uncached(torch.nn.Module):
+    """The same Transformer decoded without the key/value cache (recomputes the prefix every step)."""
+
+    def __init__(self, model: Transformer) -> None:
+        super().__init__()
+        self.model = model
+        self.pad_id, self.bos_id, self.eos_id = model.pad_id, model.bos_id, model.eos_id
+
+    def init_decoder(self, src: torch.Tensor):
+        return self.model.init_decoder(src, use_cache=False)
+
+    def decode_step(self, prev, state, need_weights=False):
+        return self.model.decode_step(prev, state, need_weights)
+
+
+def timed_translate(model, tok, sources, beam, lenpen) -> tuple[list[str], float]:
+    start = time.perf_counter()
+    hyps = [h[0] for h in translate_texts(model, tok, sources, beam=beam, lenpen=lenpen)]
+    return hyps, time.perf_counter() - start
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", default=str(ROOT / "configs" / "multi30k-de-en.yaml"))
+    p.add_argument("--run-dir", help="default: runs/<config name>")
+    p.add_argument("--name", help="result name (default: the config name)")
+    p.add_argument("--skip-train", action="store_true", help="decode and score an already trained run")
+    p.add_argument("--resume", action="store_true", help="continue an interrupted training run")
+    p.add_argument("--beam", type=int, default=4)
+    p.add_argument("--lenpen", type=float, default=0.6)
+    p.add_argument("--no-cache-compare", action="store_true", help="skip decoding without the cache")
+    p.add_argument("overrides", nargs="*", help="config overrides, e.g. train.max_minutes=30")
+    args = p.parse_args()
+    if not DATA.exists():
+        sys.exit(f"{DATA} is missing: this benchmark needs ../shared/data/multi30k beside the repository")
+
+    name = args.name or Path(args.config).stem
+    run_dir = Path(args.run_dir or ROOT / "runs" / name)
+    cfg = load_config(RunConfig, args.config, args.overrides)
+    src_lang, tgt_lang = Path(cfg.data.train).name.split(".")[1], Path(cfg.data.train_tgt or "").name.split(".")[1]
+    if not args.skip_train:
+        Trainer(cfg, run_dir, resume=args.resume).run()
+
+    run = load_run(run_dir)
+    pairs = read_parallel(DATA / f"test_2016_flickr.{src_lang}.gz", DATA / f"test_2016_flickr.{tgt_lang}.gz")
+    sources, refs = [s for s, _ in pairs], [t for _, t in pairs]
+    hyps, seconds = timed_translate(run.model, run.tok, sources, args.beam, args.lenpen)
+    scores = translation_scores(hyps, refs)
+    greedy, greedy_seconds = timed_translate(run.model, run.tok, sources, 1, 0.0)
+    decoding = {"beam": args.beam, "lenpen": args.lenpen, "sentences": len(sources),
+                "cached_seconds": round(seconds, 1), "cached_sent_per_s": round(len(sources) / seconds, 1),
+                "greedy_bleu": round(translation_scores(greedy, refs).bleu, 2),
+                "greedy_sent_per_s": round(len(sources) / greedy_seconds, 1)}
+    if isinstance(run.model, Transformer) and not args.no_cache_compare:
+        uncached_hyps, uncached_seconds = timed_translate(Uncached(run.model), run.tok, sources, args.beam, args.lenpen)
+        decoding.update(uncached_seconds=round(uncached_seconds, 1),
+                        uncached_sent_per_s=round(len(sources) / uncached_seconds, 1),
+                        cache_speedup=round(uncached_seconds / seconds, 2),
+                        uncached_identical=uncached_hyps == hyps)
+
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    result = {
+        "name": name, "config": str(Path(args.config).relative_to(ROOT) if Path(args.config).is_absolute()
+                                    else args.config),
+        "direction": f"{src_lang}->{tgt_lang}", "test": "test_2016_flickr", "weights": run.weights_path.name,
+        "bleu": round(scores.bleu, 2), "bleu_lowercase": round(scores.bleu_lowercase, 2), "chrf": round(scores.chrf, 2),
+        "signature": scores.signature,
+        "train_minutes": metrics[-1].get("minutes") if metrics else None,
+        "updates": metrics[-1]["step"] if metrics else None,
+        "valid_curve": [{k: m[k] for k in ("step", "minutes", "valid_bleu", "valid_loss") if k in m} for m in metrics],
+        "decoding": decoding,
+        "machine": {"torch": torch.__version__, "threads": torch.get_num_threads(), "cpu": platform.processor()
+                    or platform.machine(), "date": time.strftime("%Y-%m-%d")},
+        "command": " ".join(["python", "benchmarks/multi30k.py", *sys.argv[1:]]),
+    }
+    out = ROOT / "benchmarks" / "results"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    (out / f"{name}.test.hyp").write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
+    print(f"\n{name} ({src_lang}->{tgt_lang}) test_2016_flickr, beam {args.beam}:\n{scores}")
+    print("validation BLEU (greedy, first 500 dev sentences) against training minutes:")
+    for m in result["valid_curve"]:
+        print(f"  {m.get('minutes', 0):6.1f} min  step {m['step']:6d}  BLEU {m.get('valid_bleu', float('nan')):.2f}")
+    print("decoding:", json.dumps(decoding))
+
+
+if __name__ == "__main__":
+    main()
