@@ -126,7 +126,7 @@ def test_general_and_additive_scores_match_their_formulas() -> None:
 
     additive = AdditiveScore(6, 4, d_attn=10)
     Wq, Wk, bk, v_vec = additive.W_q.weight, additive.W_k.weight, additive.W_k.bias, additive.v.weight[0]
-    e = torch.tensor([[[v_vec @ torch.tanh(Wq @ q[b, i] + Wk @ k[b, j] + bk) for j in range(5)]
+    e = torch.tensor([[[(v_vec @ torch.tanh(Wq @ q[b, i] + Wk @ k[b, j] + bk)).item() for j in range(5)]
                        for i in range(3)] for b in range(2)])
     _, w = attend(q, k, v, score=additive)
     torch.testing.assert_close(w, e.softmax(-1))

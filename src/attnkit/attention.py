@@ -35,6 +35,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .dropout import dropout as dropout_fn
+
 ScoreName = Literal["dot", "scaled_dot", "general", "additive", "concat"]
 Normalizer = Literal["softmax", "hard"]
 
@@ -200,6 +202,30 @@ def hard_attention(e: Tensor, mask: Tensor | None = None, beta: float = 1.0, *,
 # --------------------------------------------------------------------------------------
 
 
+# On the CPU, torch's fused bfloat16 kernel is slower than matmul + softmax for short key
+# sequences (benchmarks/attention.py: 2x at T=64, even at T=256); above this the fused path wins.
+FUSED_BF16_CPU_MIN_KEYS = 256
+
+
+def _fused_is_faster(q: Tensor, k: Tensor) -> bool:
+    return not (q.device.type == "cpu" and q.dtype == torch.bfloat16 and k.size(-2) < FUSED_BF16_CPU_MIN_KEYS)
+
+
+_EMPTY_ROWS_ZEROED: dict[tuple[str, torch.dtype], bool] = {}
+
+
+def _fused_zeroes_empty_rows(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether this torch's fused kernel already returns 0 for a query with no key (probed once per device/dtype)."""
+    key = (device.type, dtype)
+    if key not in _EMPTY_ROWS_ZEROED:
+        x = torch.ones(1, 1, 2, 2, device=device, dtype=dtype)
+        none = torch.zeros(1, 1, 2, 2, dtype=torch.bool, device=device)
+        with torch.no_grad():
+            out = F.scaled_dot_product_attention(x, x, x, attn_mask=none)
+        _EMPTY_ROWS_ZEROED[key] = bool((out == 0).all())
+    return _EMPTY_ROWS_ZEROED[key]
+
+
 def attend(
     q: Tensor,
     k: Tensor,
@@ -239,12 +265,12 @@ def attend(
     if mask is not None and mask.dtype != torch.bool:
         raise TypeError(f"mask must be boolean (True = may attend), got {mask.dtype}")
 
-    if not need_weights and normalizer == "softmax" and score in ("dot", "scaled_dot"):
+    if not need_weights and normalizer == "softmax" and score in ("dot", "scaled_dot") and _fused_is_faster(q, k):
         scale = 1.0 / math.sqrt(q.size(-1)) if score == "scaled_dot" else 1.0
         scale *= 1.0 if beta is None else beta
         context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, scale=scale)
-        if mask is not None:
-            # The fused kernel returns garbage (uniform or NaN) for rows with nothing to attend to.
+        if mask is not None and not _fused_zeroes_empty_rows(q.device, q.dtype):
+            # Older kernels return uniform weights or NaN for rows with nothing to attend to.
             context = context.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)
         return context, None
 
@@ -255,6 +281,6 @@ def attend(
         weights = soft_attention(e, mask, beta)
     else:
         weights = hard_attention(e, mask, beta, straight_through=straight_through)
-    p = F.dropout(weights, dropout) if dropout > 0.0 else weights
+    p = dropout_fn(weights, dropout)
     context = p.to(v.dtype) @ v  # (..., T_q, T_k) @ (..., T_k, d_v) -> (..., T_q, d_v)
     return context, weights

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .dropout import dropout
 from .transformer import PAD_ID, TransformerConfig, TransformerEncoder
 
 Pooling = Literal["max", "mean", "first"]
@@ -53,7 +54,7 @@ class TransformerClassifier(nn.Module):
         """``tokens`` ``(B, T)`` padded with ``pad_id`` -> logits ``(B, n_classes)``."""
         hidden, mask, _ = self.encoder(tokens)  # (B, T, D), (B, 1, 1, T)
         z = pool(hidden, mask[:, 0, 0], self.pooling)  # (B, D)
-        return self.head(F.dropout(z, self.dropout, self.training))
+        return self.head(dropout(z, self.dropout, self.training))
 
     @torch.no_grad()
     def token_importance(self, tokens: Tensor) -> Tensor:

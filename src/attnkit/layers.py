@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .dropout import dropout
 from .multihead import KVCache, MultiHeadAttention
 
 
@@ -107,7 +108,7 @@ class FeedForward(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         h = F.relu(self.w1(x))  # (B, T, d_ff)
         if self.activation_dropout > 0.0:
-            h = F.dropout(h, self.activation_dropout, self.training)
+            h = dropout(h, self.activation_dropout, self.training)
         return self.w2(h)  # (B, T, d_model)
 
 
@@ -126,7 +127,7 @@ class _ResidualBlock(nn.Module):
         return norm(x) if self.norm_first else x
 
     def add_and_norm(self, x: Tensor, y: Tensor, norm: nn.LayerNorm) -> Tensor:
-        x = x + F.dropout(y, self.dropout, self.training)
+        x = x + dropout(y, self.dropout, self.training)
         return x if self.norm_first else norm(x)
 
 

@@ -27,11 +27,11 @@ from dataclasses import dataclass
 from typing import Literal
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from .attention import AdditiveScore, GeneralScore, attend, make_scorer
+from .dropout import dropout
 from .transformer import BOS_ID, EOS_ID, PAD_ID
 
 RNNState = Tensor | tuple[Tensor, Tensor]  # GRU hidden (L, B, H) or LSTM (h, c)
@@ -103,7 +103,7 @@ class RNNSeq2Seq(nn.Module):
         """Encode ``src`` ``(B, S)`` and build the decoder's starting state."""
         mask = src.ne(PAD_ID)  # (B, S)
         lengths = mask.sum(dim=1).clamp(min=1).cpu()
-        x = F.dropout(self.src_embed(src), self.dropout, self.training)  # (B, S, E)
+        x = dropout(self.src_embed(src), self.dropout, self.training)  # (B, S, E)
         packed = pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False)
         out, last = self.encoder(packed)
         out, _ = pad_packed_sequence(out, batch_first=True, total_length=src.size(1))  # (B, S, dirs*H)
@@ -131,7 +131,7 @@ class RNNSeq2Seq(nn.Module):
     def decode_step(self, prev: Tensor, state: RNNDecoderState, need_weights: bool = False
                     ) -> tuple[Tensor, RNNDecoderState, Tensor | None]:
         """Feed ``prev`` ``(B,)`` -> ``(logits (B, V), new state, attention weights (B, S) | None)``."""
-        y = F.dropout(self.tgt_embed(prev), self.dropout, self.training)  # (B, E)
+        y = dropout(self.tgt_embed(prev), self.dropout, self.training)  # (B, E)
         if self.bahdanau:
             s_prev = (state.hidden[0] if isinstance(state.hidden, tuple) else state.hidden)[-1]  # (B, H)
             context, weights = self._attend(s_prev, state)
@@ -142,15 +142,16 @@ class RNNSeq2Seq(nn.Module):
             s_t = out.squeeze(1)  # (B, H)
             context, weights = self._attend(s_t, state)
         s_tilde = torch.tanh(self.W_c(torch.cat([context, s_t], dim=-1)))  # (B, H)
-        logits = self.W_y(F.dropout(s_tilde, self.dropout, self.training))  # (B, V)
+        logits = self.W_y(dropout(s_tilde, self.dropout, self.training))  # (B, V)
         new_state = RNNDecoderState(hidden, s_tilde, state.values, state.keys, state.mask, state.final)
         return logits, new_state, (weights if need_weights else None)
 
-    def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
-        """Teacher forcing: ``src`` ``(B, S)``, ``tgt_in`` ``(B, T)`` -> logits ``(B, T, V)``."""
+    def forward(self, src: Tensor, tgt_in: Tensor, positions: Tensor | None = None) -> Tensor:
+        """Teacher forcing: ``src`` (B, S), ``tgt_in`` (B, T) -> logits (B, T, V), or (N, V) at ``positions``."""
         state = self.init_decoder(src)
         logits = []
         for t in range(tgt_in.size(1)):
             step_logits, state, _ = self.decode_step(tgt_in[:, t], state)
             logits.append(step_logits)
-        return torch.stack(logits, dim=1)
+        out = torch.stack(logits, dim=1)  # (B, T, V)
+        return out if positions is None else out[positions]

@@ -68,6 +68,7 @@ class TrainConfig:
 
     seed: int = 1
     max_tokens: int = 4096  # padded tokens per batch (max of source and target side)
+    pad_multiple: int = 8  # pad batch lengths to a multiple of this: few distinct shapes, fast CPU kernels
     accumulate: int = 1  # batches per update
     max_updates: int = 20000
     max_epochs: int = 100

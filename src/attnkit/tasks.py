@@ -161,23 +161,24 @@ class TranslationTask:
 
     def batches(self, epoch: int) -> list[list[int]]:
         return make_batches([len(s) for s in self.src], [len(t) - 1 for t in self.tgt], self.cfg.train.max_tokens,
-                            seed=self.cfg.train.seed, epoch=epoch)
+                            seed=self.cfg.train.seed, epoch=epoch, pad_multiple=self.cfg.train.pad_multiple)
 
     @staticmethod
-    def _collate(src: list[list[int]], tgt: list[list[int]], device: torch.device) -> Batch:
-        s = pad_batch(src, PAD_ID).to(device)  # (B, S)
-        t = pad_batch(tgt, PAD_ID).to(device)  # (B, T+1)
-        tgt_in, tgt_out = t[:, :-1], t[:, 1:]  # teacher forcing: input <s> y_1.., predict y_1.. </s>
-        return Batch((s, tgt_in), tgt_out, int(tgt_out.ne(PAD_ID).sum()))
+    def _collate(src: list[list[int]], tgt: list[list[int]], device: torch.device, multiple: int = 1) -> Batch:
+        s = pad_batch(src, PAD_ID, multiple).to(device)  # (B, S)
+        tgt_in = pad_batch([t[:-1] for t in tgt], PAD_ID, multiple).to(device)  # (B, T): <s> y_1 .. y_T
+        tgt_out = pad_batch([t[1:] for t in tgt], PAD_ID, multiple).to(device)  # (B, T): y_1 .. y_T </s>
+        real = tgt_out.ne(PAD_ID)  # teacher forcing: predict tgt_out[:, t] from tgt_in[:, :t+1]
+        return Batch((s, tgt_in, real), tgt_out[real], int(real.sum()))
 
     def collate(self, indices: list[int], device: torch.device) -> Batch:
-        return self._collate([self.src[i] for i in indices], [self.tgt[i] for i in indices], device)
+        return self._collate([self.src[i] for i in indices], [self.tgt[i] for i in indices], device,
+                             self.cfg.train.pad_multiple)
 
     def loss(self, model: nn.Module, batch: Batch, label_smoothing: float) -> Tensor:
-        """Sum over non-pad target tokens of label-smoothed cross-entropy (float32)."""
-        logits = model(*batch.inputs)  # (B, T, V)
-        return F.cross_entropy(logits.float().flatten(0, 1), batch.targets.flatten(), ignore_index=PAD_ID,
-                               label_smoothing=label_smoothing, reduction="sum")
+        """Sum over real target tokens of label-smoothed cross-entropy (float32); padding is never scored."""
+        logits = model(*batch.inputs)  # (N, V): only the real target positions
+        return F.cross_entropy(logits.float(), batch.targets, label_smoothing=label_smoothing, reduction="sum")
 
     def validate(self, model: nn.Module, device: torch.device) -> dict[str, float]:
         """Dev loss (no smoothing), perplexity and greedy BLEU; ``score`` = BLEU (or -loss without BLEU)."""
@@ -252,7 +253,7 @@ class ClassificationTask:
                             seed=self.cfg.train.seed, epoch=epoch)
 
     def collate(self, indices: list[int], device: torch.device) -> Batch:
-        x = pad_batch([self.x[i] or [PAD_ID] for i in indices], PAD_ID).to(device)
+        x = pad_batch([self.x[i] or [PAD_ID] for i in indices], PAD_ID, self.cfg.train.pad_multiple).to(device)
         y = torch.tensor([self.y[i] for i in indices], device=device)
         return Batch((x,), y, len(indices))
 

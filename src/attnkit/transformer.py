@@ -15,10 +15,10 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .attention import causal_mask, padding_mask
+from .dropout import dropout
 from .layers import DecoderLayer, EncoderLayer, TokenEmbedding, make_positions
 from .multihead import KVCache
 
@@ -87,7 +87,7 @@ class TransformerEncoder(nn.Module):
         """``src`` ``(B, S)`` -> ``(memory (B, S, d_model), mask (B, 1, 1, S), per-layer self-attention weights)``."""
         mask = padding_mask(src, self.pad_id).unsqueeze(1)  # (B, 1, 1, S): True at real tokens
         x = self.embed(src) + self.positions(src.size(1))  # (B, S, d_model)
-        x = F.dropout(x, self.dropout, self.training)
+        x = dropout(x, self.dropout, self.training)
         all_weights = []
         for layer in self.layers:
             x, weights = layer(x, mask, need_weights=need_weights)
@@ -168,7 +168,7 @@ class Transformer(nn.Module):
         """
         T = tgt_in.size(1)
         self_mask = causal_mask(T, device=tgt_in.device)  # (T, T)
-        x = F.dropout(self.tgt_embed(tgt_in) + self.positions(T), self.dropout, self.training)
+        x = dropout(self.tgt_embed(tgt_in) + self.positions(T), self.dropout, self.training)
         cross = []
         for layer in self.layers:
             x, weights, _ = layer(x, memory, self_mask, memory_mask, need_weights=need_weights)
@@ -178,11 +178,15 @@ class Transformer(nn.Module):
             x = self.final_norm(x)
         return x, cross
 
-    def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
-        """Teacher forcing: ``src`` (B, S), ``tgt_in`` = ``<s> y_1 .. y_{T-1}`` (B, T) -> logits (B, T, V)."""
+    def forward(self, src: Tensor, tgt_in: Tensor, positions: Tensor | None = None) -> Tensor:
+        """Teacher forcing: ``src`` (B, S), ``tgt_in`` = ``<s> y_1 .. y_{T-1}`` (B, T) -> logits (B, T, V).
+
+        With a boolean ``positions`` (B, T), only those positions are projected to the
+        vocabulary: logits (N, V), N = positions.sum() (training skips padding this way).
+        """
         memory, memory_mask = self.encode(src)
-        hidden, _ = self.decode(tgt_in, memory, memory_mask)
-        return self.out_proj(hidden)
+        hidden, _ = self.decode(tgt_in, memory, memory_mask)  # (B, T, d_model)
+        return self.out_proj(hidden if positions is None else hidden[positions])
 
     def cross_attention(self, src: Tensor, tgt_in: Tensor) -> list[Tensor]:
         """Per-layer cross-attention weights ``(B, H, T, S)`` under teacher forcing (for inspection)."""
@@ -211,7 +215,7 @@ class Transformer(nn.Module):
             hidden, caches = hidden[:, -1:], None
         else:
             x = self.tgt_embed(prev[:, None]) + self.positions(1, offset=t - 1)  # (B, 1, d_model)
-            x = F.dropout(x, self.dropout, self.training)
+            x = dropout(x, self.dropout, self.training)
             caches, cross = [], []
             for layer, cache in zip(self.layers, state.caches, strict=True):
                 # one query at the newest position sees every cached key: no look-ahead mask needed

@@ -1,0 +1,39 @@
+"""Dropout, ``y = x * m / (1 - p)`` with ``m_i ~ Bernoulli(1 - p)`` (Srivastava et al. 2014).
+
+On the CPU, ``F.dropout`` draws one 32-bit random number per element (about 12 ms for a
+4096 x 256 activation here, more than the layer's matmul in bf16). :func:`dropout` draws
+random *bytes* instead, eight per 64-bit draw, ~10x cheaper. Deviation: ``p`` is rounded to
+a multiple of 1/256 (0.1 -> 26/256 = 0.1016), and the scale uses the rounded value, so the
+expectation is still exact. Other devices use ``F.dropout``. The stream comes from torch's
+global generator, so ``torch.manual_seed`` (and checkpointed RNG state) reproduce it.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+
+
+def random_bytes(shape: torch.Size | tuple[int, ...], device: torch.device) -> Tensor:
+    """Uniform random ``uint8`` tensor of ``shape`` from torch's generator (8 bytes per 64-bit draw)."""
+    n = 1
+    for s in shape:
+        n *= s
+    words = torch.empty((n + 7) // 8, dtype=torch.int64, device=device).random_(_INT64_MIN, _INT64_MAX)
+    return words.view(torch.uint8)[:n].view(shape)
+
+
+def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
+    """Zero each element with probability ``p`` and scale the rest by ``1 / (1 - p)`` (training only)."""
+    if not training or p <= 0.0:
+        return x
+    if x.device.type != "cpu":
+        return F.dropout(x, p, True)
+    drop_below = round(p * 256)  # a byte b < drop_below means "drop": P = drop_below / 256
+    if drop_below >= 256:
+        return torch.zeros_like(x)
+    keep = random_bytes(x.shape, x.device) >= drop_below
+    return x * keep.to(x.dtype) * (256.0 / (256 - drop_below))
