@@ -30,7 +30,7 @@ REFERENCE = SHARED / "bench" / "torch_reference.py"
 
 
 def attnkit_worker(precision: str, seconds: float, warmup: int, max_tokens: int) -> None:
-    """Runs in the child: the real attnkit training step (Trainer._update) on Multi30k."""
+    """Runs in the child: the real attnkit training step (Trainer.train_step) on Multi30k."""
     sys.path.insert(0, str(ROOT / "src"))
     from attnkit.config import load_config
     from attnkit.runconfig import RunConfig
@@ -46,13 +46,13 @@ def attnkit_worker(precision: str, seconds: float, warmup: int, max_tokens: int)
     epoch = 0
     while True:
         for batch in trainer.task.batches(epoch):
-            trainer._update([batch])
+            _, n_targets = trainer.train_step([batch])
             step += 1
             now = time.perf_counter()
             if step == warmup:
                 t_start = now
             elif t_start is not None:
-                tokens += trainer._last_targets
+                tokens += n_targets
                 updates += 1
                 if now - t_start >= seconds:
                     secs = now - t_start

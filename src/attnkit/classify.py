@@ -11,6 +11,12 @@ from .tasks import LoadedRun
 from .tokenizer import PAD_ID
 
 
+def _classes(run: LoadedRun) -> list[str]:
+    if run.classes is None:
+        raise UserError(f"{run.weights_path}: this is a {run.cfg.task} model, not a classifier")
+    return run.classes
+
+
 def predict(run: LoadedRun, texts: list[str], batch_size: int = 256) -> tuple[torch.Tensor, list[list[int]]]:
     """Class probabilities ``(N, C)`` and the token ids fed to the model."""
     ids = [t[: run.cfg.data.max_len] or [PAD_ID] for t in run.tok.encode_src(texts)]
@@ -24,12 +30,12 @@ def predict(run: LoadedRun, texts: list[str], batch_size: int = 256) -> tuple[to
 
 def classify_texts(run: LoadedRun, texts: list[str], *, with_attention: bool = False, top: int = 5) -> list[str]:
     """``label<TAB>probability<TAB>text`` per input (plus ``<TAB>token:share ...`` with attention)."""
-    assert run.classes is not None
+    classes = _classes(run)
     probs, ids = predict(run, texts)
     lines = []
     for i, text in enumerate(texts):
         p, c = probs[i].max(dim=0)
-        line = f"{run.classes[int(c)]}\t{p.item():.4f}\t{text}"
+        line = f"{classes[int(c)]}\t{p.item():.4f}\t{text}"
         if with_attention:
             share = run.model.token_importance(pad_batch([ids[i]], PAD_ID))[0]  # (T,)
             pieces = run.tok.src_pieces_from_ids(ids[i])
@@ -41,13 +47,13 @@ def classify_texts(run: LoadedRun, texts: list[str], *, with_attention: bool = F
 
 def evaluate_classifier(run: LoadedRun, data: LabelledData) -> tuple[ClassificationScores, list[str]]:
     """Scores on labelled data and one predicted label per line; unknown labels are an error."""
-    assert run.classes is not None
-    index = {c: i for i, c in enumerate(run.classes)}
+    classes = _classes(run)
+    index = {c: i for i, c in enumerate(classes)}
     unknown = sorted(set(data.labels) - set(index))
     if unknown:
         raise UserError(f"{data.path}: label(s) {unknown} in column '{data.label_column}' were not seen in "
-                        f"training (known: {run.classes})")
+                        f"training (known: {classes})")
     probs, _ = predict(run, data.texts)
     predicted = probs.argmax(-1).tolist()
-    scores = classification_scores([index[y] for y in data.labels], predicted, run.classes)
-    return scores, [run.classes[p] for p in predicted]
+    scores = classification_scores([index[y] for y in data.labels], predicted, classes)
+    return scores, [classes[p] for p in predicted]

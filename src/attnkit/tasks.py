@@ -295,6 +295,17 @@ class LoadedRun:
     weights_path: Path
 
 
+def read_classes(path: Path) -> list[str]:
+    """The class names a classifier run was trained with (``classes.json``)."""
+    try:
+        classes = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise UserError(f"{path}: cannot read the class names ({type(e).__name__}); is this a complete run?") from None
+    if not isinstance(classes, list) or not all(isinstance(c, str) for c in classes):
+        raise UserError(f"{path}: expected a JSON list of class names")
+    return classes
+
+
 def find_weights(path: Path) -> tuple[Path, Path]:
     """``(run_dir, weights file)`` for a run directory or a ``.safetensors`` file inside one.
 
@@ -325,7 +336,7 @@ def load_run(path: str | Path, device: torch.device | None = None) -> LoadedRun:
     tok = Tokenizer.load(run_dir)
     classes = None
     if cfg.task == "classify":
-        classes = json.loads((run_dir / CLASSES_FILE).read_text(encoding="utf-8"))
+        classes = read_classes(run_dir / CLASSES_FILE)
         model: nn.Module = TransformerClassifier(cfg.model.transformer, tok.src_vocab_size, len(classes),
                                                  pooling=cfg.model.pooling)
     else:

@@ -220,8 +220,8 @@ class Trainer:
             batches = self.task.batches(self.epoch)
             while self.batch_pos < len(batches):
                 group = batches[self.batch_pos: self.batch_pos + tc.accumulate]
-                loss_value = self._update(group)
-                targets_seen += self._last_targets
+                loss_value, n_targets = self.train_step(group)
+                targets_seen += n_targets
                 self.batch_pos += len(group)
                 self.step += 1
                 bar.update(1)
@@ -254,10 +254,8 @@ class Trainer:
         self.log(f"trained {self.step} updates in {self.minutes():.1f} min; run: {self.run_dir}")
         return metrics
 
-    _last_targets = 0
-
-    def _update(self, group: list[list[int]]) -> float:
-        """One optimizer update over ``group`` (``accumulate`` batches); returns the mean loss per target."""
+    def train_step(self, group: list[list[int]]) -> tuple[float, int]:
+        """One optimizer update over ``group`` (``accumulate`` batches) -> (mean loss per target, targets)."""
         tc = self.tc
         lr = learning_rate(self.step + 1, tc, model_width(self.model))
         for g in self.optimizer.param_groups:
@@ -274,8 +272,7 @@ class Trainer:
             nn.utils.clip_grad_norm_(self.model.parameters(), tc.clip_norm)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        self._last_targets = n_total
-        return total / max(n_total, 1)
+        return total / max(n_total, 1), n_total
 
     def _average(self) -> None:
         k = self.tc.average_last
