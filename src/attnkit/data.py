@@ -479,11 +479,13 @@ def make_batches(
 
 
 def padding_fraction(
-    batches: Sequence[Sequence[int]], src_lens: Sequence[int], tgt_lens: Sequence[int] | None
+    batches: Sequence[Sequence[int]], src_lens: Sequence[int], tgt_lens: Sequence[int] | None,
+    pad_multiple: int = 1,
 ) -> float:
     """Fraction of padded positions over all source (and target) positions of ``batches``.
 
-    Each batch is padded to its own longest source and, separately, longest target.
+    Each batch is padded to its own longest source and, separately, longest target
+    (rounded up to ``pad_multiple``, as :func:`pad_batch` does).
 
     :return: ``padded / total`` in [0, 1]; 0.0 when there are no positions.
     """
@@ -494,7 +496,7 @@ def padding_fraction(
             continue
         for lens in sides:
             side = [lens[i] for i in batch]
-            total += len(side) * max(side)
+            total += len(side) * round_up(max(side), pad_multiple)
             real += sum(side)
     return 0.0 if total == 0 else (total - real) / total
 

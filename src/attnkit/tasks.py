@@ -33,7 +33,7 @@ from . import dates
 from .checkpoint import atomic_write_text, check_compatible, load_weights
 from .classifier import TransformerClassifier
 from .config import load_config
-from .data import filter_examples, make_batches, pad_batch, read_labelled, read_parallel
+from .data import filter_examples, make_batches, pad_batch, padding_fraction, read_labelled, read_parallel
 from .errors import UserError
 from .rnn import RNNSeq2Seq
 from .runconfig import RunConfig
@@ -155,6 +155,10 @@ class TranslationTask:
         v_tgt = self.tok.encode_tgt([t for _, t in self.valid_pairs])
         self.valid_src = [s + [EOS_ID] for s in v_src]
         self.valid_tgt = [[BOS_ID] + t + [EOS_ID] for t in v_tgt]
+        batches = self.batches(0)
+        padding = padding_fraction(batches, [len(s) for s in self.src], [len(t) - 1 for t in self.tgt],
+                                   cfg.train.pad_multiple)
+        log(f"{len(batches)} batches per epoch (max_tokens {cfg.train.max_tokens}), {padding:.1%} of positions padding")
 
     def build_model(self) -> nn.Module:
         return build_translation_model(self.cfg, self.tok)
@@ -240,7 +244,10 @@ class ClassificationTask:
         self.y = [index[label] for label in train.labels]
         self.valid_x = [ids[: d.max_len] for ids in self.tok.encode_src(valid.texts)]
         self.valid_y = [index[label] for label in valid.labels]
-        log(f"training data: {len(self.x)} texts, {len(self.classes)} classes {self.classes}")
+        batches = self.batches(0)
+        padding = padding_fraction(batches, [len(x) for x in self.x], None, cfg.train.pad_multiple)
+        log(f"training data: {len(self.x)} texts, {len(self.classes)} classes {self.classes}; "
+            f"{len(batches)} batches per epoch, {padding:.1%} of positions padding")
 
     def build_model(self) -> nn.Module:
         if self.cfg.model.arch != "transformer":
