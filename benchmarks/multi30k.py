@@ -75,7 +75,8 @@ def main() -> None:
 
     name = args.name or Path(args.config).stem
     run_dir = Path(args.run_dir or ROOT / "runs" / name)
-    cfg = load_config(RunConfig, args.config, args.overrides)
+    resumed = args.resume and (run_dir / "config.yaml").exists()  # a resumed run keeps its own config
+    cfg = load_config(RunConfig, run_dir / "config.yaml" if resumed else args.config, args.overrides)
     src_lang, tgt_lang = Path(cfg.data.train).name.split(".")[1], Path(cfg.data.train_tgt or "").name.split(".")[1]
     if not args.skip_train:
         Trainer(cfg, run_dir, resume=args.resume).run()
@@ -97,7 +98,8 @@ def main() -> None:
                         cache_speedup=round(uncached_seconds / seconds, 2),
                         uncached_identical=uncached_hyps == hyps)
 
-    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    lines = (run_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
+    metrics = [json.loads(line) for line in lines if line.strip()]
     result = {
         "name": name, "config": str(Path(args.config).relative_to(ROOT) if Path(args.config).is_absolute()
                                     else args.config),

@@ -197,3 +197,12 @@ def test_unknown_names_and_bad_masks_are_rejected() -> None:
         attend(q, q, q, normalizer="sparsemax")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="boolean"):
         attend(q, q, q, torch.ones(1, 2, 2))
+
+
+def test_no_weights_unless_asked_on_every_path() -> None:
+    q = torch.randn(2, 2, 5, 8)
+    for dtype in (torch.float32, torch.bfloat16):  # bf16 with short keys takes the explicit path
+        out, w = attend(q.to(dtype), q.to(dtype), q.to(dtype), need_weights=False)
+        assert w is None and out.dtype == dtype
+        ref, _ = attend(q, q, q)
+        torch.testing.assert_close(out.float(), ref, atol=3e-2, rtol=3e-2)

@@ -67,3 +67,10 @@ def test_tiny_classifier_overfits_a_tiny_labelled_set() -> None:
         opt.step()
     model.eval()
     assert (model(x).argmax(-1) == y).all() and loss.item() < 0.05
+
+
+def test_an_empty_text_gives_finite_logits() -> None:
+    torch.manual_seed(4)
+    model = TransformerClassifier(SEED_MODEL, 100, 2, pooling="max").eval()
+    x = torch.tensor([[0, 0, 0], [5, 6, 0]])  # the first row has no real token
+    assert torch.isfinite(model(x)).all()

@@ -76,7 +76,7 @@ def translation_config(tmp: Path, n: int = 150) -> dict:
     return {"task": "translate",
             "data": {"train": str(tmp / "train.src"), "train_tgt": str(tmp / "train.tgt"),
                      "valid": str(tmp / "valid.src"), "valid_tgt": str(tmp / "valid.tgt"),
-                     "tokenizer": {"vocab_size": 70}},
+                     "max_len": 64, "tokenizer": {"vocab_size": 70}},
             "model": {"transformer": TINY_MODEL},
             "train": {**TINY_TRAIN, "max_updates": 6, "valid_every": 6},
             "decode_beam": 2}
@@ -397,3 +397,24 @@ def test_subprocess_translate_corrupt_checkpoint(translation_run, tmp_path):
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.startswith("attnkit: error: ") and proc.stderr.count("\n") == 1
     assert "model.safetensors" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_invalid_utf8_on_stdin_and_unwritable_output_are_one_line_errors(capsys, monkeypatch, translation_run) -> None:
+    import io
+
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"ok line\n\xff\xfe bad\n")))
+    assert_one_line_error(*cli(capsys, "translate", str(translation_run), "--beam", "1")[::2], "<stdin>:2",
+                          "UTF-8")
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"3 March 2021\n")))
+    assert_one_line_error(*cli(capsys, "translate", str(translation_run), "-o", "/nonexistent-dir/out.txt")[::2],
+                          "/nonexistent-dir/out.txt", "cannot write")
+
+
+def test_config_values_are_checked(capsys, tmp_path) -> None:
+    raw = translation_config(tmp_path)
+    raw["train"]["valid_every"] = 0
+    assert_one_line_error(*cli(capsys, "train", str(write_yaml(tmp_path / "a.yaml", raw)))[::2], "valid_every")
+    raw = translation_config(tmp_path)
+    raw["data"]["max_len"] = 500
+    assert_one_line_error(*cli(capsys, "train", str(write_yaml(tmp_path / "b.yaml", raw)))[::2],
+                          "data.max_len=500", "model.transformer.max_len")

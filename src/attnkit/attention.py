@@ -172,9 +172,11 @@ def soft_attention(e: Tensor, mask: Tensor | None = None, beta: float = 1.0) -> 
     logits = logits * beta if beta != 1.0 else logits
     if mask is not None:
         logits = logits.masked_fill(~mask, torch.finfo(logits.dtype).min)
-    weights = torch.softmax(logits, dim=-1)
+    weights = torch.softmax(logits, dim=-1)  # masked keys: exp(min - max) underflows to exactly 0
     if mask is not None:
-        weights = weights.masked_fill(~mask, 0.0)  # also zeroes fully-masked rows (softmax made them uniform)
+        has_key = mask.any(dim=-1, keepdim=True)
+        if not bool(has_key.all()):
+            weights = weights * has_key  # a row with nothing to attend to: softmax made it uniform
     return weights
 
 
@@ -283,4 +285,4 @@ def attend(
         weights = hard_attention(e, mask, beta, straight_through=straight_through)
     p = dropout_fn(weights, dropout)
     context = p.to(v.dtype) @ v  # (..., T_q, T_k) @ (..., T_k, d_v) -> (..., T_q, d_v)
-    return context, weights
+    return context, (weights if need_weights else None)

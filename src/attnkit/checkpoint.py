@@ -57,10 +57,10 @@ def atomic_write(path: str | Path, write: Callable[[Path], None]) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
 
 
-def _fsync_dir(directory: Path) -> None:
+def fsync_dir(directory: Path) -> None:
     """Persist the directory entry of a rename (a no-op where directories cannot be opened)."""
     try:
         fd = os.open(directory, os.O_RDONLY)
@@ -281,9 +281,12 @@ def _load_failure_reason(err: Exception) -> str:
 
 
 def capture_rng_state() -> dict[str, Any]:
-    """The Python ``random`` and torch CPU generator states, as values ``weights_only`` accepts."""
+    """The Python ``random``, torch CPU (and CUDA) generator states, as values ``weights_only`` accepts."""
     version, internal, gauss_next = random.getstate()
-    return {"python": [version, list(internal), gauss_next], "torch": torch.get_rng_state()}
+    state: dict[str, Any] = {"python": [version, list(internal), gauss_next], "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
 
 
 def restore_rng_state(state: dict[str, Any]) -> None:
@@ -291,3 +294,5 @@ def restore_rng_state(state: dict[str, Any]) -> None:
     version, internal, gauss_next = state["python"]
     random.setstate((version, tuple(internal), gauss_next))
     torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])

@@ -17,7 +17,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .dropout import dropout
-from .transformer import PAD_ID, TransformerConfig, TransformerEncoder
+from .layers import xavier_init_
+from .transformer import TransformerConfig, TransformerEncoder
+from .vocab import PAD_ID
 
 Pooling = Literal["max", "mean", "first"]
 
@@ -25,7 +27,8 @@ Pooling = Literal["max", "mean", "first"]
 def pool(hidden: Tensor, mask: Tensor, how: Pooling) -> Tensor:
     """Pool ``hidden`` ``(B, T, D)`` over real positions (``mask`` ``(B, T)``, True = real) -> ``(B, D)``."""
     if how == "max":
-        return hidden.masked_fill(~mask[..., None], torch.finfo(hidden.dtype).min).amax(dim=1)
+        pooled = hidden.masked_fill(~mask[..., None], torch.finfo(hidden.dtype).min).amax(dim=1)
+        return pooled.masked_fill(~mask.any(dim=1, keepdim=True), 0.0)  # no real token: zeros, not -inf
     if how == "mean":
         m = mask[..., None].to(hidden.dtype)
         return (hidden * m).sum(dim=1) / m.sum(dim=1).clamp(min=1.0)
@@ -46,9 +49,7 @@ class TransformerClassifier(nn.Module):
         self.encoder = TransformerEncoder(cfg, vocab_size, pad_id=pad_id)
         self.head = nn.Linear(cfg.d_model, n_classes)
         self.dropout = cfg.dropout
-        for name, p in self.named_parameters():
-            if p.dim() == 2 and "embed" not in name and "positions" not in name:
-                nn.init.xavier_uniform_(p)
+        xavier_init_(self)
 
     def forward(self, tokens: Tensor) -> Tensor:
         """``tokens`` ``(B, T)`` padded with ``pad_id`` -> logits ``(B, n_classes)``."""
@@ -74,5 +75,5 @@ class TransformerClassifier(nn.Module):
             if self.pooling == "first":
                 share = attn[:, 0]
             else:
-                share = (attn * real[..., None]).sum(dim=1) / real.sum(dim=1, keepdim=True)
+                share = (attn * real[..., None]).sum(dim=1) / real.sum(dim=1, keepdim=True).clamp(min=1)
         return share * real

@@ -55,7 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-i", "--input", help="input file (default: stdin)")
     p.add_argument("-o", "--output", help="output file (default: stdout)")
     p.add_argument("--beam", type=int, default=None, help="beam size; 1 = greedy (default: the run's decode_beam)")
-    p.add_argument("--lenpen", type=float, default=None, help="GNMT length penalty alpha (default: 0.6)")
+    p.add_argument("--lenpen", type=float, default=None,
+                   help="GNMT length penalty alpha (default: the run's decode_lenpen, 0.6 unless configured)")
     p.add_argument("--n-best", type=int, default=1, help="hypotheses per sentence, tab-separated (default: 1)")
     p.add_argument("--max-len-a", type=float, default=1.0, help="max output length = a * source length + b")
     p.add_argument("--max-len-b", type=float, default=50, help="(default: a=1, b=50, as in the paper)")
@@ -82,10 +83,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _read_input(path: str | None) -> list[str]:
-    from .data import read_lines
+    """Lines of ``path``, or of standard input (strict UTF-8 either way)."""
+    from .data import decode_utf8, read_lines, split_lines
 
     if path is None:
-        return [line.rstrip("\r\n") for line in sys.stdin]
+        return split_lines(decode_utf8(sys.stdin.buffer.read(), "<stdin>"))
     return read_lines(path)
 
 
@@ -93,8 +95,11 @@ def _write_output(path: str | None, lines: list[str]) -> None:
     text = "".join(line + "\n" for line in lines)
     if path is None:
         sys.stdout.write(text)
-    else:
+        return
+    try:
         Path(path).write_text(text, encoding="utf-8")
+    except OSError as e:
+        raise UserError(f"{path}: cannot write ({e.strerror}); check that the directory exists") from None
 
 
 def _beam(given: int | None, default: int) -> int:
@@ -136,6 +141,8 @@ def cmd_translate(args: argparse.Namespace) -> None:
     if run.cfg.task != "translate":
         raise UserError(f"{args.model} is a {run.cfg.task} model; use `attnkit classify`")
     beam = _beam(args.beam, run.cfg.decode_beam)
+    if args.batch_size < 1:
+        raise UserError(f"--batch-size must be at least 1, got {args.batch_size}")
     if not 1 <= args.n_best <= beam:
         raise UserError(f"--n-best {args.n_best} must be between 1 and --beam {beam}")
     lenpen = run.cfg.decode_lenpen if args.lenpen is None else args.lenpen

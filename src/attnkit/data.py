@@ -92,16 +92,34 @@ def _read_text(path: str | Path) -> str:
     except (gzip.BadGzipFile, EOFError, zlib.error) as e:
         raise UserError(f"{path}: not a valid gzip file ({e}); decompress it and drop the .gz "
                         f"suffix, or re-create it with gzip") from None
+    return decode_utf8(data, str(path))
+
+
+def decode_utf8(data: bytes, name: str) -> str:
+    """Strict UTF-8 decoding of a file's (or stdin's) bytes, without a leading byte-order mark.
+
+    :raises UserError: ``name:line: invalid UTF-8 at column ...``.
+    """
     try:
         text = data.decode("utf-8", errors="strict")
     except UnicodeDecodeError as e:
         line = data.count(b"\n", 0, e.start) + 1
         column = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
-        raise UserError(f"{path}:{line}: invalid UTF-8 at column {column} (byte 0x{data[e.start]:02x}); "
+        raise UserError(f"{name}:{line}: invalid UTF-8 at column {column} (byte 0x{data[e.start]:02x}); "
                         f"convert the file to UTF-8, e.g. `iconv -f latin1 -t utf-8`") from None
     if text.startswith(_UTF8_BOM):
         text = text[len(_UTF8_BOM):]
     return text
+
+
+def split_lines(text: str) -> list[str]:
+    """Lines without their terminator (``\n`` or ``\r\n``); no extra empty line after a final terminator."""
+    if not text:
+        return []
+    lines = text.split("\n")
+    if lines[-1] == "":
+        lines.pop()  # the text ended with a terminator
+    return [line[:-1] if line.endswith("\r") else line for line in lines]
 
 
 def read_lines(path: str | Path) -> list[str]:
@@ -115,13 +133,7 @@ def read_lines(path: str | Path) -> list[str]:
     :return: one string per line.
     :raises UserError: missing file or invalid UTF-8 (the message gives ``file:line``).
     """
-    text = _read_text(path)
-    if not text:
-        return []
-    lines = text.split("\n")
-    if lines[-1] == "":
-        lines.pop()  # the file ended with a terminator
-    return [line[:-1] if line.endswith("\r") else line for line in lines]
+    return split_lines(_read_text(path))
 
 
 def read_parallel(

@@ -36,4 +36,4 @@ def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
     if drop_below >= 256:
         return torch.zeros_like(x)
     keep = random_bytes(x.shape, x.device) >= drop_below
-    return x * keep.to(x.dtype) * (256.0 / (256 - drop_below))
+    return x * keep.to(x.dtype).mul_(256.0 / (256 - drop_below))  # one product with x: one tensor saved

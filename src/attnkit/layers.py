@@ -96,6 +96,18 @@ def make_positions(kind: str, d_model: int, max_len: int) -> nn.Module:
     raise ValueError(f"unknown positional encoding {kind!r}; choose sinusoidal or learned")
 
 
+def xavier_init_(module: nn.Module) -> None:
+    """Xavier-uniform for every linear layer's matrix (as fairseq / the Annotated Transformer).
+
+    Embedding tables keep their ``N(0, d^-1/2)`` initialisation, also where an output
+    projection is tied to one.
+    """
+    embedding_weights = {id(m.weight) for m in module.modules() if isinstance(m, nn.Embedding)}
+    for m in module.modules():
+        if isinstance(m, nn.Linear) and id(m.weight) not in embedding_weights:
+            nn.init.xavier_uniform_(m.weight)
+
+
 class FeedForward(nn.Module):
     """Position-wise ``max(0, x W_1 + b_1) W_2 + b_2`` — a 1x1 convolution, as seed 001 puts it."""
 

@@ -32,7 +32,7 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from .attention import AdditiveScore, GeneralScore, attend, make_scorer
 from .dropout import dropout
-from .transformer import BOS_ID, EOS_ID, PAD_ID
+from .vocab import BOS_ID, EOS_ID, PAD_ID
 
 RNNState = Tensor | tuple[Tensor, Tensor]  # GRU hidden (L, B, H) or LSTM (h, c)
 

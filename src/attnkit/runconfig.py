@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from .data import round_up
 from .errors import UserError
 from .rnn import RNNConfig
 from .transformer import TransformerConfig
@@ -42,7 +43,8 @@ class DataConfig:
     generate_valid: int = 500
     text_column: str | None = None  # classification: header names (detected when unambiguous)
     label_column: str | None = None
-    max_len: int = 256  # pairs with a side longer than this many subwords are dropped from training
+    max_len: int = 100  # translation: pairs with a side longer than this many subwords are dropped from training;
+    #                     classification: texts are cut to this many subwords
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
 
     def validate(self) -> None:
@@ -90,6 +92,17 @@ class TrainConfig:
     threads: int = 0  # torch intra-op threads (0 = torch's default)
     progress: bool = True
 
+    def validate(self) -> None:
+        for key in ("max_tokens", "accumulate", "max_updates", "max_epochs", "valid_every", "pad_multiple",
+                    "keep_checkpoints"):
+            if getattr(self, key) < 1:
+                raise UserError(f"{key} must be at least 1, got {getattr(self, key)}")
+        if not 0.0 <= self.label_smoothing < 1.0:
+            raise UserError(f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
+        if self.average_last > self.keep_checkpoints:
+            raise UserError(f"average_last ({self.average_last}) cannot exceed keep_checkpoints "
+                            f"({self.keep_checkpoints}): only that many checkpoints are kept")
+
 
 @dataclass
 class RunConfig:
@@ -101,3 +114,13 @@ class RunConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     decode_beam: int = 4  # defaults for `attnkit translate` / `evaluate`
     decode_lenpen: float = 0.6
+
+    def validate(self) -> None:
+        if self.data.max_len < 1:
+            raise UserError(f"data.max_len must be at least 1, got {self.data.max_len}")
+        if self.model.arch == "transformer":
+            longest = round_up(self.data.max_len + 1, self.train.pad_multiple)  # + </s>, padded
+            if longest > self.model.transformer.max_len:
+                raise UserError(f"data.max_len={self.data.max_len} (+ </s>, padded to {longest}) exceeds "
+                                f"model.transformer.max_len={self.model.transformer.max_len}; raise the latter "
+                                f"or lower the former")

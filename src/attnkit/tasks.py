@@ -153,8 +153,14 @@ class TranslationTask:
         self.tgt = [[BOS_ID] + tgt_ids[i] + [EOS_ID] for i in keep]  # <s> y_1 .. y_T </s>
         v_src = self.tok.encode_src([s for s, _ in self.valid_pairs])
         v_tgt = self.tok.encode_tgt([t for _, t in self.valid_pairs])
-        self.valid_src = [s + [EOS_ID] for s in v_src]
-        self.valid_tgt = [[BOS_ID] + t + [EOS_ID] for t in v_tgt]
+        v_keep, v_stats = filter_examples(list(zip(v_src, v_tgt, strict=True)), cfg.data.max_len)
+        if v_stats.kept < v_stats.total:
+            log(f"validation data: {v_stats}")
+        if not v_keep:
+            raise UserError(f"{cfg.data.valid or 'data.generate_valid'}: no usable validation pairs ({v_stats})")
+        self.valid_pairs = [self.valid_pairs[i] for i in v_keep]
+        self.valid_src = [v_src[i] + [EOS_ID] for i in v_keep]
+        self.valid_tgt = [[BOS_ID] + v_tgt[i] + [EOS_ID] for i in v_keep]
         batches = self.batches(0)
         padding = padding_fraction(batches, [len(s) for s in self.src], [len(t) - 1 for t in self.tgt],
                                    cfg.train.pad_multiple)
@@ -225,7 +231,7 @@ class ClassificationTask:
         valid = read_labelled(d.valid, text_column=d.text_column, label_column=d.label_column)
         classes_file = run_dir / CLASSES_FILE
         if classes_file.exists():
-            self.classes = json.loads(classes_file.read_text(encoding="utf-8"))
+            self.classes = read_classes(classes_file)
         else:
             self.classes = train.classes
             atomic_write_text(classes_file, json.dumps(self.classes, ensure_ascii=False) + "\n")
@@ -257,7 +263,7 @@ class ClassificationTask:
 
     def batches(self, epoch: int) -> list[list[int]]:
         return make_batches([len(x) for x in self.x], None, self.cfg.train.max_tokens,
-                            seed=self.cfg.train.seed, epoch=epoch)
+                            seed=self.cfg.train.seed, epoch=epoch, pad_multiple=self.cfg.train.pad_multiple)
 
     def collate(self, indices: list[int], device: torch.device) -> Batch:
         x = pad_batch([self.x[i] or [PAD_ID] for i in indices], PAD_ID, self.cfg.train.pad_multiple).to(device)

@@ -31,7 +31,9 @@ from pathlib import Path
 
 import sentencepiece as spm
 
+from attnkit.checkpoint import atomic_write, atomic_write_text
 from attnkit.errors import UserError
+from attnkit.vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 __all__ = [
     "BOS_ID",
@@ -49,7 +51,6 @@ __all__ = [
     "train_tokenizer",
 ]
 
-PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 PAD_PIECE, UNK_PIECE, BOS_PIECE, EOS_PIECE = "<pad>", "<unk>", "<s>", "</s>"
 #: Ids that never carry text; decoding drops them.
 SPECIAL_IDS: frozenset[int] = frozenset({PAD_ID, BOS_ID, EOS_ID})
@@ -150,7 +151,7 @@ def train_tokenizer(
     :param tgt_texts: target sentences, or None for classification.
     :param out_dir: directory to write (created if needed; existing files replaced).
     :param vocab_size: requested vocabulary size per model, special ids included.
-    :param model_type: ``"unigram"`` or ``"bpe"``.
+    :param model_type: ``"unigram"``, ``"bpe"`` or ``"char"`` (one piece per character).
     :param joint: one shared model for source and target.
     :param character_coverage: share of characters the alphabet must cover (1.0 keeps all).
     :param seed: seed for the sentence sampling (``max_sentences``) and SentencePiece.
@@ -185,7 +186,7 @@ def train_tokenizer(
         protos = {_SRC_MODEL: _train_one(src_texts, what="source", **options),
                   _TGT_MODEL: _train_one(tgt_texts, what="target", **options)}
     for name, proto in protos.items():
-        (out / name).write_bytes(proto)
+        atomic_write(out / name, lambda tmp, proto=proto: tmp.write_bytes(proto))
 
     sizes = {name: spm.SentencePieceProcessor(model_proto=proto).get_piece_size()
              for name, proto in protos.items()}
@@ -202,7 +203,7 @@ def train_tokenizer(
         "seed": seed,
         "sentencepiece_version": spm.__version__,
     }
-    (out / TOKENIZER_FILE).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+    atomic_write_text(out / TOKENIZER_FILE, json.dumps(meta, indent=2) + "\n")  # written last: marks completion
     return Tokenizer.load(out)
 
 

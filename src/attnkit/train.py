@@ -35,8 +35,11 @@ from torch import nn
 from tqdm import tqdm
 
 from .checkpoint import (
+    atomic_write_text,
     average_weights,
     capture_rng_state,
+    check_compatible,
+    fsync_dir,
     load_training_state,
     load_weights,
     restore_rng_state,
@@ -46,7 +49,7 @@ from .checkpoint import (
 from .config import dump_config, load_config
 from .errors import UserError
 from .runconfig import RunConfig, TrainConfig
-from .tasks import CONFIG_FILE, Task, make_task
+from .tasks import CLASSES_FILE, CONFIG_FILE, TOKENIZER_META, Task, make_task
 
 MODEL_FILE, STATE_FILE = "model.safetensors", "trainer.pt"
 
@@ -116,7 +119,8 @@ class Trainer:
         if existing and not resume:
             raise UserError(f"{self.run_dir} already holds checkpoints; pass --resume to continue it, "
                             f"or choose another --run-dir")
-        if not existing and (self.run_dir / CONFIG_FILE).exists():  # a run that stopped before its first checkpoint
+        prepared = any((self.run_dir / name).exists() for name in (TOKENIZER_META, CLASSES_FILE))
+        if not existing and prepared and (self.run_dir / CONFIG_FILE).exists():  # stopped before a checkpoint
             old = load_config(RunConfig, self.run_dir / CONFIG_FILE)
             if (old.task, old.data) != (cfg.task, cfg.data):  # its tokenizer / classes would be reused silently
                 raise UserError(f"{self.run_dir} holds the tokenizer of a run with other task/data settings; "
@@ -156,18 +160,21 @@ class Trainer:
         final = self.ckpt_dir / f"step-{self.step:08d}"
         if final.exists():
             return final
+        for leftover in self.ckpt_dir.glob(".tmp-step-*"):  # from a crash mid-write: never a checkpoint
+            shutil.rmtree(leftover, ignore_errors=True)
         tmp = self.ckpt_dir / f".tmp-step-{self.step:08d}-{os.getpid()}"
-        shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
         save_weights(tmp / MODEL_FILE, self.model.state_dict(), {"step": str(self.step)})
         save_training_state(tmp / STATE_FILE, self._trainer_state())
         os.replace(tmp, final)
+        fsync_dir(self.ckpt_dir)  # the rename is durable before older checkpoints go
         for old in sorted(self.ckpt_dir.glob("step-*"))[: -max(self.tc.keep_checkpoints, 1)]:
             shutil.rmtree(old, ignore_errors=True)
         return final
 
     def _load_checkpoint(self, path: Path) -> None:
         state, _ = load_weights(path / MODEL_FILE)
+        check_compatible(self.model.state_dict(), state, path / MODEL_FILE)  # e.g. resumed with other model.*
         self.model.load_state_dict(state)
         ts = load_training_state(path / STATE_FILE)
         self.optimizer.load_state_dict(ts["optimizer"])
@@ -182,9 +189,14 @@ class Trainer:
         """Drop metric lines logged after the checkpoint we resume from (they will be logged again)."""
         path = self.run_dir / "metrics.jsonl"
         if path.exists():
-            lines = [ln for ln in path.read_text(encoding="utf-8").splitlines()
-                     if ln.strip() and json.loads(ln).get("step", 0) <= self.step]
-            path.write_text("".join(ln + "\n" for ln in lines), encoding="utf-8")
+            kept = []
+            for line in path.read_text(encoding="utf-8").splitlines():
+                try:
+                    if json.loads(line).get("step", 0) <= self.step:
+                        kept.append(line)
+                except ValueError:  # a line torn by a crash mid-append
+                    continue
+            atomic_write_text(path, "".join(line + "\n" for line in kept))
 
     # -- the loop ------------------------------------------------------------------------
 

@@ -19,10 +19,9 @@ from torch import Tensor, nn
 
 from .attention import causal_mask, padding_mask
 from .dropout import dropout
-from .layers import DecoderLayer, EncoderLayer, TokenEmbedding, make_positions
+from .layers import DecoderLayer, EncoderLayer, TokenEmbedding, make_positions, xavier_init_
 from .multihead import KVCache
-
-PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
+from .vocab import BOS_ID, EOS_ID, PAD_ID
 
 
 @dataclass
@@ -46,6 +45,8 @@ class TransformerConfig:
     def validate(self) -> None:
         from .errors import UserError
 
+        if self.n_heads < 1 or self.d_model < 1:
+            raise UserError(f"d_model ({self.d_model}) and n_heads ({self.n_heads}) must be positive")
         if self.d_model % self.n_heads:
             raise UserError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
 
@@ -144,13 +145,7 @@ class Transformer(nn.Module):
         self.out_proj = nn.Linear(cfg.d_model, tgt_vocab_size, bias=False)
         if cfg.tie_output:
             self.out_proj.weight = self.tgt_embed.weight
-        self._init_weights()
-
-    def _init_weights(self) -> None:
-        """Xavier-uniform for attention and FFN matrices (as fairseq / the Annotated Transformer)."""
-        for name, p in self.named_parameters():
-            if p.dim() == 2 and "embed" not in name and "positions" not in name and p is not self.out_proj.weight:
-                nn.init.xavier_uniform_(p)
+        xavier_init_(self)
 
     # -- teacher forcing ---------------------------------------------------------------
 
