@@ -69,11 +69,10 @@ def preset(name: str, **changes: object) -> TransformerConfig:
 class TransformerEncoder(nn.Module):
     """Embedding + positions + N encoder layers (+ a final LayerNorm for pre-norm stacks)."""
 
-    def __init__(self, cfg: TransformerConfig, vocab_size: int, embedding: TokenEmbedding | None = None,
-                 pad_id: int = PAD_ID) -> None:
+    def __init__(self, cfg: TransformerConfig, vocab_size: int, pad_id: int = PAD_ID) -> None:
         super().__init__()
         self.pad_id = pad_id
-        self.embed = embedding or TokenEmbedding(vocab_size, cfg.d_model, pad_id)
+        self.embed = TokenEmbedding(vocab_size, cfg.d_model, pad_id)
         self.positions = make_positions(cfg.positions, cfg.d_model, cfg.max_len)
         self.dropout = cfg.dropout
         self.layers = nn.ModuleList(
