@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SUBCOMMANDS = {
     "demo": ["--out-dir", "--held-out", "KEY=VALUE"],
     "train": ["--run-dir", "--resume", "KEY=VALUE"],
-    "translate": ["--input", "--output", "--beam", "--lenpen", "--n-best"],
+    "translate": ["--attention-dir", "--input", "--output", "--beam", "--lenpen", "--n-best"],
     "evaluate": ["--src", "--ref", "--data", "--beam", "--hyp-out"],
     "classify": ["--input", "--with-attention"],
 }
@@ -418,3 +418,12 @@ def test_config_values_are_checked(capsys, tmp_path) -> None:
     raw["data"]["max_len"] = 500
     assert_one_line_error(*cli(capsys, "train", str(write_yaml(tmp_path / "b.yaml", raw)))[::2],
                           "data.max_len=500", "model.transformer.max_len")
+
+
+def test_translate_saves_attention_heatmaps(capsys, tmp_path, translation_run) -> None:
+    src = write_lines(tmp_path / "in.txt", ["3 March 2021", "12.10.1999"])
+    code, out, _ = cli(capsys, "translate", str(translation_run), "-i", str(src), "--beam", "1",
+                       "--attention-dir", str(tmp_path / "attn"))
+    assert code == 0 and len(out.splitlines()) == 2
+    for name in ("attention-0001.png", "attention-0002.png"):
+        assert (tmp_path / "attn" / name).read_bytes().startswith(b"\x89PNG\r\n\x1a\n")

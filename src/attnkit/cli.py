@@ -61,6 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-len-a", type=float, default=1.0, help="max output length = a * source length + b")
     p.add_argument("--max-len-b", type=float, default=50, help="(default: a=1, b=50, as in the paper)")
     p.add_argument("--batch-size", type=int, default=64, help="sentences per batch (default: 64)")
+    p.add_argument("--attention-dir", metavar="DIR",
+                   help="also save a cross-attention heatmap per input line (greedy decoding) as "
+                        "DIR/attention-0001.png, ...")
 
     p = sub.add_parser("evaluate", help="score a trained model on a test set",
                        description="Translation: sacreBLEU (cased, 13a), lowercased BLEU and chrF with the "
@@ -146,10 +149,17 @@ def cmd_translate(args: argparse.Namespace) -> None:
     if not 1 <= args.n_best <= beam:
         raise UserError(f"--n-best {args.n_best} must be between 1 and --beam {beam}")
     lenpen = run.cfg.decode_lenpen if args.lenpen is None else args.lenpen
-    hyps = translate_texts(run.model, run.tok, _read_input(args.input), beam=beam, lenpen=lenpen,
+    texts = _read_input(args.input)
+    hyps = translate_texts(run.model, run.tok, texts, beam=beam, lenpen=lenpen,
                            n_best=args.n_best, batch_size=args.batch_size, max_len_a=args.max_len_a,
                            max_len_b=args.max_len_b)
     _write_output(args.output, ["\t".join(h) for h in hyps])
+    if args.attention_dir:
+        from .plot import save_figure
+        from .tasks import attention_figure
+
+        for i, text in enumerate(texts, start=1):
+            save_figure(attention_figure(run, text), Path(args.attention_dir) / f"attention-{i:04d}.png")
 
 
 def cmd_evaluate(args: argparse.Namespace) -> None:

@@ -12,17 +12,12 @@ import shutil
 import time
 from pathlib import Path
 
-import torch
-
 from . import dates
 from .config import load_config
-from .data import pad_batch
 from .errors import UserError
-from .plot import attention_heatmap, save_figure
+from .plot import save_figure
 from .runconfig import RunConfig
-from .search import greedy_search
-from .tasks import CONFIG_FILE, load_run, translate_texts
-from .tokenizer import EOS_ID, PAD_ID
+from .tasks import CONFIG_FILE, attention_figure, load_run, translate_texts
 from .train import Trainer
 
 # The demo's configuration (configs/demo.yaml is the same, commented; a test keeps them equal).
@@ -70,22 +65,8 @@ def run_demo(out_dir: str | Path = ".", overrides: list[str] | tuple[str, ...] =
     log("\nheld-out dates (never seen in training):")
     for (src, ref), hyp, ok in list(zip(test, hyps, correct, strict=True))[:examples]:
         log(f"  {src:<34} -> {hyp:<12} {'ok' if ok else 'expected ' + ref}")
-    figure_path = save_attention_example(run, "Sonntag, 3. März 2024", out / "attnkit-demo-attention.png")
+    figure_path = save_figure(attention_figure(run, "Sonntag, 3. März 2024"), out / "attnkit-demo-attention.png")
     log(f"\ncross-attention heatmap: {figure_path}")
     log(f"training took {minutes:.1f} min; model and tokenizer in {run_dir}")
     log(f"exact match: {exact:.1f}%")
     return exact
-
-
-def save_attention_example(run, text: str, path: Path) -> Path:
-    """Translate ``text`` greedily with attention weights and save the heatmap."""
-    src_ids = run.tok.encode_src([text])[0] + [EOS_ID]
-    src = pad_batch([src_ids], PAD_ID)
-    with torch.inference_mode():
-        hyp = greedy_search(run.model, src, need_weights=True)[0]
-    src_tokens = run.tok.src_pieces_from_ids(src_ids)
-    tgt_tokens = run.tok.tgt_pieces_from_ids(hyp.tokens + ([EOS_ID] if hyp.ended_with_eos else []))
-    output = run.tok.decode_tgt([hyp.tokens])[0]
-    fig = attention_heatmap(hyp.attention, src_tokens, tgt_tokens,
-                            title=f"{text} -> {output}\n(last decoder layer, mean over heads)")
-    return save_figure(fig, path)

@@ -27,6 +27,7 @@ from typing import Protocol
 import sacrebleu
 import torch
 import torch.nn.functional as F
+from matplotlib.figure import Figure
 from torch import Tensor, nn
 
 from . import dates
@@ -35,6 +36,7 @@ from .classifier import TransformerClassifier
 from .config import load_config
 from .data import filter_examples, make_batches, pad_batch, padding_fraction, read_labelled, read_parallel
 from .errors import UserError
+from .plot import attention_heatmap
 from .rnn import RNNSeq2Seq
 from .runconfig import RunConfig
 from .search import beam_search, greedy_search
@@ -123,6 +125,23 @@ def translate_texts(model: nn.Module, tok: Tokenizer, texts: list[str], *, beam:
                 for i, nbest in zip(part, hyps, strict=True):
                     out[i] = tok.decode_tgt([h.tokens for h in nbest])
     return out
+
+
+def attention_figure(run: LoadedRun, text: str) -> Figure:
+    """Translate ``text`` greedily and draw which source pieces each output piece attended to.
+
+    The weights are the last decoder layer's cross-attention, averaged over heads (the RNN's
+    single attention for RNN models); rows are output pieces including ``</s>``.
+    """
+    if run.cfg.model.arch == "rnn" and run.cfg.model.rnn.attention == "none":
+        raise UserError(f"{run.weights_path}: this model has no attention to show (model.rnn.attention: none)")
+    src_ids = run.tok.encode_src([text])[0] + [EOS_ID]
+    with torch.inference_mode():
+        hyp = greedy_search(run.model, pad_batch([src_ids], PAD_ID), need_weights=True)[0]
+    tgt_tokens = run.tok.tgt_pieces_from_ids(hyp.tokens + ([EOS_ID] if hyp.ended_with_eos else []))
+    output = run.tok.decode_tgt([hyp.tokens])[0]
+    title = f"{text} -> {output}\n(cross-attention, last layer, mean over heads)"
+    return attention_heatmap(hyp.attention, run.tok.src_pieces_from_ids(src_ids), tgt_tokens, title=title)
 
 
 class TranslationTask:
