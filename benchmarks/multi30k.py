@@ -119,7 +119,7 @@ def main() -> None:
     (out / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     (out / f"{name}.test.hyp").write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
     print(f"\n{name} ({src_lang}->{tgt_lang}) test_2016_flickr, beam {args.beam}:\n{scores}")
-    print("validation BLEU (greedy, first 500 dev sentences) against training minutes:")
+    print(f"validation BLEU (greedy, first {cfg.train.valid_bleu_sentences} dev sentences) against training minutes:")
     for m in result["valid_curve"]:
         print(f"  {m.get('minutes', 0):6.1f} min  step {m['step']:6d}  BLEU {m.get('valid_bleu', float('nan')):.2f}")
     print("decoding:", json.dumps(decoding))
