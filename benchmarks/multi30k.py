@@ -8,7 +8,7 @@
 
 Writes ``benchmarks/results/<name>.json`` (BLEU cased/lowercased, chrF, signature, training
 minutes, validation BLEU against training minutes, decoding speed with and without the
-key/value cache) and ``benchmarks/results/<name>.test.hyp`` (the detokenized hypotheses).
+key/value cache) and ``benchmarks/results/<name>.test-hyp.txt`` (the detokenized hypotheses).
 Reads ``../shared/data/multi30k``; trains for the config's ``train.max_minutes`` (60).
 """
 
@@ -117,7 +117,7 @@ def main() -> None:
     out = ROOT / "benchmarks" / "results"
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    (out / f"{name}.test.hyp").write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
+    (out / f"{name}.test-hyp.txt").write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
     print(f"\n{name} ({src_lang}->{tgt_lang}) test_2016_flickr, beam {args.beam}:\n{scores}")
     print(f"validation BLEU (greedy, first {cfg.train.valid_bleu_sentences} dev sentences) against training minutes:")
     for m in result["valid_curve"]:

@@ -8,7 +8,7 @@ validation (checkpoint selection and early stopping never see the dev set), trai
 (wall-clock budget from the config's ``train.max_minutes``), and evaluate the best checkpoint
 once on ``dev.tsv``. Writes
 ``benchmarks/results/sst2.json`` (accuracy, macro-F1, confusion matrix, minutes per config)
-and ``benchmarks/results/<config>.dev.pred`` (one predicted label per dev line).
+and ``benchmarks/results/<config>.dev-pred.txt`` (one predicted label per dev line).
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ def main() -> None:
         run = load_run(run_dir / "best.safetensors")
         dev = read_labelled(DATA / "dev.tsv")
         scores, predictions = evaluate_classifier(run, dev)
-        pred_path = ROOT / "benchmarks" / "results" / f"{name}.dev.pred"
+        pred_path = ROOT / "benchmarks" / "results" / f"{name}.dev-pred.txt"
         pred_path.parent.mkdir(parents=True, exist_ok=True)
         pred_path.write_text("".join(p_ + "\n" for p_ in predictions), encoding="utf-8")
         n_params = sum(p_.numel() for p_ in run.model.parameters())
