@@ -7,7 +7,7 @@ import torch
 from .data import LabelledData, pad_batch
 from .errors import UserError
 from .evaluate import ClassificationScores, classification_scores
-from .tasks import LoadedRun
+from .tasks import LoadedRun, classifier_inputs
 from .tokenizer import PAD_ID
 
 
@@ -19,7 +19,7 @@ def _classes(run: LoadedRun) -> list[str]:
 
 def predict(run: LoadedRun, texts: list[str], batch_size: int = 256) -> tuple[torch.Tensor, list[list[int]]]:
     """Class probabilities ``(N, C)`` and the token ids fed to the model."""
-    ids = [t[: run.cfg.data.max_len] or [PAD_ID] for t in run.tok.encode_src(texts)]
+    ids = classifier_inputs(run.tok, texts, run.cfg.data.max_len)
     probs = []
     with torch.inference_mode():
         for start in range(0, len(ids), batch_size):

@@ -238,6 +238,11 @@ class TranslationTask:
 # --------------------------------------------------------------------------------------
 
 
+def classifier_inputs(tok: Tokenizer, texts: list[str], max_len: int) -> list[list[int]]:
+    """Token ids the classifier reads: cut to ``max_len``; an empty text becomes one ``<pad>`` (pooled to zeros)."""
+    return [ids[:max_len] or [PAD_ID] for ids in tok.encode_src(texts)]
+
+
 class ClassificationTask:
     """Encoder-only classifier with (label-smoothed) cross-entropy; validation accuracy as the score."""
 
@@ -265,9 +270,9 @@ class ClassificationTask:
             self.tok = train_tokenizer(train.texts, None, run_dir, vocab_size=t.vocab_size,
                                        model_type=t.model_type, seed=cfg.train.seed)
         index = {c: i for i, c in enumerate(self.classes)}
-        self.x = [ids[: d.max_len] for ids in self.tok.encode_src(train.texts)]
+        self.x = classifier_inputs(self.tok, train.texts, d.max_len)
         self.y = [index[label] for label in train.labels]
-        self.valid_x = [ids[: d.max_len] for ids in self.tok.encode_src(valid.texts)]
+        self.valid_x = classifier_inputs(self.tok, valid.texts, d.max_len)
         self.valid_y = [index[label] for label in valid.labels]
         batches = self.batches(0)
         padding = padding_fraction(batches, [len(x) for x in self.x], None, cfg.train.pad_multiple)
@@ -285,7 +290,7 @@ class ClassificationTask:
                             seed=self.cfg.train.seed, epoch=epoch, pad_multiple=self.cfg.train.pad_multiple)
 
     def collate(self, indices: list[int], device: torch.device) -> Batch:
-        x = pad_batch([self.x[i] or [PAD_ID] for i in indices], PAD_ID, self.cfg.train.pad_multiple).to(device)
+        x = pad_batch([self.x[i] for i in indices], PAD_ID, self.cfg.train.pad_multiple).to(device)
         y = torch.tensor([self.y[i] for i in indices], device=device)
         return Batch((x,), y, len(indices))
 
@@ -299,7 +304,7 @@ class ClassificationTask:
         with torch.inference_mode():
             for start in range(0, len(self.valid_x), 256):
                 idx = list(range(start, min(start + 256, len(self.valid_x))))
-                x = pad_batch([self.valid_x[i] or [PAD_ID] for i in idx], PAD_ID).to(device)
+                x = pad_batch([self.valid_x[i] for i in idx], PAD_ID).to(device)
                 y = torch.tensor([self.valid_y[i] for i in idx], device=device)
                 logits = model(x).float()
                 total_loss += F.cross_entropy(logits, y, reduction="sum").item()
