@@ -294,3 +294,43 @@ def test_restricting_formats() -> None:
 def test_bad_arguments(kwargs: dict, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         generate_pairs(seed=0, **kwargs)
+
+
+# --- Field spans ----------------------------------------------------------------------------
+
+
+def test_field_spans_golden() -> None:
+    text, spans = dates.field_spans(date(2021, 3, 3), "es_weekday")
+    assert text == "miércoles, 3 de marzo de 2021"
+    assert {f: text[a:b] for f, (a, b) in spans.items()} == {"day": "3", "month": "marzo", "year": "2021"}
+    text, spans = dates.field_spans(date(1950, 1, 1), "fr_weekday")  # "1er": the suffix is not the day
+    assert {f: text[a:b] for f, (a, b) in spans.items()} == {"day": "1", "month": "janvier", "year": "1950"}
+    text, spans = dates.field_spans(date(2049, 12, 31), "en_short_year")
+    assert {f: text[a:b] for f, (a, b) in spans.items()} == {"day": "31", "month": "Dec", "year": "49"}
+    assert {f: "2049-12-31"[a:b] for f, (a, b) in dates.TARGET_SPANS.items()} == {"year": "2049", "month": "12",
+                                                                                   "day": "31"}
+
+
+@pytest.mark.parametrize("name", list(FORMATS))
+def test_field_spans_hold_the_fields_in_every_format(name: str) -> None:
+    """The text in each span reads back as that field of the date (numbers, or the month's name)."""
+    month_names = {}
+    for names in (_DE_MONTHS, _FR_MONTHS, _ES_MONTHS,
+                  "January February March April May June July August September October November December"):
+        for i, m in enumerate(names.split()):
+            month_names[m] = month_names[m[:3]] = i + 1
+    for d in _sample_dates(60):
+        text, spans = dates.field_spans(d, name)
+        assert text == FORMATS[name](d) and set(spans) == set(dates.FIELDS)
+        got = {f: text[a:b] for f, (a, b) in spans.items()}
+        year = int(got["year"]) if len(got["year"]) == 4 else dates.expand_two_digit_year(int(got["year"]))
+        month = int(got["month"]) if got["month"].isdigit() else month_names[got["month"]]
+        assert (year, month, int(got["day"])) == (d.year, d.month, d.day), (name, text, got)
+        ordered = sorted(spans.values())
+        assert all(end <= start for (_, end), (start, _) in zip(ordered, ordered[1:], strict=False))  # disjoint
+
+
+def test_generate_labelled_are_the_generated_pairs() -> None:
+    labelled = dates.generate_labelled(200, seed=4, split="test")
+    assert [(x.source, x.target) for x in labelled] == generate_pairs(200, seed=4, split="test")
+    assert {x.format for x in labelled} == set(FORMATS)

@@ -30,18 +30,25 @@ from __future__ import annotations
 
 import hashlib
 import random
+import re
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import date, timedelta
-from functools import lru_cache
+from functools import cache, lru_cache
 from types import MappingProxyType
 
 __all__ = [
     "DATE_MAX",
     "DATE_MIN",
+    "FIELDS",
     "FORMATS",
     "SPLITS",
+    "TARGET_SPANS",
     "TWO_DIGIT_YEAR_PIVOT",
+    "LabelledDate",
     "expand_two_digit_year",
+    "field_spans",
+    "generate_labelled",
     "generate_pairs",
     "split_of",
     "to_iso",
@@ -267,6 +274,28 @@ def _dates_in_split(split: str) -> tuple[date, ...]:
     return tuple(d for d in all_days if split_of(d) == split)
 
 
+def _draw(n: int, seed: int, split: str, formats: Sequence[str] | None) -> list[tuple[date, str]]:
+    """``n`` (date, format name) draws; checks the arguments (see :func:`generate_pairs`)."""
+    if n < 0:
+        raise ValueError(f"n must be >= 0, got {n}")
+    if split not in SPLITS:
+        raise ValueError(f"unknown split {split!r}; choose one of {', '.join(SPLITS)}")
+    names = list(FORMATS) if formats is None else list(formats)
+    if not names:
+        raise ValueError("formats is empty; pass at least one name from attnkit.dates.FORMATS")
+    unknown = [name for name in names if name not in FORMATS]
+    if unknown:
+        raise ValueError(f"unknown date format(s) {unknown}; known formats: {', '.join(FORMATS)}")
+
+    pool = _dates_in_split(split)
+    rng = random.Random(seed)
+    draws = []
+    for _ in range(n):
+        d = pool[rng.randrange(len(pool))]
+        draws.append((d, names[rng.randrange(len(names))]))
+    return draws
+
+
 def generate_pairs(
     n: int,
     *,
@@ -287,22 +316,83 @@ def generate_pairs(
     :param formats: names from :data:`FORMATS` to draw from; default all of them.
     :return: list of ``(source, "YYYY-MM-DD")`` tuples.
     """
-    if n < 0:
-        raise ValueError(f"n must be >= 0, got {n}")
-    if split not in SPLITS:
-        raise ValueError(f"unknown split {split!r}; choose one of {', '.join(SPLITS)}")
-    names = list(FORMATS) if formats is None else list(formats)
-    if not names:
-        raise ValueError("formats is empty; pass at least one name from attnkit.dates.FORMATS")
-    unknown = [name for name in names if name not in FORMATS]
-    if unknown:
-        raise ValueError(f"unknown date format(s) {unknown}; known formats: {', '.join(FORMATS)}")
+    return [(FORMATS[name](d), to_iso(d)) for d, name in _draw(n, seed, split, formats)]
 
-    pool = _dates_in_split(split)
-    rng = random.Random(seed)
-    pairs = []
-    for _ in range(n):
-        d = pool[rng.randrange(len(pool))]
-        fmt = FORMATS[names[rng.randrange(len(names))]]
-        pairs.append((fmt(d), to_iso(d)))
-    return pairs
+
+# --- Field spans: where the year, month and day are written (to label alignment) ------------
+
+#: The three fields every source writes and every target copies.
+FIELDS = ("year", "month", "day")
+
+#: A date whose year, month and day are written differently from one another in every
+#: format (no field's text equals another's), used to learn each format's field order.
+_PROBE = date(1987, 10, 25)
+
+#: A digit run with any letters glued to it (``3rd``, ``1er``, ``2021년``: the letters are a
+#: suffix of the number, not a field of their own), or a run of letters (a month or weekday name).
+_RUN = re.compile(r"(\d+)[^\W\d_]*|([^\W\d_]+)")
+
+
+def _runs(text: str) -> list[tuple[str, int, int]]:
+    """``(text, start, end)`` of every number (without its suffix) and every word in ``text``."""
+    return [(m[0], m.start(), m.end()) if m[1] is None else (m[1], m.start(1), m.end(1)) for m in _RUN.finditer(text)]
+
+
+def _probe_labels(d: date) -> dict[str, str]:
+    """How each field of ``d`` can be written: run text -> field name."""
+    labels = {str(d.year): "year", f"{d.year % 100:02d}": "year", str(d.day): "day"}
+    for text in (str(d.month), f"{d.month:02d}", *(t[d.month - 1] for t in (_EN_MONTHS, _DE_MONTHS, _FR_MONTHS,
+                                                                            _ES_MONTHS)), _EN_MONTHS[d.month - 1][:3]):
+        labels[text] = "month"
+    return labels
+
+
+@cache
+def _field_order(name: str) -> tuple[str | None, ...]:
+    """The field (or None: weekday, ``de``, ``the``...) of each run of format ``name``, read off :data:`_PROBE`."""
+    labels = _probe_labels(_PROBE)
+    order = tuple(labels.get(text) for text, _, _ in _runs(FORMATS[name](_PROBE)))
+    if sorted(f for f in order if f) != sorted(FIELDS):
+        raise AssertionError(f"format {name!r} writes the fields {order} for {_PROBE}; expected each of {FIELDS} once")
+    return order
+
+
+def field_spans(d: date, name: str) -> tuple[str, dict[str, tuple[int, int]]]:
+    """Source text of ``d`` in format ``name`` and the character span ``[start, end)`` of each field.
+
+    A number's span excludes a glued suffix (``3`` of ``3rd``, ``2021`` of ``2021년``); a month
+    written as a name spans the name (``March``, ``Mar``).
+
+    >>> field_spans(date(2021, 3, 3), "de_long")
+    ('3. März 2021', {'day': (0, 1), 'month': (3, 7), 'year': (8, 12)})
+    """
+    text = FORMATS[name](d)
+    runs = _runs(text)
+    order = _field_order(name)
+    if len(runs) != len(order):
+        raise AssertionError(f"{text!r} ({name}) has {len(runs)} runs, the format's probe {len(order)}")
+    return text, {field: (start, end) for field, (_, start, end) in zip(order, runs, strict=True) if field}
+
+
+#: Character span ``[start, end)`` of each field in the target ``YYYY-MM-DD``.
+TARGET_SPANS: Mapping[str, tuple[int, int]] = MappingProxyType({"year": (0, 4), "month": (5, 7), "day": (8, 10)})
+
+
+@dataclass(frozen=True)
+class LabelledDate:
+    """A generated pair with the source span of each field (see :func:`field_spans`)."""
+
+    source: str
+    target: str
+    format: str
+    spans: dict[str, tuple[int, int]]
+
+
+def generate_labelled(n: int, *, seed: int, split: str = "train",
+                      formats: Sequence[str] | None = None) -> list[LabelledDate]:
+    """:func:`generate_pairs` (the very same pairs for the same arguments) with field spans and format names."""
+    out = []
+    for d, name in _draw(n, seed, split, formats):
+        text, spans = field_spans(d, name)
+        out.append(LabelledDate(text, to_iso(d), name, spans))
+    return out
