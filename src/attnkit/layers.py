@@ -199,14 +199,18 @@ class DecoderLayer(_ResidualBlock):
         :param self_mask: look-ahead mask ``(T, T_past + T)``, possibly combined with target padding.
         :param memory_mask: ``(B, 1, 1, S)`` source padding mask.
         :param cache: ``(self-attention cache, cross-attention cache)`` for incremental decoding.
-        :returns: ``(x, cross-attention weights (B, H, T, S) | None, new cache | None)``.
+        :param need_weights: also return both attentions' per-head weights.
+        :returns: ``(x, (self-attention (B, H, T, T_past + T), cross-attention (B, H, T, S)) | None,
+            new cache | None)``.
         """
         self_cache, cross_cache = cache if cache is not None else (None, None)
-        y, _, self_cache = self.self_attn(self.sublayer_input(x, self.norm1), None, self_mask, cache=self_cache)
+        y, self_weights, self_cache = self.self_attn(self.sublayer_input(x, self.norm1), None, self_mask,
+                                                     cache=self_cache, need_weights=need_weights)
         x = self.add_and_norm(x, y, self.norm1)
-        y, weights, cross_cache = self.cross_attn(self.sublayer_input(x, self.norm2), memory, memory_mask,
-                                                  cache=cross_cache, need_weights=need_weights)
+        y, cross_weights, cross_cache = self.cross_attn(self.sublayer_input(x, self.norm2), memory, memory_mask,
+                                                        cache=cross_cache, need_weights=need_weights)
         x = self.add_and_norm(x, y, self.norm2)
         x = self.add_and_norm(x, self.ff(self.sublayer_input(x, self.norm3)), self.norm3)
         new_cache = (self_cache, cross_cache) if cache is not None else None
+        weights = (self_weights, cross_weights) if need_weights else None
         return x, weights, new_cache

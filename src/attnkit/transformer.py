@@ -154,23 +154,26 @@ class Transformer(nn.Module):
         return memory, mask
 
     def decode(self, tgt_in: Tensor, memory: Tensor, memory_mask: Tensor, *, need_weights: bool = False
-               ) -> tuple[Tensor, list[Tensor]]:
+               ) -> tuple[Tensor, list[Tensor], list[Tensor]]:
         """Decoder hidden states for the whole shifted target ``tgt_in`` ``(B, T)`` -> ``(B, T, d_model)``.
 
         Padding in the target needs no mask: a real position never looks right of itself, and
-        outputs at padded positions are ignored by the loss.
+        outputs at padded positions are ignored by the loss. Returns ``(hidden, self-attention,
+        cross-attention)``: with ``need_weights`` the per-layer weights ``(B, H, T, T)`` and
+        ``(B, H, T, S)``, else two empty lists.
         """
         T = tgt_in.size(1)
         self_mask = causal_mask(T, device=tgt_in.device)  # (T, T)
         x = dropout(self.tgt_embed(tgt_in) + self.positions(T), self.dropout, self.training)
-        cross = []
+        self_weights, cross = [], []
         for layer in self.layers:
             x, weights, _ = layer(x, memory, self_mask, memory_mask, need_weights=need_weights)
             if weights is not None:
-                cross.append(weights)
+                self_weights.append(weights[0])
+                cross.append(weights[1])
         if self.final_norm is not None:
             x = self.final_norm(x)
-        return x, cross
+        return x, self_weights, cross
 
     def forward(self, src: Tensor, tgt_in: Tensor, positions: Tensor | None = None) -> Tensor:
         """Teacher forcing: ``src`` (B, S), ``tgt_in`` = ``<s> y_1 .. y_{T-1}`` (B, T) -> logits (B, T, V).
@@ -179,13 +182,20 @@ class Transformer(nn.Module):
         vocabulary: logits (N, V), N = positions.sum() (training skips padding this way).
         """
         memory, memory_mask = self.encode(src)
-        hidden, _ = self.decode(tgt_in, memory, memory_mask)  # (B, T, d_model)
+        hidden, _, _ = self.decode(tgt_in, memory, memory_mask)  # (B, T, d_model)
         return self.out_proj(hidden if positions is None else hidden[positions])
 
     def cross_attention(self, src: Tensor, tgt_in: Tensor) -> list[Tensor]:
         """Per-layer cross-attention weights ``(B, H, T, S)`` under teacher forcing (for inspection)."""
-        memory, memory_mask = self.encode(src)
-        return self.decode(tgt_in, memory, memory_mask, need_weights=True)[1]
+        return self.attention_weights(src, tgt_in)[2]
+
+    def attention_weights(self, src: Tensor, tgt_in: Tensor) -> tuple[list[Tensor], list[Tensor], list[Tensor]]:
+        """Every attention map under teacher forcing, one ``(B, H, T_q, T_k)`` tensor per layer:
+        ``(encoder self-attention (B, H, S, S), decoder self-attention (B, H, T, T),
+        cross-attention (B, H, T, S))``. Asking for weights leaves the outputs unchanged."""
+        memory, memory_mask, encoder_self = self.encoder(src, need_weights=True)
+        _, decoder_self, cross = self.decode(tgt_in, memory, memory_mask, need_weights=True)
+        return encoder_self, decoder_self, cross
 
     # -- single-step interface (attnkit.search) ------------------------------------------
 
@@ -205,7 +215,7 @@ class Transformer(nn.Module):
         tokens = torch.cat([state.tokens, prev[:, None]], dim=1)  # (B, t)
         t = tokens.size(1)
         if state.caches is None:  # recompute the whole prefix
-            hidden, cross = self.decode(tokens, state.memory, state.memory_mask, need_weights=need_weights)
+            hidden, _, cross = self.decode(tokens, state.memory, state.memory_mask, need_weights=need_weights)
             hidden, caches = hidden[:, -1:], None
         else:
             x = self.tgt_embed(prev[:, None]) + self.positions(1, offset=t - 1)  # (B, 1, d_model)
@@ -217,7 +227,7 @@ class Transformer(nn.Module):
                                           need_weights=need_weights)
                 caches.append(cache)
                 if weights is not None:
-                    cross.append(weights)
+                    cross.append(weights[1])
             hidden = self.final_norm(x) if self.final_norm is not None else x
         logits = self.out_proj(hidden[:, 0])  # (B, V)
         attention = cross[-1][:, :, -1].mean(dim=1) if need_weights else None  # (B, H, T, S) -> (B, S)
