@@ -146,12 +146,26 @@ class RNNSeq2Seq(nn.Module):
         new_state = RNNDecoderState(hidden, s_tilde, state.values, state.keys, state.mask, state.final)
         return logits, new_state, (weights if need_weights else None)
 
+    def _teacher_force(self, src: Tensor, tgt_in: Tensor, need_weights: bool) -> tuple[Tensor, Tensor | None]:
+        """Run :meth:`decode_step` over ``tgt_in`` ``(B, T)`` -> ``(logits (B, T, V), alpha (B, T, S) | None)``."""
+        state = self.init_decoder(src)
+        logits, weights = [], []
+        for t in range(tgt_in.size(1)):
+            step_logits, state, step_weights = self.decode_step(tgt_in[:, t], state, need_weights)
+            logits.append(step_logits)
+            weights.append(step_weights)
+        return torch.stack(logits, dim=1), (torch.stack(weights, dim=1) if need_weights else None)
+
     def forward(self, src: Tensor, tgt_in: Tensor, positions: Tensor | None = None) -> Tensor:
         """Teacher forcing: ``src`` (B, S), ``tgt_in`` (B, T) -> logits (B, T, V), or (N, V) at ``positions``."""
-        state = self.init_decoder(src)
-        logits = []
-        for t in range(tgt_in.size(1)):
-            step_logits, state, _ = self.decode_step(tgt_in[:, t], state)
-            logits.append(step_logits)
-        out = torch.stack(logits, dim=1)  # (B, T, V)
+        out, _ = self._teacher_force(src, tgt_in, need_weights=False)  # (B, T, V)
         return out if positions is None else out[positions]
+
+    def alignment(self, src: Tensor, tgt_in: Tensor) -> Tensor:
+        """The alignment ``alpha^t`` of every step under teacher forcing: ``(B, T, S)`` (for inspection).
+
+        :raises ValueError: for ``attention="none"``, which has no alignment.
+        """
+        if self.scorer is None:
+            raise ValueError("this RNNSeq2Seq has attention='none': there is no alignment to return")
+        return self._teacher_force(src, tgt_in, need_weights=True)[1]
