@@ -280,19 +280,26 @@ def _load_failure_reason(err: Exception) -> str:
     return lines[0][:200] if lines else type(err).__name__
 
 
-def capture_rng_state() -> dict[str, Any]:
-    """The Python ``random``, torch CPU (and CUDA) generator states, as values ``weights_only`` accepts."""
+def capture_rng_state(cuda_device: torch.device | None = None) -> dict[str, Any]:
+    """The Python ``random``, torch CPU (and CUDA) generator states, as values ``weights_only`` accepts.
+
+    :param cuda_device: take only this GPU's state (a distributed rank's own), not every GPU's.
+    """
     version, internal, gauss_next = random.getstate()
     state: dict[str, Any] = {"python": [version, list(internal), gauss_next], "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
+    if cuda_device is not None:
+        state["cuda"] = [torch.cuda.get_rng_state(cuda_device)]
+    elif torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
 
 
-def restore_rng_state(state: dict[str, Any]) -> None:
-    """Restore what :func:`capture_rng_state` captured, so the same random numbers follow."""
+def restore_rng_state(state: dict[str, Any], cuda_device: torch.device | None = None) -> None:
+    """Restore what :func:`capture_rng_state` captured (with the same ``cuda_device``), so the same numbers follow."""
     version, internal, gauss_next = state["python"]
     random.setstate((version, tuple(internal), gauss_next))
     torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
+    if "cuda" in state and cuda_device is not None:
+        torch.cuda.set_rng_state(state["cuda"][0], cuda_device)
+    elif "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])

@@ -17,6 +17,7 @@ EXAMPLES = """examples:
   attnkit demo                                   # train on generated dates (~3 min), print exact match
   attnkit train configs/multi30k-de-en.yaml --run-dir runs/de-en
   attnkit train configs/multi30k-de-en.yaml --run-dir runs/de-en --resume train.max_updates=30000
+  torchrun --standalone --nproc_per_node=2 -m attnkit train configs/multi30k-de-en.yaml --run-dir runs/de-en
   attnkit translate runs/de-en -i test.de -o test.hyp.en --beam 4
   attnkit evaluate runs/de-en --src test.de --ref test.en
   attnkit classify runs/sst2 -i reviews.txt --with-attention
@@ -123,6 +124,7 @@ def cmd_demo(args: argparse.Namespace) -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> None:
+    from . import distributed
     from .config import load_config
     from .runconfig import RunConfig
     from .tasks import CONFIG_FILE
@@ -133,8 +135,13 @@ def cmd_train(args: argparse.Namespace) -> None:
         cfg = load_config(RunConfig, run_dir / CONFIG_FILE, args.overrides)  # the run's own config
     else:
         cfg = load_config(RunConfig, args.config, args.overrides)
-    metrics = Trainer(cfg, run_dir, resume=args.resume).run()
-    print(" ".join(f"{k} {v}" for k, v in metrics.items()))
+    try:  # under torchrun, one of several processes (see attnkit.distributed)
+        trainer = Trainer(cfg, run_dir, resume=args.resume)
+        metrics = trainer.run()
+    finally:
+        distributed.stop()
+    if trainer.workers.is_main:
+        print(" ".join(f"{k} {v}" for k, v in metrics.items()))
 
 
 def cmd_translate(args: argparse.Namespace) -> None:
@@ -155,8 +162,8 @@ def cmd_translate(args: argparse.Namespace) -> None:
                            max_len_b=args.max_len_b)
     _write_output(args.output, ["\t".join(h) for h in hyps])
     if args.attention_dir:
+        from .attention_maps import attention_figure
         from .plot import save_figure
-        from .tasks import attention_figure
 
         for i, text in enumerate(texts, start=1):
             save_figure(attention_figure(run, text), Path(args.attention_dir) / f"attention-{i:04d}.png")

@@ -71,7 +71,8 @@ class TrainConfig:
     seed: int = 1
     max_tokens: int = 4096  # padded tokens per batch (max of source and target side)
     pad_multiple: int = 8  # pad batch lengths to a multiple of this: few distinct shapes, fast CPU kernels
-    accumulate: int = 1  # batches per update
+    accumulate: int = 1  # batches per update and worker
+    tokens_per_update: int = 0  # if set: accumulate = this / (max_tokens x workers), constant over worker counts
     max_updates: int = 20000
     max_epochs: int = 100
     max_minutes: float = 0.0  # wall-clock budget for training; 0 = none
@@ -97,6 +98,11 @@ class TrainConfig:
                     "keep_checkpoints"):
             if getattr(self, key) < 1:
                 raise UserError(f"{key} must be at least 1, got {getattr(self, key)}")
+        if self.tokens_per_update < 0:
+            raise UserError(f"tokens_per_update must be 0 (off) or positive, got {self.tokens_per_update}")
+        if self.tokens_per_update and self.accumulate != 1:
+            raise UserError(f"set train.tokens_per_update ({self.tokens_per_update}) or train.accumulate "
+                            f"({self.accumulate}), not both: the former derives the latter")
         if not 0.0 <= self.label_smoothing < 1.0:
             raise UserError(f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
         if self.average_last > self.keep_checkpoints:

@@ -16,6 +16,13 @@ Checkpoints are taken every ``valid_every`` updates and at the end. Each is a di
 (safetensors) and the trainer state (optimizer, step, data position, RNG, early-stopping
 counters; loaded with ``weights_only=True``). ``--resume`` restarts from the newest one and
 reproduces the uninterrupted run exactly.
+
+Several processes (``torchrun --nproc_per_node=N -m attnkit train ...``): each update takes
+``world_size x accumulate`` batches, shared out by :func:`attnkit.distributed.shard`; the loss is
+divided by the targets of the whole update (summed over ranks) and multiplied by the world size,
+which undoes DDP's gradient *average*, so N workers x batch B train exactly like one process
+accumulating N batches. Rank 0 alone validates, writes checkpoints, metrics and logs and decides
+when to stop; the others follow its broadcasts. A checkpoint also holds every rank's RNG state.
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
+from . import distributed
 from .checkpoint import (
     atomic_write_text,
     average_weights,
@@ -52,11 +60,6 @@ from .runconfig import RunConfig, TrainConfig
 from .tasks import CLASSES_FILE, CONFIG_FILE, TOKENIZER_META, Task, make_task
 
 MODEL_FILE, STATE_FILE = "model.safetensors", "trainer.pt"
-
-
-def choose_device() -> torch.device:
-    """CUDA when present, else the CPU."""
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def cpu_has_fast_bf16() -> bool:
@@ -98,6 +101,17 @@ def learning_rate(step: int, cfg: TrainConfig, d_model: int) -> float:
     return cfg.lr * min(step / warmup, 1.0)
 
 
+def accumulation(cfg: TrainConfig, world_size: int) -> int:
+    """Batches per update and worker: ``accumulate``, or derived from ``tokens_per_update``."""
+    if not cfg.tokens_per_update:
+        return cfg.accumulate
+    per_pass = cfg.max_tokens * world_size
+    if cfg.tokens_per_update % per_pass:
+        raise UserError(f"train.tokens_per_update={cfg.tokens_per_update} is not a multiple of max_tokens "
+                        f"{cfg.max_tokens} x {world_size} worker(s) = {per_pass}; change one of them")
+    return cfg.tokens_per_update // per_pass
+
+
 def model_width(model: nn.Module) -> int:
     cfg = getattr(model, "cfg", None)
     return int(getattr(cfg, "d_model", getattr(cfg, "hidden_size", 512)))
@@ -112,10 +126,66 @@ class Trainer:
         self.tc = cfg.train
         self.run_dir = Path(run_dir)
         self.ckpt_dir = self.run_dir / "checkpoints"
-        self.log = log or (lambda msg: tqdm.write(msg, file=sys.stderr))
+        self.workers = distributed.start(distributed.from_env())  # one process unless launched by torchrun
+        self.accumulate = accumulation(self.tc, self.workers.world_size)
+        if self.workers.is_main:
+            self.log = log or (lambda msg: tqdm.write(msg, file=sys.stderr))
+        else:  # only rank 0 logs
+            self.log = lambda msg: None
         if self.tc.threads > 0:
             torch.set_num_threads(self.tc.threads)
+        elif self.workers.enabled and self.workers.device.type == "cpu":  # the cores are shared out
+            torch.set_num_threads(distributed.threads_per_process(self.workers.local_world_size))
+        self.device = self.workers.device
+        self._own_gpu = self.device if self.workers.enabled and self.device.type == "cuda" else None  # RNG state
+        self.bf16 = resolve_bf16(self.tc.precision, self.device)
+        # Rank 0 checks the run directory and trains the tokenizer; then the others load it.
+        self.task, resume_from = self.workers.main_first(lambda: self._prepare(resume))
+        resume_from = self.workers.broadcast(resume_from)  # rank 0's choice, should the ranks' listings differ
+        torch.manual_seed(self.tc.seed)  # model init independent of what data preparation drew
+        self.model = self.task.build_model().to(self.device)
+        if self.workers.enabled:  # one dropout stream per rank
+            torch.manual_seed(distributed.rank_seed(self.tc.seed, self.workers.rank, 0))
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=self.tc.lr, betas=self.tc.betas,
+                                          eps=self.tc.eps, weight_decay=self.tc.weight_decay)
+        self.step, self.epoch, self.batch_pos = 0, 0, 0
+        self.best_score, self.bad_validations = -math.inf, 0
+        self.seconds_before = 0.0  # wall-clock training time of earlier sessions (resume)
+        self._session_start = time.perf_counter()
+        if resume_from is not None:
+            self.workers.agree(lambda: self._load_checkpoint(resume_from))
+        else:
+            self._truncate_metrics()  # validations of a run that never reached a checkpoint
+        self.train_model = self.workers.wrap(self.model, self._probe_loss)  # DDP, or the model itself
+        n_params = sum(p.numel() for p in self.model.parameters())
+        workers = f", {self.workers.world_size} processes" if self.workers.enabled else ""
+        self.log(f"{self.task.name}: {type(self.model).__name__} with {n_params / 1e6:.2f}M parameters on "
+                 f"{self.device} ({'bf16 autocast' if self.bf16 else 'fp32'}, {torch.get_num_threads()} threads"
+                 f"{workers})")
+        self.log(f"effective batch: max_tokens {self.tc.max_tokens} x accumulate {self.accumulate} x "
+                 f"{self.workers.world_size} worker(s) = {self.tokens_per_update} tokens per update (padded, at most)")
+
+    @property
+    def tokens_per_update(self) -> int:
+        """The effective batch: padded tokens per update over all workers (an upper bound)."""
+        return self.tc.max_tokens * self.accumulate * self.workers.world_size
+
+    def _prepare(self, resume: bool) -> tuple[Task, Path | None]:
+        """Check the run directory (rank 0 writes its config) and build the task -> (task, checkpoint to resume)."""
+        cfg = self.cfg
         existing = sorted(self.ckpt_dir.glob("step-*")) if self.ckpt_dir.exists() else []
+        if self.workers.is_main:
+            self._check_run_dir(existing, resume)
+        elif not (self.run_dir / CONFIG_FILE).exists():
+            raise UserError(f"rank {self.workers.rank} cannot see {self.run_dir / CONFIG_FILE} written by rank 0: "
+                            f"on several machines --run-dir must be on a filesystem all of them share")
+        torch.manual_seed(self.tc.seed)
+        task = make_task(cfg, self.run_dir, self.log)
+        return task, (existing[-1] if resume and existing else None)
+
+    def _check_run_dir(self, existing: list[Path], resume: bool) -> None:
+        """Refuse to overwrite a run or to reuse another run's tokenizer; write the resolved config."""
+        cfg = self.cfg
         if existing and not resume:
             raise UserError(f"{self.run_dir} already holds checkpoints; pass --resume to continue it, "
                             f"or choose another --run-dir")
@@ -127,45 +197,43 @@ class Trainer:
                                 f"choose another --run-dir or delete that directory")
         self.run_dir.mkdir(parents=True, exist_ok=True)
         dump_config(cfg, self.run_dir / CONFIG_FILE)
-        torch.manual_seed(self.tc.seed)
-        self.device = choose_device()
-        self.bf16 = resolve_bf16(self.tc.precision, self.device)
-        self.task: Task = make_task(cfg, self.run_dir, self.log)
-        torch.manual_seed(self.tc.seed)  # model init independent of what data preparation drew
-        self.model = self.task.build_model().to(self.device)
-        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=self.tc.lr, betas=self.tc.betas,
-                                          eps=self.tc.eps, weight_decay=self.tc.weight_decay)
-        self.step, self.epoch, self.batch_pos = 0, 0, 0
-        self.best_score, self.bad_validations = -math.inf, 0
-        self.seconds_before = 0.0  # wall-clock training time of earlier sessions (resume)
-        self._session_start = time.perf_counter()
-        if resume and existing:
-            self._load_checkpoint(existing[-1])
-        else:
-            self._truncate_metrics()  # validations of a run that never reached a checkpoint
-        n_params = sum(p.numel() for p in self.model.parameters())
-        self.log(f"{self.task.name}: {type(self.model).__name__} with {n_params / 1e6:.2f}M parameters on "
-                 f"{self.device} ({'bf16 autocast' if self.bf16 else 'fp32'}, {torch.get_num_threads()} threads)")
+
+    def _probe_loss(self) -> torch.Tensor:
+        """The loss of one training example: DDP's check for parameters a forward pass leaves unused."""
+        batch = self.task.collate(self.task.batches(0)[0][:1], self.device)
+        with autocast(self.device, self.bf16):
+            return self.task.loss(self.model, batch, 0.0)
 
     # -- checkpoints ---------------------------------------------------------------------
 
-    def _trainer_state(self) -> dict:
-        return {"optimizer": self.optimizer.state_dict(), "step": self.step, "epoch": self.epoch,
-                "batch_pos": self.batch_pos, "best_score": self.best_score,
-                "bad_validations": self.bad_validations, "rng": capture_rng_state(),
-                "train_seconds": self.seconds_before + time.perf_counter() - self._session_start}
+    def _rng_state(self) -> dict:
+        """This rank's random generators (only its own GPU's in a distributed run)."""
+        return capture_rng_state(self._own_gpu)
+
+    def _trainer_state(self, rng_ranks: list[dict]) -> dict:
+        state = {"optimizer": self.optimizer.state_dict(), "step": self.step, "epoch": self.epoch,
+                 "batch_pos": self.batch_pos, "best_score": self.best_score,
+                 "bad_validations": self.bad_validations, "rng": rng_ranks[0],
+                 "train_seconds": self.seconds_before + time.perf_counter() - self._session_start}
+        if self.workers.enabled:  # resuming with as many workers restores each rank's stream
+            state["rng_ranks"] = rng_ranks
+        return state
 
     def save_checkpoint(self) -> Path:
-        """Write ``checkpoints/step-N`` atomically (temp dir + rename) and prune old ones."""
+        """Write ``checkpoints/step-N`` atomically (temp dir + rename) and prune old ones.
+
+        Called on every rank (it gathers their RNG states); rank 0 writes.
+        """
+        rng_ranks = self.workers.gather(self._rng_state())
         final = self.ckpt_dir / f"step-{self.step:08d}"
-        if final.exists():
+        if final.exists() or not self.workers.is_main:
             return final
         for leftover in self.ckpt_dir.glob(".tmp-step-*"):  # from a crash mid-write: never a checkpoint
             shutil.rmtree(leftover, ignore_errors=True)
         tmp = self.ckpt_dir / f".tmp-step-{self.step:08d}-{os.getpid()}"
         tmp.mkdir(parents=True)
-        save_weights(tmp / MODEL_FILE, self.model.state_dict(), {"step": str(self.step)})
-        save_training_state(tmp / STATE_FILE, self._trainer_state())
+        save_weights(tmp / MODEL_FILE, self.model.state_dict(), {"step": str(self.step)})  # not DDP's: no "module."
+        save_training_state(tmp / STATE_FILE, self._trainer_state(rng_ranks))
         os.replace(tmp, final)
         fsync_dir(self.ckpt_dir)  # the rename is durable before older checkpoints go
         for old in sorted(self.ckpt_dir.glob("step-*"))[: -max(self.tc.keep_checkpoints, 1)]:
@@ -181,14 +249,27 @@ class Trainer:
         self.step, self.epoch, self.batch_pos = ts["step"], ts["epoch"], ts["batch_pos"]
         self.best_score, self.bad_validations = ts["best_score"], ts["bad_validations"]
         self.seconds_before = float(ts.get("train_seconds", 0.0))
-        restore_rng_state(ts["rng"])
+        self._restore_rng(ts)
         self._truncate_metrics()
         self.log(f"resumed from {path} (update {self.step}, epoch {self.epoch + 1}, batch {self.batch_pos})")
+
+    def _restore_rng(self, ts: dict) -> None:
+        """This rank's saved RNG state; fresh per-rank streams when the number of workers changed."""
+        w = self.workers
+        ranks = ts.get("rng_ranks")
+        if ranks is not None and len(ranks) == w.world_size:
+            restore_rng_state(ranks[w.rank], self._own_gpu)
+        elif not w.enabled:
+            restore_rng_state(ts["rng"])
+        else:
+            torch.manual_seed(distributed.rank_seed(self.tc.seed, w.rank, self.step))
+            self.log(f"the checkpoint was written by {len(ranks or [0])} process(es), this run has {w.world_size}: "
+                     f"the random streams (dropout) start afresh, so the run is not bit-for-bit an uninterrupted one")
 
     def _truncate_metrics(self) -> None:
         """Drop metric lines logged after the checkpoint we resume from (they will be logged again)."""
         path = self.run_dir / "metrics.jsonl"
-        if path.exists():
+        if self.workers.is_main and path.exists():
             kept = []
             for line in path.read_text(encoding="utf-8").splitlines():
                 try:
@@ -201,6 +282,13 @@ class Trainer:
     # -- the loop ------------------------------------------------------------------------
 
     def validate(self) -> dict[str, float]:
+        """Rank 0 validates, logs and keeps the best weights; every rank gets the metrics and early-stopping state."""
+        metrics = self._validate_here() if self.workers.is_main else {}
+        metrics, self.best_score, self.bad_validations = self.workers.broadcast(
+            (metrics, self.best_score, self.bad_validations))
+        return metrics
+
+    def _validate_here(self) -> dict[str, float]:
         with autocast(self.device, self.bf16):
             metrics = self.task.validate(self.model, self.device)
         metrics = {"step": self.step, "epoch": self.epoch + 1, "minutes": round(self.minutes(), 2),
@@ -225,13 +313,13 @@ class Trainer:
         self._session_start = time.perf_counter()
         metrics: dict[str, float] = {}
         targets_seen, last_report = 0, time.perf_counter()
-        bar = tqdm(total=tc.max_updates, initial=self.step, disable=not tc.progress, unit="upd",
-                   dynamic_ncols=True, file=sys.stderr)
+        bar = tqdm(total=tc.max_updates, initial=self.step, disable=not (tc.progress and self.workers.is_main),
+                   unit="upd", dynamic_ncols=True, file=sys.stderr)
         stop = self.step >= tc.max_updates
         while not stop and self.epoch < tc.max_epochs:
             batches = self.task.batches(self.epoch)
             while self.batch_pos < len(batches):
-                group = batches[self.batch_pos: self.batch_pos + tc.accumulate]
+                group = batches[self.batch_pos: self.batch_pos + self.accumulate * self.workers.world_size]
                 loss_value, n_targets = self.train_step(group)
                 targets_seen += n_targets
                 self.batch_pos += len(group)
@@ -243,7 +331,7 @@ class Trainer:
                     bar.set_postfix(loss=f"{loss_value:.3f}", lr=f"{lr:.2e}",
                                     tok_s=f"{targets_seen / (now - last_report):.0f}", refresh=False)
                     targets_seen, last_report = 0, now
-                out_of_time = tc.max_minutes > 0 and self.minutes() >= tc.max_minutes
+                out_of_time = tc.max_minutes > 0 and self.workers.broadcast(self.minutes() >= tc.max_minutes)
                 stop = self.step >= tc.max_updates or out_of_time
                 epoch_done = False
                 if self.step % tc.valid_every == 0 or stop:
@@ -262,24 +350,40 @@ class Trainer:
         if not metrics or metrics.get("step") != self.step:
             metrics = self.validate()
             self.save_checkpoint()
-        self._average()
+        if self.workers.is_main:
+            self._average()
+        self.workers.barrier()  # the run directory is complete when run() returns, on every rank
         self.log(f"trained {self.step} updates in {self.minutes():.1f} min; run: {self.run_dir}")
         return metrics
 
     def train_step(self, group: list[list[int]]) -> tuple[float, int]:
-        """One optimizer update over ``group`` (``accumulate`` batches) -> (mean loss per target, targets)."""
-        tc = self.tc
+        """One optimizer update over ``group`` -> (mean loss per target, targets), both over all ranks.
+
+        ``group`` is the update's batches on every rank (``accumulate x world_size`` of them, fewer
+        at the end of an epoch); this rank runs its share (:func:`attnkit.distributed.shard`).
+        The gradient is that of ``sum of losses / targets of the whole update``.
+        """
+        tc, w = self.tc, self.workers
         lr = learning_rate(self.step + 1, tc, model_width(self.model))
         for g in self.optimizer.param_groups:
             g["lr"] = lr
-        batches = [self.task.collate(b, self.device) for b in group]
-        n_total = sum(b.n_targets for b in batches)
+        share = distributed.shard(group, w.rank, w.world_size)
+        batches = [(self.task.collate(b, self.device), weight) for b, weight in share]
+        n_total = sum(b.n_targets for b, weight in batches if weight)
+        if w.enabled:
+            n_total = round(w.sum([n_total])[0])
         total = 0.0
-        for batch in batches:
-            with autocast(self.device, self.bf16):
-                loss = self.task.loss(self.model, batch, tc.label_smoothing)
-            (loss / n_total).backward()
-            total += loss.item()
+        for i, (batch, weight) in enumerate(batches):
+            with w.no_sync(self.train_model, sync=i == len(batches) - 1):  # all-reduce once, after the last
+                with autocast(self.device, self.bf16):
+                    loss = self.task.loss(self.train_model, batch, tc.label_smoothing)
+                scaled = loss / n_total
+                if w.enabled:  # DDP averages the ranks' gradients; x world_size makes that the sum we want
+                    scaled = scaled * (weight * w.world_size)
+                scaled.backward()
+            total += loss.item() * weight
+        if w.enabled:
+            total = w.sum([total])[0]
         if tc.clip_norm > 0:
             nn.utils.clip_grad_norm_(self.model.parameters(), tc.clip_norm)
         self.optimizer.step()
