@@ -195,9 +195,10 @@ class DecoderLayer(_ResidualBlock):
         """One decoder layer.
 
         :param x: ``(B, T, d_model)`` target positions (``T = 1`` when decoding step by step).
-        :param memory: ``(B, S, d_model)`` encoder output.
+        :param memory: ``(A, S, d_model)`` encoder output, ``A = B`` or, in beam search, one row per
+            sentence shared by its ``g = B / A`` consecutive hypothesis rows of ``x``.
         :param self_mask: look-ahead mask ``(T, T_past + T)``, possibly combined with target padding.
-        :param memory_mask: ``(B, 1, 1, S)`` source padding mask.
+        :param memory_mask: ``(A, 1, 1, S)`` source padding mask.
         :param cache: ``(self-attention cache, cross-attention cache)`` for incremental decoding.
         :param need_weights: also return both attentions' per-head weights.
         :returns: ``(x, (self-attention (B, H, T, T_past + T), cross-attention (B, H, T, S)) | None,
@@ -207,8 +208,18 @@ class DecoderLayer(_ResidualBlock):
         y, self_weights, self_cache = self.self_attn(self.sublayer_input(x, self.norm1), None, self_mask,
                                                      cache=self_cache, need_weights=need_weights)
         x = self.add_and_norm(x, y, self.norm1)
-        y, cross_weights, cross_cache = self.cross_attn(self.sublayer_input(x, self.norm2), memory, memory_mask,
-                                                        cache=cross_cache, need_weights=need_weights)
+        B, T, d = x.shape
+        A = memory.size(0)
+        # Cross-attention has no mask between queries, so the g hypotheses of one sentence are just
+        # more queries against the same keys: (B, T, d) -> (A, g*T, d), memory read once per sentence.
+        query = self.sublayer_input(x, self.norm2).reshape(A, (B // A) * T, d)
+        y, cross_weights, cross_cache = self.cross_attn(query, memory, memory_mask, cache=cross_cache,
+                                                        need_weights=need_weights)
+        if A != B:
+            y = y.reshape(B, T, d)
+            if cross_weights is not None:  # (A, H, g*T, S) -> (B, H, T, S)
+                H, S = cross_weights.size(1), cross_weights.size(-1)
+                cross_weights = cross_weights.view(A, H, B // A, T, S).transpose(1, 2).reshape(B, H, T, S)
         x = self.add_and_norm(x, y, self.norm2)
         x = self.add_and_norm(x, self.ff(self.sublayer_input(x, self.norm3)), self.norm3)
         new_cache = (self_cache, cross_cache) if cache is not None else None

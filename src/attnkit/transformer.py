@@ -98,25 +98,52 @@ class TransformerEncoder(nn.Module):
         return x, mask, all_weights
 
 
+def shared_rows(sentence: Tensor) -> Tensor | None:
+    """Group rows that share a sentence: ``sentence`` ``(B,)`` (each row's sentence) -> ``(A,)`` or None.
+
+    Returns the sentence of each group of ``g = B / A`` consecutive rows when every group is one
+    sentence (beam search keeps a sentence's hypotheses together), else None.
+    """
+    B = sentence.numel()
+    g = int((sentence == sentence[0]).long().cumprod(0).sum()) if B else 1  # length of the first run
+    if B % g:
+        return None
+    grouped = sentence.view(B // g, g)  # (A, g)
+    return grouped[:, 0] if bool((grouped == grouped[:, :1]).all()) else None
+
+
 @dataclass
 class TransformerState:
     """Decoder state for step-by-step generation (see :meth:`Transformer.decode_step`).
 
+    The encoder side is stored once per sentence: ``memory``, ``memory_mask`` and the
+    cross-attention caches have ``A`` rows, the hypotheses ``B = A * g`` (``g`` = beams, 1 for
+    greedy search), so beam search neither copies nor re-selects them while its beams reorder.
     ``caches`` holds one ``(self-attention, cross-attention)`` :class:`KVCache` pair per layer.
     With ``caches=None`` the decoder recomputes the whole prefix in ``tokens`` every step
     (the uncached baseline the benchmark compares against).
     """
 
-    memory: Tensor  # (B, S, d_model)
-    memory_mask: Tensor  # (B, 1, 1, S)
+    memory: Tensor  # (A, S, d_model)
+    memory_mask: Tensor  # (A, 1, 1, S)
     tokens: Tensor  # (B, t) tokens fed so far (incl. <s>)
-    caches: list[tuple[KVCache, KVCache]] | None
+    caches: list[tuple[KVCache, KVCache]] | None  # self (B, H, t, d_k), cross (A, H, S, d_k)
 
     def select(self, index: Tensor) -> TransformerState:
-        """Keep / reorder / repeat batch rows; ``index`` ``(B',)``."""
-        caches = None if self.caches is None else [(s.select(index), c.select(index)) for s, c in self.caches]
-        return TransformerState(self.memory.index_select(0, index), self.memory_mask.index_select(0, index),
-                                self.tokens.index_select(0, index), caches)
+        """Keep / reorder / repeat hypothesis rows; ``index`` ``(B',)``."""
+        sentence = index // (self.tokens.size(0) // self.memory.size(0))  # (B',) sentence of each new row
+        keep = shared_rows(sentence)  # (A',) one memory row per group of hypotheses ...
+        if keep is None:
+            keep = sentence  # ... or, for an ungrouped index, one per hypothesis
+        same = keep.numel() == self.memory.size(0) and bool((keep == torch.arange(keep.numel(),
+                                                                                   device=keep.device)).all())
+        memory, memory_mask = self.memory, self.memory_mask
+        if not same:
+            memory, memory_mask = memory.index_select(0, keep), memory_mask.index_select(0, keep)
+        caches = None
+        if self.caches is not None:
+            caches = [(s.select(index), c if same else c.select(keep)) for s, c in self.caches]
+        return TransformerState(memory, memory_mask, self.tokens.index_select(0, index), caches)
 
 
 class Transformer(nn.Module):
