@@ -124,7 +124,6 @@ def cmd_demo(args: argparse.Namespace) -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> None:
-    from . import distributed
     from .config import load_config
     from .runconfig import RunConfig
     from .tasks import CONFIG_FILE
@@ -135,12 +134,9 @@ def cmd_train(args: argparse.Namespace) -> None:
         cfg = load_config(RunConfig, run_dir / CONFIG_FILE, args.overrides)  # the run's own config
     else:
         cfg = load_config(RunConfig, args.config, args.overrides)
-    try:  # under torchrun, one of several processes (see attnkit.distributed)
-        trainer = Trainer(cfg, run_dir, resume=args.resume)
-        metrics = trainer.run()
-    finally:
-        distributed.stop()
-    if trainer.workers.is_main:
+    trainer = Trainer(cfg, run_dir, resume=args.resume)
+    metrics = trainer.run()
+    if trainer.workers.is_main:  # under torchrun, one of several processes (see attnkit.distributed)
         print(" ".join(f"{k} {v}" for k, v in metrics.items()))
 
 

@@ -17,6 +17,7 @@ forward/backward passes (DDP's all-reduce would otherwise wait forever)::
 
 from __future__ import annotations
 
+import atexit
 import os
 import zlib
 from collections.abc import Callable, Mapping
@@ -178,13 +179,14 @@ def start(workers: Workers) -> Workers:
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
-    if not dist.is_initialized():
+    if not dist.is_initialized():  # once per process: later trainers in the same process reuse it
         dist.init_process_group("nccl" if cuda else "gloo", timeout=TIMEOUT)
+        atexit.register(stop)
     return replace(workers, device=device)
 
 
 def stop() -> None:
-    """Close the process group opened by :func:`start` (if any)."""
+    """Close the process group opened by :func:`start` (if any); runs at exit."""
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
 
