@@ -158,7 +158,7 @@ def cmd_translate(args: argparse.Namespace) -> None:
                            max_len_b=args.max_len_b)
     _write_output(args.output, ["\t".join(h) for h in hyps])
     if args.attention_dir:
-        from .attention_maps import attention_figure
+        from .tasks import attention_figure
         from .plot import save_figure
 
         for i, text in enumerate(texts, start=1):
