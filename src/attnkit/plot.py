@@ -30,8 +30,12 @@ from matplotlib.image import AxesImage
 
 __all__ = ["attention_grid", "attention_heatmap", "save_figure"]
 
-#: Inches per token along either axis, and the fixed margin for labels and colorbar.
+#: Inches per token along either axis (at most), and the fixed margin for labels and colorbar.
 _CELL_INCHES = 0.35
+#: Tick label size in points: _TICK_POINTS at full cell size, smaller (down to _MIN_TICK_POINTS)
+#: when a long sentence shrinks the cells to fit the figure, so labels never overlap.
+_TICK_POINTS = 10.0
+_MIN_TICK_POINTS = 5.0
 _MARGIN_INCHES = (2.0, 1.5)  # (width, height)
 _MIN_AXES_INCHES = 1.5
 _MAX_FIGURE_INCHES = 40.0
@@ -86,9 +90,29 @@ def _tick_font_families() -> tuple[str, ...]:
     return ("sans-serif", *(name for name in _CJK_FONT_FAMILIES if name in installed))
 
 
-def _axes_inches(n_tgt: int, n_src: int) -> tuple[float, float]:
-    """(width, height) in inches of one heatmap's axes: a fixed size per token."""
-    return (max(_MIN_AXES_INCHES, _CELL_INCHES * n_src), max(_MIN_AXES_INCHES, _CELL_INCHES * n_tgt))
+def _layout(n_tgt: int, n_src: int, n_panels: int = 1) -> tuple[int, float]:
+    """``(columns, inches per token)`` for ``n_panels`` heatmaps: the largest cell, up to
+    :data:`_CELL_INCHES`, with which the figure fits :data:`_MAX_FIGURE_INCHES` both ways; on a
+    tie (short sentences) the most columns, up to :data:`_GRID_MAX_COLS`."""
+    best_cols, best_cell = 1, 0.0
+    for cols in range(min(n_panels, _GRID_MAX_COLS), 0, -1):
+        rows = math.ceil(n_panels / cols)
+        fit_w = (_MAX_FIGURE_INCHES - 1.0) / cols - _MARGIN_INCHES[0] / 2
+        fit_h = (_MAX_FIGURE_INCHES - 0.5) / rows - _MARGIN_INCHES[1]
+        cell = min(_CELL_INCHES, fit_w / max(n_src, 1), fit_h / max(n_tgt, 1))
+        if cell > best_cell + 1e-9:
+            best_cols, best_cell = cols, cell
+    return best_cols, best_cell
+
+
+def _axes_inches(n_tgt: int, n_src: int, cell: float) -> tuple[float, float]:
+    """(width, height) in inches of one heatmap's axes: ``cell`` inches per token."""
+    return (max(_MIN_AXES_INCHES, cell * n_src), max(_MIN_AXES_INCHES, cell * n_tgt))
+
+
+def _tick_points(cell: float) -> float:
+    """Tick label size that fits a cell of ``cell`` inches (72 points per inch, some space between)."""
+    return max(_MIN_TICK_POINTS, min(_TICK_POINTS, 0.8 * 72 * cell))
 
 
 def _draw(
@@ -99,16 +123,20 @@ def _draw(
     *,
     x_labels: bool,
     y_labels: bool,
+    cell: float,
+    axis_names: tuple[str, str],
 ) -> AxesImage:
     """Draw one (T_tgt, T_src) heatmap on ``ax`` with fixed [0, 1] colour scale."""
     image = ax.imshow(w, cmap=_CMAP, vmin=0.0, vmax=1.0, aspect="auto", interpolation="nearest")
     families = list(_tick_font_families())
-    ax.set_xticks(range(len(src_tokens)), labels=src_tokens if x_labels else [], rotation=90, fontfamily=families)
-    ax.set_yticks(range(len(tgt_tokens)), labels=tgt_tokens if y_labels else [], fontfamily=families)
+    size = _tick_points(cell)
+    ax.set_xticks(range(len(src_tokens)), labels=src_tokens if x_labels else [], rotation=90, fontfamily=families,
+                  fontsize=size)
+    ax.set_yticks(range(len(tgt_tokens)), labels=tgt_tokens if y_labels else [], fontfamily=families, fontsize=size)
     if x_labels:
-        ax.set_xlabel("source")
+        ax.set_xlabel(axis_names[0])
     if y_labels:
-        ax.set_ylabel("target")
+        ax.set_ylabel(axis_names[1])
     return image
 
 
@@ -118,6 +146,7 @@ def attention_heatmap(
     tgt_tokens: list[str],
     *,
     title: str | None = None,
+    axis_names: tuple[str, str] = ("source", "target"),
 ) -> Figure:
     """Heatmap of one attention matrix: entry (i, j) is alpha_ij, how much target token i
     attends to source token j (Bahdanau et al. 2015, Eq. 6).
@@ -127,7 +156,9 @@ def attention_heatmap(
     :param src_tokens: T_src labels for the x axis (columns).
     :param tgt_tokens: T_tgt labels for the y axis (rows).
     :param title: optional figure title.
-    :return: a new :class:`~matplotlib.figure.Figure`, sized from the token counts.
+    :param axis_names: ``(x axis, y axis)`` names, e.g. ``("source", "output")``.
+    :return: a new :class:`~matplotlib.figure.Figure`, sized from the token counts (cells and
+        tick labels shrink for long sentences so that the figure stays within 40 inches).
     :raises ValueError: if the shape does not match the token lists (the message gives
         both), there are no tokens, or the values are not finite numbers in [0, 1].
     """
@@ -139,11 +170,12 @@ def attention_heatmap(
         )
     _check_weights(w, src_tokens, tgt_tokens, "weights")
 
-    axes_w, axes_h = _axes_inches(len(tgt_tokens), len(src_tokens))
+    _, cell = _layout(len(tgt_tokens), len(src_tokens))
+    axes_w, axes_h = _axes_inches(len(tgt_tokens), len(src_tokens), cell)
     size = (min(_MAX_FIGURE_INCHES, axes_w + _MARGIN_INCHES[0]), min(_MAX_FIGURE_INCHES, axes_h + _MARGIN_INCHES[1]))
     fig = Figure(figsize=size, layout="constrained")
     ax = fig.add_subplot()
-    image = _draw(ax, w, src_tokens, tgt_tokens, x_labels=True, y_labels=True)
+    image = _draw(ax, w, src_tokens, tgt_tokens, x_labels=True, y_labels=True, cell=cell, axis_names=axis_names)
     fig.colorbar(image, ax=ax, label="attention weight")
     if title is not None:
         ax.set_title(title)
@@ -156,17 +188,19 @@ def attention_grid(
     tgt_tokens: list[str],
     *,
     title: str | None = None,
+    axis_names: tuple[str, str] = ("source", "target"),
 ) -> Figure:
     """One heatmap per head, for inspecting multi-head attention, with one shared colorbar.
 
-    Heads are laid out row by row, at most 4 per row; source labels appear on every panel,
-    target labels on the first column only.
+    Heads are laid out row by row, at most 4 per row (fewer when long sentences need the
+    width); source labels appear on every panel, target labels on the first column only.
 
     :param weights_per_head: shape (H, T_tgt, T_src), values in [0, 1]; torch tensor or
         array-like (one batch element: ``weights[b]`` of a (B, H, T_tgt, T_src) tensor).
     :param src_tokens: T_src labels for the x axes.
     :param tgt_tokens: T_tgt labels for the y axes.
     :param title: optional figure title (each panel is titled ``head h``).
+    :param axis_names: ``(x axis, y axis)`` names, shared by all panels.
     :return: a new :class:`~matplotlib.figure.Figure`.
     :raises ValueError: as :func:`attention_heatmap`, or if there is not exactly one head dim.
     """
@@ -179,9 +213,9 @@ def attention_grid(
     _check_weights(w, src_tokens, tgt_tokens, "weights_per_head")
 
     n_heads = w.shape[0]
-    n_cols = min(n_heads, _GRID_MAX_COLS)
+    n_cols, cell = _layout(len(tgt_tokens), len(src_tokens), n_heads)
     n_rows = math.ceil(n_heads / n_cols)
-    axes_w, axes_h = _axes_inches(len(tgt_tokens), len(src_tokens))
+    axes_w, axes_h = _axes_inches(len(tgt_tokens), len(src_tokens), cell)
     size = (
         min(_MAX_FIGURE_INCHES, n_cols * (axes_w + _MARGIN_INCHES[0] / 2) + 1.0),
         min(_MAX_FIGURE_INCHES, n_rows * (axes_h + _MARGIN_INCHES[1]) + 0.5),
@@ -196,13 +230,14 @@ def attention_grid(
         if h >= n_heads:
             ax.set_axis_off()  # empty slot in the last row
             continue
-        image = _draw(ax, w[h], src_tokens, tgt_tokens, x_labels=True, y_labels=h % n_cols == 0)
+        image = _draw(ax, w[h], src_tokens, tgt_tokens, x_labels=True, y_labels=h % n_cols == 0, cell=cell,
+                      axis_names=axis_names)
         ax.set_xlabel("")  # one shared "source"/"target" label per figure instead
         ax.set_ylabel("")
         ax.set_title(f"head {h}")
         used.append(ax)
-    fig.supxlabel("source")
-    fig.supylabel("target")
+    fig.supxlabel(axis_names[0])
+    fig.supylabel(axis_names[1])
     fig.colorbar(image, ax=used, label="attention weight", fraction=0.02, pad=0.01)
     if title is not None:
         fig.suptitle(title)
