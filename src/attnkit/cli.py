@@ -1,4 +1,4 @@
-"""Command line: ``attnkit {demo,train,translate,evaluate,classify}``.
+"""Command line: ``attnkit {demo,train,translate,evaluate,classify,attention}``.
 
 User errors (:class:`~attnkit.errors.UserError`) print one line ``attnkit: error: ...`` and
 exit with status 2, without a traceback.
@@ -21,6 +21,7 @@ EXAMPLES = """examples:
   attnkit translate runs/de-en -i test.de -o test.hyp.en --beam 4
   attnkit evaluate runs/de-en --src test.de --ref test.en
   attnkit classify runs/sst2 -i reviews.txt --with-attention
+  attnkit attention runs/de-en --src "Ein Hund rennt." -o attn/ --html
 """
 
 
@@ -83,6 +84,34 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-i", "--input", help="input file (default: stdin)")
     p.add_argument("--with-attention", action="store_true",
                    help="also print the 5 tokens the pooled representation drew on most")
+
+    p = sub.add_parser(
+        "attention", help="draw what attention learned: heatmaps and an interactive HTML explorer",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Run a trained model on one sentence and save its attention weights as PNG heatmaps: "
+                    "cross-attention (mean over heads per layer, one panel per head, mean over layers), encoder "
+                    "self-attention and decoder self-attention for Transformers; the alignment for RNN models; "
+                    "self-attention and the pooled representation's token importance for classifiers. Axes show "
+                    "the tokenizer's subword pieces (\u2581 marks a word start).",
+        epilog="files written to OUT_DIR (L = layer number from 0; -layerL is dropped for one-layer kinds):\n"
+               "  cross-layerL.png, cross-layerL-heads.png, cross-mean.png\n"
+               "  encoder-self-layerL.png, encoder-self-layerL-heads.png, encoder-self-mean.png\n"
+               "  decoder-self-layerL.png, decoder-self-layerL-heads.png, decoder-self-mean.png\n"
+               "  alignment.png (RNN); pooling.png (classifier); attention.html (--html)\n\n"
+               "rows are queries, columns keys: cross-attention rows are the output pieces (what each decoder\n"
+               "position produced), decoder self-attention rows and columns the decoder inputs (<s> first).")
+    p.add_argument("model", help="run directory or a .safetensors checkpoint inside one")
+    p.add_argument("--src", required=True, help="the source sentence (translation) or text (classification)")
+    p.add_argument("--tgt", help="translation: force-decode this target instead of the model's own translation")
+    p.add_argument("-o", "--out-dir", default="attention", help="where the PNGs (and HTML) go (default: attention)")
+    p.add_argument("--html", action="store_true",
+                   help="also write OUT_DIR/attention.html: one self-contained page (no network) to pick the "
+                        "kind, layer and head and hover or click a token to see its attention")
+    p.add_argument("--no-png", action="store_true", help="skip the PNG heatmaps (with --html: only the page)")
+    p.add_argument("--beam", type=int, default=1, help="beam size for the model's own translation (default: 1, "
+                                                       "greedy)")
+    p.add_argument("--lenpen", type=float, default=None,
+                   help="length penalty alpha with --beam > 1 (default: the run's decode_lenpen)")
     return parser
 
 
@@ -158,7 +187,7 @@ def cmd_translate(args: argparse.Namespace) -> None:
                            max_len_b=args.max_len_b)
     _write_output(args.output, ["\t".join(h) for h in hyps])
     if args.attention_dir:
-        from .tasks import attention_figure
+        from .attention_maps import attention_figure
         from .plot import save_figure
 
         for i, text in enumerate(texts, start=1):
@@ -203,8 +232,35 @@ def cmd_classify(args: argparse.Namespace) -> None:
     _write_output(None, classify_texts(run, _read_input(args.input), with_attention=args.with_attention))
 
 
+def cmd_attention(args: argparse.Namespace) -> None:
+    from .attention_maps import attention_figures, attention_maps
+    from .plot import save_figure
+    from .tasks import load_run
+
+    if args.no_png and not args.html:
+        raise UserError("--no-png without --html would write nothing; drop --no-png or add --html")
+    run = load_run(args.model)
+    lenpen = run.cfg.decode_lenpen if args.lenpen is None else args.lenpen
+    maps = attention_maps(run, args.src, args.tgt, beam=args.beam, lenpen=lenpen)
+    out = Path(args.out_dir)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"{out}: cannot create the output directory ({e.strerror})") from None
+    print(f"{maps.source} -> {maps.output}" + (" (given)" if maps.forced else ""))
+    written = []
+    if not args.no_png:
+        written += [save_figure(fig, out / f"{stem}.png") for stem, fig in attention_figures(maps).items()]
+    if args.html:
+        from .explorer import write_explorer
+
+        written.append(write_explorer(maps, out / "attention.html"))
+    for path in written:
+        print(path)
+
+
 COMMANDS = {"demo": cmd_demo, "train": cmd_train, "translate": cmd_translate, "evaluate": cmd_evaluate,
-            "classify": cmd_classify}
+            "classify": cmd_classify, "attention": cmd_attention}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -13,11 +13,12 @@ import time
 from pathlib import Path
 
 from . import dates
+from .attention_maps import attention_figure
 from .config import load_config
 from .errors import UserError
 from .plot import save_figure
 from .runconfig import RunConfig
-from .tasks import CONFIG_FILE, attention_figure, load_run, translate_texts
+from .tasks import CONFIG_FILE, load_run, translate_texts
 from .train import Trainer
 
 # The demo's configuration (configs/demo.yaml is the same, commented; a test keeps them equal).

@@ -27,7 +27,6 @@ from typing import Protocol
 import sacrebleu
 import torch
 import torch.nn.functional as F
-from matplotlib.figure import Figure
 from torch import Tensor, nn
 
 from . import dates
@@ -36,7 +35,6 @@ from .classifier import TransformerClassifier
 from .config import load_config
 from .data import filter_examples, make_batches, pad_batch, padding_fraction, read_labelled, read_parallel
 from .errors import UserError
-from .plot import attention_heatmap
 from .rnn import RNNSeq2Seq
 from .runconfig import RunConfig
 from .search import beam_search, greedy_search
@@ -93,25 +91,43 @@ def build_translation_model(cfg: RunConfig, tok: Tokenizer) -> nn.Module:
     return Transformer(tcfg, V_src, V_tgt)
 
 
+def check_source_lengths(model: nn.Module, ids: list[list[int]], what: str | None = None) -> int | None:
+    """The model's position limit (None for an RNN), after checking every source ``ids`` (with ``</s>``) fits it.
+
+    A Transformer has positions for ``max_len`` tokens: longer inputs are a :class:`UserError`
+    naming ``input line N``, or ``what`` when given.
+    """
+    limit = getattr(getattr(model, "cfg", None), "max_len", None)
+    for i, s in enumerate(ids if limit else []):
+        if len(s) > limit:
+            raise UserError(f"{what or f'input line {i + 1}'} is {len(s)} subwords long (with </s>) but the model "
+                            f"reads at most {limit} (model.transformer.max_len); split the line")
+    return limit
+
+
+def output_budget(limit: int | None, src_len: int, max_len_a: float, max_len_b: float) -> tuple[float, float]:
+    """``(a, b)`` for the search's output budget ``floor(a * src_len + b)``: as given, or ``(0, limit)``
+    when that budget would run past the model's ``limit`` positions (outputs are cut there)."""
+    if limit and math.floor(max_len_a * src_len + max_len_b) > limit:
+        return 0.0, float(limit)
+    return max_len_a, max_len_b
+
+
 def translate_texts(model: nn.Module, tok: Tokenizer, texts: list[str], *, beam: int = 1, lenpen: float = 0.6,
                     batch_size: int = 64, max_len_a: float = 1.0, max_len_b: float = 50,
                     n_best: int = 1, device: torch.device | None = None) -> list[list[str]]:
     """Translate ``texts`` (sorted by length into batches, returned in input order); n-best per sentence."""
     device = device or next(model.parameters()).device
     ids = [s + [EOS_ID] for s in tok.encode_src(texts)]
-    # A Transformer has positions for max_len tokens: longer inputs are an error, longer outputs are cut there.
-    limit = getattr(getattr(model, "cfg", None), "max_len", None)
-    for i, s in enumerate(ids if limit else []):
-        if len(s) > limit:
-            raise UserError(f"input line {i + 1} is {len(s)} subwords long (with </s>) but the model reads at most "
-                            f"{limit} (model.transformer.max_len); split the line")
+    limit = check_source_lengths(model, ids)
     order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
     out: list[list[str]] = [[] for _ in texts]
     model.eval()
     with torch.inference_mode():
         for start in range(0, len(order), batch_size):
             chunk = order[start: start + batch_size]
-            capped = [i for i in chunk if limit and math.floor(max_len_a * len(ids[i]) + max_len_b) > limit]
+            given = (max_len_a, max_len_b)
+            capped = [i for i in chunk if output_budget(limit, len(ids[i]), *given) != given]
             parts = [([i for i in chunk if i not in capped], max_len_a, max_len_b), (capped, 0.0, limit)]
             for part, a, b in parts:
                 if not part:
@@ -125,23 +141,6 @@ def translate_texts(model: nn.Module, tok: Tokenizer, texts: list[str], *, beam:
                 for i, nbest in zip(part, hyps, strict=True):
                     out[i] = tok.decode_tgt([h.tokens for h in nbest])
     return out
-
-
-def attention_figure(run: LoadedRun, text: str) -> Figure:
-    """Translate ``text`` greedily and draw which source pieces each output piece attended to.
-
-    The weights are the last decoder layer's cross-attention, averaged over heads (the RNN's
-    single attention for RNN models); rows are output pieces including ``</s>``.
-    """
-    if run.cfg.model.arch == "rnn" and run.cfg.model.rnn.attention == "none":
-        raise UserError(f"{run.weights_path}: this model has no attention to show (model.rnn.attention: none)")
-    src_ids = run.tok.encode_src([text])[0] + [EOS_ID]
-    with torch.inference_mode():
-        hyp = greedy_search(run.model, pad_batch([src_ids], PAD_ID), need_weights=True)[0]
-    tgt_tokens = run.tok.tgt_pieces_from_ids(hyp.tokens + ([EOS_ID] if hyp.ended_with_eos else []))
-    output = run.tok.decode_tgt([hyp.tokens])[0]
-    title = f"{text} -> {output}\n(cross-attention, last layer, mean over heads)"
-    return attention_heatmap(hyp.attention, run.tok.src_pieces_from_ids(src_ids), tgt_tokens, title=title)
 
 
 class TranslationTask:

@@ -1,0 +1,247 @@
+"""What attention learned: every attention map of one sentence, as tensors per kind, layer and head.
+
+:func:`attention_maps` runs a trained model (a run from :func:`attnkit.tasks.load_run`) on one
+source text and returns :class:`AttentionMaps`; :func:`attention_figures` draws them as
+heatmaps (:mod:`attnkit.plot`), :mod:`attnkit.explorer` as an interactive HTML page.
+
+Each kind is a list over layers of ``(H, T_q, T_k)`` tensors whose rows sum to 1 (softmax
+over the keys, Vaswani et al. 2017 Eq. 1; Bahdanau et al. 2015 Eq. 6):
+
+=====================  ===================================  ======================================
+kind                   queries (rows)                       keys (columns)
+=====================  ===================================  ======================================
+``encoder_self``       source pieces ``x_1 .. x_S </s>``    source pieces
+``decoder_self``       decoder inputs ``<s> y_1 .. y_T-1``  decoder inputs (look-ahead mask: u <= t)
+``cross``              outputs ``y_1 .. y_T </s>``          source pieces
+``alignment`` (RNN)    outputs                              source pieces (``alpha^t``: 1 layer, 1 head)
+``pooling``            the predicted class                  input pieces (classifier token importance)
+=====================  ===================================  ======================================
+
+Decoder position t reads ``y_{t-1}`` (``<s>`` first) and predicts ``y_t``: cross-attention rows
+are labelled with what the position produced (the question "which source word did this output
+word come from"), self-attention with what it read (the question "what does this word relate to").
+
+The target is the given one (forced decoding) or the model's own translation (greedy, or beam
+search), fed back under teacher forcing: one pass gives every layer's weights, the same ones
+step-by-step decoding computes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+from matplotlib.figure import Figure
+from torch import Tensor
+
+from .classifier import TransformerClassifier
+from .errors import UserError
+from .plot import attention_grid, attention_heatmap
+from .rnn import RNNSeq2Seq
+from .search import beam_search, greedy_search
+from .tasks import LoadedRun, check_source_lengths, classifier_inputs, output_budget
+from .tokenizer import BOS_ID, EOS_ID
+from .transformer import Transformer
+
+__all__ = ["AttentionMaps", "AttentionView", "attention_figure", "attention_figures", "attention_maps",
+           "summary_figure"]
+
+#: Longest source text shown in a figure title; longer ones end in "...".
+_TITLE_CHARS = 80
+
+
+@dataclass(frozen=True)
+class AttentionView:
+    """One kind of attention with the tokens on its two axes.
+
+    :param kind: ``encoder_self``, ``decoder_self``, ``cross``, ``alignment`` or ``pooling``.
+    :param title: human-readable name, e.g. ``"cross-attention"``.
+    :param layers: one ``(H, T_q, T_k)`` tensor per layer.
+    :param queries: ``T_q`` row labels; ``keys``: ``T_k`` column labels.
+    :param query_name: what the queries are (``"output"``); ``key_name``: what the keys are (``"source"``).
+    """
+
+    kind: str
+    title: str
+    layers: list[Tensor]
+    queries: list[str]
+    keys: list[str]
+    query_name: str
+    key_name: str
+
+
+@dataclass
+class AttentionMaps:
+    """Every attention weight of one sentence (batch dimension removed, float32 on the CPU).
+
+    :param arch: ``"transformer"``, ``"rnn"`` or ``"classifier"``.
+    :param source: the input text; ``output``: the translation, or ``"label (p=0.93)"``.
+    :param forced: True when the target was given rather than generated.
+    :param src_tokens: source pieces ``x_1 .. x_S`` (``</s>`` included for translation).
+    :param tgt_tokens: output pieces ``y_1 .. y_T </s>`` (rows of ``cross``).
+    :param tgt_in_tokens: decoder inputs ``<s> y_1 .. y_{T-1}`` (both axes of ``decoder_self``).
+    :param encoder_self: per layer ``(H, S, S)``.
+    :param decoder_self: per layer ``(H, T, T)``, zero above the diagonal.
+    :param cross: per layer ``(H, T, S)``; an RNN's alignment is one layer with one head ``(1, T, S)``.
+    :param pooling: classifier only, ``(S,)``: how much the pooled vector drew on each token.
+    """
+
+    arch: Literal["transformer", "rnn", "classifier"]
+    source: str
+    output: str
+    forced: bool
+    src_tokens: list[str]
+    tgt_tokens: list[str] = field(default_factory=list)
+    tgt_in_tokens: list[str] = field(default_factory=list)
+    encoder_self: list[Tensor] = field(default_factory=list)
+    decoder_self: list[Tensor] = field(default_factory=list)
+    cross: list[Tensor] = field(default_factory=list)
+    pooling: Tensor | None = None
+
+    def views(self) -> list[AttentionView]:
+        """The kinds this model has, each with its axis labels (see the module docstring)."""
+        views = []
+        if self.cross:
+            kind, title = ("alignment", "alignment") if self.arch == "rnn" else ("cross", "cross-attention")
+            views.append(AttentionView(kind, title, self.cross, self.tgt_tokens, self.src_tokens, "output", "source"))
+        if self.encoder_self:
+            views.append(AttentionView("encoder_self", "encoder self-attention", self.encoder_self,
+                                       self.src_tokens, self.src_tokens, "source", "source"))
+        if self.decoder_self:
+            views.append(AttentionView("decoder_self", "decoder self-attention", self.decoder_self,
+                                       self.tgt_in_tokens, self.tgt_in_tokens, "decoder input", "decoder input"))
+        if self.pooling is not None:
+            views.append(AttentionView("pooling", "pooled representation's token importance",
+                                       [self.pooling[None, None]], [self.output], self.src_tokens, "prediction",
+                                       "input"))
+        return views
+
+
+def _first(weights: list[Tensor]) -> list[Tensor]:
+    """Batch element 0 of each ``(1, H, T_q, T_k)`` tensor, as float32 on the CPU."""
+    return [w[0].float().cpu() for w in weights]
+
+
+def _translate_ids(model: Transformer | RNNSeq2Seq, src: Tensor, limit: int | None, beam: int,
+                   lenpen: float) -> list[int]:
+    """The model's translation of ``src`` ``(1, S)``: output ids with ``</s>`` when it ended with one."""
+    a, b = output_budget(limit, src.size(1), 1.0, 50)
+    if beam == 1:
+        hyp = greedy_search(model, src, max_len_a=a, max_len_b=b)[0]
+    else:
+        hyp = beam_search(model, src, beam_size=beam, lenpen=lenpen, max_len_a=a, max_len_b=b)[0][0]
+    return hyp.tokens + ([EOS_ID] if hyp.ended_with_eos else [])
+
+
+def _classifier_maps(run: LoadedRun, source: str) -> AttentionMaps:
+    model = run.model
+    if not isinstance(model, TransformerClassifier) or run.classes is None:
+        raise TypeError(f"expected a TransformerClassifier run with classes, got {type(model).__name__}")
+    ids = classifier_inputs(run.tok, [source], run.cfg.data.max_len)[0]
+    x = torch.tensor([ids], device=next(model.parameters()).device)  # (1, S)
+    with torch.inference_mode():
+        _, _, encoder_self = model.encoder(x, need_weights=True)  # per layer (1, H, S, S)
+        probs = model(x).float().softmax(-1)[0]  # (C,)
+        importance = model.token_importance(x)[0]  # (S,)
+    best = int(probs.argmax())
+    return AttentionMaps("classifier", source, f"{run.classes[best]} (p={float(probs[best]):.2f})", False,
+                         run.tok.src_pieces_from_ids(ids), encoder_self=_first(encoder_self),
+                         pooling=importance.float().cpu())
+
+
+def attention_maps(run: LoadedRun, source: str, target: str | None = None, *, beam: int = 1,
+                   lenpen: float = 0.6) -> AttentionMaps:
+    """Every attention weight the model computes for ``source`` (see the module docstring).
+
+    :param run: a trained run, :func:`attnkit.tasks.load_run`.
+    :param source: one sentence (translation) or text (classification).
+    :param target: translation only: force-decode this target instead of the model's own output.
+    :param beam: beam size for the model's own translation (1 = greedy); ``lenpen``: GNMT alpha.
+    :raises UserError: a target for a classifier, an RNN without attention, a text longer than
+        the model's positions.
+    """
+    if run.cfg.task == "classify":
+        if target is not None:
+            raise UserError("a classifier reads only the source text; drop the target (--tgt)")
+        return _classifier_maps(run, source)
+    model = run.model
+    if isinstance(model, RNNSeq2Seq) and model.scorer is None:
+        raise UserError(f"{run.weights_path}: this model has no attention to show (model.rnn.attention: none)")
+    if beam < 1:
+        raise UserError(f"--beam must be at least 1 (1 = greedy), got {beam}")
+    device = next(model.parameters()).device
+    src_ids = run.tok.encode_src([source])[0] + [EOS_ID]
+    limit = check_source_lengths(model, [src_ids], "the source text")
+    src = torch.tensor([src_ids], device=device)  # (1, S)
+    model.eval()
+    with torch.inference_mode():
+        out_ids = _translate_ids(model, src, limit, beam, lenpen) if target is None else (
+            run.tok.encode_tgt([target])[0] + [EOS_ID])
+        if limit and len(out_ids) > limit:
+            raise UserError(f"the target text is {len(out_ids)} subwords long (with </s>) but the model reads at "
+                            f"most {limit} (model.transformer.max_len); shorten it")
+        tgt_in_ids = [BOS_ID] + out_ids[:-1]  # decoder inputs: <s> y_1 .. y_{T-1}
+        tgt_in = torch.tensor([tgt_in_ids], device=device)  # (1, T)
+        if isinstance(model, Transformer):
+            encoder_self, decoder_self, cross = model.attention_weights(src, tgt_in)
+        else:
+            encoder_self, decoder_self, cross = [], [], [model.alignment(src, tgt_in)[:, None]]  # (1, 1, T, S)
+    return AttentionMaps(
+        "transformer" if isinstance(model, Transformer) else "rnn", source, run.tok.decode_tgt([out_ids])[0],
+        target is not None, run.tok.src_pieces_from_ids(src_ids), run.tok.tgt_pieces_from_ids(out_ids),
+        run.tok.tgt_pieces_from_ids(tgt_in_ids), _first(encoder_self), _first(decoder_self), _first(cross))
+
+
+# --------------------------------------------------------------------------------------
+# Figures
+# --------------------------------------------------------------------------------------
+
+
+def _heading(maps: AttentionMaps) -> str:
+    source = maps.source if len(maps.source) <= _TITLE_CHARS else maps.source[: _TITLE_CHARS - 3] + "..."
+    return f"{source} -> {maps.output}" + (" (given)" if maps.forced else "")
+
+
+def attention_figures(maps: AttentionMaps) -> dict[str, Figure]:
+    """Heatmaps of every kind: file stem -> figure (the caller saves them, :func:`attnkit.plot.save_figure`).
+
+    Per kind: the mean over heads of each layer (``cross-layer0``), one panel per head
+    (``cross-layer0-heads``, when H > 1) and the mean over layers and heads (``cross-mean``,
+    when there are several layers). A kind with one layer drops the ``-layer0`` (``alignment``).
+    """
+    figures: dict[str, Figure] = {}
+    heading = _heading(maps)
+    for view in maps.views():
+        stem = view.kind.replace("_", "-")
+        many = len(view.layers) > 1
+        axes = {"axis_names": (view.key_name, view.query_name)}
+        if many:
+            mean = torch.stack(view.layers).mean(dim=(0, 1))  # (L, H, T_q, T_k) -> (T_q, T_k)
+            figures[f"{stem}-mean"] = attention_heatmap(mean, view.keys, view.queries, **axes,
+                                                        title=f"{heading}\n{view.title}, mean over layers and heads")
+        for layer, weights in enumerate(view.layers):
+            name, where = (f"{stem}-layer{layer}", f", layer {layer}") if many else (stem, "")
+            averaged = ", mean over heads" if weights.size(0) > 1 else ""
+            figures[name] = attention_heatmap(weights.mean(dim=0), view.keys, view.queries, **axes,
+                                              title=f"{heading}\n{view.title}{where}{averaged}")
+            if weights.size(0) > 1:
+                figures[f"{name}-heads"] = attention_grid(weights, view.keys, view.queries, **axes,
+                                                          title=f"{heading}\n{view.title}{where}, per head")
+    return figures
+
+
+def summary_figure(maps: AttentionMaps) -> Figure:
+    """The classic picture: last layer's cross-attention averaged over heads (an RNN's alignment;
+    a classifier's token importance)."""
+    view = maps.views()[0]
+    detail = ", last layer, mean over heads" if view.kind == "cross" else ""
+    return attention_heatmap(view.layers[-1].mean(dim=0), view.keys, view.queries,  # (H, T_q, T_k) -> (T_q, T_k)
+                             axis_names=(view.key_name, view.query_name),
+                             title=f"{_heading(maps)}\n({view.title}{detail})")
+
+
+def attention_figure(run: LoadedRun, text: str) -> Figure:
+    """Translate ``text`` greedily and draw which source pieces each output piece attended to
+    (:func:`summary_figure`); used by ``attnkit translate --attention-dir`` and the demo."""
+    return summary_figure(attention_maps(run, text))

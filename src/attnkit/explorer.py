@@ -1,0 +1,69 @@
+"""An interactive attention explorer: one self-contained HTML page per sentence.
+
+The page (template ``explorer.html`` beside this module) shows the queries of one kind of
+attention in a column on the left and its keys on the right, as bertviz does for
+encoder-only and decoder-only models, here for every kind :class:`~attnkit.attention_maps.AttentionMaps`
+holds: encoder and decoder self-attention, cross-attention, an RNN's alignment and a
+classifier's token importance. Pick the kind, layer and head (or all heads: one colour per
+head, shading by their mean); hover or click a token to draw its weights as lines and shading.
+
+Everything is inlined (the weights as JSON, the script and the style): the file opens
+offline, from a mail attachment or a CI artifact, and loads nothing from the network.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from importlib.resources import files
+from pathlib import Path
+
+from .attention_maps import AttentionMaps, AttentionView
+from .checkpoint import atomic_write_text
+from .errors import UserError
+
+__all__ = ["explorer_html", "write_explorer"]
+
+#: Decimals kept per weight in the page (the file stays small; 1e-4 is below what shading shows).
+DECIMALS = 4
+
+def _view_json(view: AttentionView) -> dict:
+    return {
+        "kind": view.kind,
+        "title": view.title,
+        "queries": view.queries,
+        "keys": view.keys,
+        "queries_label": view.query_name,
+        "keys_label": view.key_name,
+        # per layer (H, T_q, T_k) -> nested lists [layer][head][query][key]
+        "layers": [[[[round(float(w), DECIMALS) for w in row] for row in head] for head in layer.tolist()]
+                   for layer in view.layers],
+    }
+
+
+def explorer_html(maps: AttentionMaps) -> str:
+    """The explorer page for ``maps`` as one HTML string (no external resources).
+
+    The weights are embedded as JSON with ``<`` escaped (``\\u003c``), so no token text can
+    close the script element or inject markup; the script inserts tokens as text, never HTML.
+    """
+    title = f"{maps.source} -> {maps.output}" + (" (given)" if maps.forced else "")
+    data = {"title": title, "views": [_view_json(v) for v in maps.views()]}
+    payload = json.dumps(data, ensure_ascii=False, separators=(",", ":")).replace("<", "\\u003c")
+    template = files("attnkit").joinpath("explorer.html").read_text(encoding="utf-8")
+    return (template.replace("__ATTNKIT_TITLE__", html.escape(f"attnkit attention: {title}"))
+            .replace("__ATTNKIT_DATA__", payload))
+
+
+def write_explorer(maps: AttentionMaps, path: str | Path) -> Path:
+    """Write :func:`explorer_html` to ``path`` (atomically, parent directories created); returns the path.
+
+    :raises UserError: the file cannot be written.
+    """
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(path, explorer_html(maps))
+    except OSError as e:
+        raise UserError(f"{path}: cannot write the explorer page ({e.strerror})") from None
+    return path

@@ -1,0 +1,293 @@
+"""Tests for attnkit.attention_maps, attnkit.explorer and `attnkit attention`: the weights of every
+kind (shapes, rows summing to 1, the look-ahead triangle, equal to step-by-step decoding, outputs
+unchanged), the heatmap files, the self-contained HTML page and one-line errors."""
+
+from __future__ import annotations
+
+import json
+import re
+import struct
+from pathlib import Path
+
+import pytest
+import torch
+
+from attnkit.attention_maps import AttentionMaps, attention_figures, attention_maps, summary_figure
+from attnkit.cli import main
+from attnkit.config import load_config
+from attnkit.explorer import explorer_html, write_explorer
+from attnkit.plot import attention_grid, attention_heatmap
+from attnkit.runconfig import RunConfig
+from attnkit.search import greedy_search
+from attnkit.tasks import LoadedRun, load_run
+from attnkit.tokenizer import BOS_ID, EOS_ID
+from attnkit.train import Trainer
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+DPI = 120
+TRAIN = {"max_tokens": 500, "max_updates": 8, "valid_every": 8, "progress": False, "precision": "fp32",
+         "threads": 1, "warmup": 4, "lr": 3e-3, "valid_bleu_sentences": 0, "average_last": 0}
+DATA = {"generate": "dates", "generate_train": 200, "generate_valid": 10, "max_len": 48,
+        "tokenizer": {"vocab_size": 80}}
+SOURCE = "Sonntag, 3. März 2024"
+
+
+def train_run(tmp: Path, model: dict, data: dict | None = None, task: str = "translate") -> LoadedRun:
+    cfg = load_config(RunConfig, {"task": task, "data": data or DATA, "model": model, "train": TRAIN})
+    Trainer(cfg, tmp, log=lambda msg: None).run()
+    return load_run(tmp)
+
+
+@pytest.fixture(scope="module")
+def transformer_run(tmp_path_factory) -> LoadedRun:
+    model = {"transformer": {"d_model": 32, "n_heads": 2, "d_ff": 64, "encoder_layers": 2, "decoder_layers": 2,
+                             "dropout": 0.0, "max_len": 64}}
+    return train_run(tmp_path_factory.mktemp("transformer"), model)
+
+
+@pytest.fixture(scope="module")
+def one_layer_run(tmp_path_factory) -> LoadedRun:
+    model = {"transformer": {"d_model": 16, "n_heads": 2, "d_ff": 32, "encoder_layers": 1, "decoder_layers": 1,
+                             "dropout": 0.0, "max_len": 64}}
+    return train_run(tmp_path_factory.mktemp("one-layer"), model)
+
+
+@pytest.fixture(scope="module")
+def rnn_run(tmp_path_factory) -> LoadedRun:
+    model = {"arch": "rnn", "rnn": {"embed_dim": 16, "hidden_size": 24, "attention": "general", "dropout": 0.0}}
+    return train_run(tmp_path_factory.mktemp("rnn"), model)
+
+
+@pytest.fixture(scope="module")
+def classifier_run(tmp_path_factory) -> LoadedRun:
+    tmp = tmp_path_factory.mktemp("classifier")
+    rows = [("a good film", "pos"), ("a bad film", "neg"), ("good plot", "pos"), ("bad plot", "neg")] * 10
+    for name in ("train.tsv", "valid.tsv"):
+        (tmp / name).write_text("sentence\tlabel\n" + "".join(f"{t}\t{y}\n" for t, y in rows), encoding="utf-8")
+    data = {"train": str(tmp / "train.tsv"), "valid": str(tmp / "valid.tsv"), "tokenizer": {"vocab_size": 30}}
+    model = {"transformer": {"d_model": 16, "n_heads": 2, "d_ff": 32, "encoder_layers": 2, "dropout": 0.0},
+             "pooling": "mean"}
+    return train_run(tmp / "run", model, data, task="classify")
+
+
+def rows_sum_to_one(weights: torch.Tensor) -> None:
+    torch.testing.assert_close(weights.sum(-1), torch.ones(weights.shape[:-1]), atol=1e-5, rtol=0)
+
+
+def png_size(path: Path) -> tuple[int, int]:
+    """(width, height) in pixels from the PNG header."""
+    data = path.read_bytes()
+    assert data[:8] == PNG_MAGIC and len(data) > 2000, path
+    return struct.unpack(">II", data[16:24])
+
+
+# -- the weights -----------------------------------------------------------------------------
+
+
+def test_transformer_maps_every_kind_per_layer_and_head(transformer_run):
+    maps = attention_maps(transformer_run, SOURCE)
+    S, T = len(maps.src_tokens), len(maps.tgt_tokens)
+    assert maps.arch == "transformer" and not maps.forced
+    assert maps.src_tokens[-1] == "</s>" and maps.tgt_in_tokens[0] == "<s>"
+    assert maps.tgt_in_tokens[1:] == maps.tgt_tokens[:-1]  # position t reads y_{t-1}, predicts y_t
+    assert "".join(maps.src_tokens[:-1]).replace("\u2581", " ").strip() == SOURCE
+    for name, weights, shape in (("encoder_self", maps.encoder_self, (2, S, S)),
+                                 ("decoder_self", maps.decoder_self, (2, T, T)), ("cross", maps.cross, (2, T, S))):
+        assert len(weights) == 2, name
+        for w in weights:
+            assert w.shape == shape and w.dtype == torch.float32, (name, w.shape)
+            rows_sum_to_one(w)
+    for w in maps.decoder_self:  # the look-ahead mask: nothing above the diagonal
+        assert torch.all(w.triu(diagonal=1) == 0)
+    assert [v.kind for v in maps.views()] == ["cross", "encoder_self", "decoder_self"]
+
+
+def test_teacher_forced_weights_equal_step_by_step_decoding(transformer_run):
+    """The explorer's one-pass weights are the ones greedy search computes step by step (last layer, mean)."""
+    maps = attention_maps(transformer_run, SOURCE)
+    src = torch.tensor([transformer_run.tok.encode_src([SOURCE])[0] + [EOS_ID]])
+    with torch.inference_mode():
+        hyp = greedy_search(transformer_run.model, src, need_weights=True)[0]
+    assert transformer_run.tok.decode_tgt([hyp.tokens])[0] == maps.output
+    torch.testing.assert_close(maps.cross[-1].mean(dim=0), hyp.attention, atol=1e-5, rtol=1e-4)
+
+
+def test_asking_for_weights_leaves_the_outputs_unchanged(transformer_run):
+    model = transformer_run.model
+    src = torch.tensor([transformer_run.tok.encode_src([SOURCE, "May 1, 1999"])[0] + [EOS_ID]])
+    tgt_in = torch.tensor([[BOS_ID] + transformer_run.tok.encode_tgt(["2024-03-03"])[0]])
+    with torch.inference_mode():
+        memory, memory_mask, _ = model.encoder(src, need_weights=True)
+        plain_memory, _ = model.encode(src)
+        hidden, self_w, cross_w = model.decode(tgt_in, memory, memory_mask, need_weights=True)
+        plain_hidden, no_self, no_cross = model.decode(tgt_in, plain_memory, memory_mask)
+    torch.testing.assert_close(memory, plain_memory, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(hidden, plain_hidden, atol=1e-5, rtol=1e-5)
+    assert no_self == [] and no_cross == [] and len(self_w) == len(cross_w) == 2
+
+
+def test_forced_target(transformer_run):
+    maps = attention_maps(transformer_run, SOURCE, "2024-03-03")
+    pieces = transformer_run.tok.tgt_pieces_from_ids(transformer_run.tok.encode_tgt(["2024-03-03"])[0])
+    assert maps.forced and maps.output == "2024-03-03"
+    assert maps.tgt_tokens == pieces + ["</s>"] and maps.tgt_in_tokens == ["<s>"] + pieces
+    assert maps.cross[0].shape[1] == len(pieces) + 1
+
+
+def test_rnn_alignment_is_the_decoders_alpha(rnn_run):
+    maps = attention_maps(rnn_run, SOURCE)
+    assert maps.arch == "rnn" and maps.encoder_self == [] and maps.decoder_self == []
+    (alignment,) = maps.cross
+    assert alignment.shape == (1, len(maps.tgt_tokens), len(maps.src_tokens))
+    rows_sum_to_one(alignment)
+    src = torch.tensor([rnn_run.tok.encode_src([SOURCE])[0] + [EOS_ID]])
+    with torch.inference_mode():
+        hyp = greedy_search(rnn_run.model, src, need_weights=True)[0]
+    torch.testing.assert_close(alignment[0], hyp.attention, atol=1e-5, rtol=1e-4)
+    assert [v.kind for v in maps.views()] == ["alignment"]
+
+
+def test_classifier_self_attention_and_pooling(classifier_run):
+    maps = attention_maps(classifier_run, "a good plot")
+    S = len(maps.src_tokens)
+    assert maps.arch == "classifier" and re.fullmatch(r"(pos|neg) \(p=\d\.\d\d\)", maps.output)
+    assert len(maps.encoder_self) == 2 and all(w.shape == (2, S, S) for w in maps.encoder_self)
+    x = torch.tensor([classifier_run.tok.encode_src(["a good plot"])[0]])
+    torch.testing.assert_close(maps.pooling, classifier_run.model.token_importance(x)[0])
+    assert [v.kind for v in maps.views()] == ["encoder_self", "pooling"]
+
+
+# -- figures and the command -----------------------------------------------------------------
+
+
+def test_attention_figures_names_and_sizes(transformer_run):
+    figures = attention_figures(attention_maps(transformer_run, SOURCE))
+    expected = {f"{kind}-{part}" for kind in ("cross", "encoder-self", "decoder-self")
+                for part in ("mean", "layer0", "layer0-heads", "layer1", "layer1-heads")}
+    assert set(figures) == expected
+    heads = figures["cross-layer1-heads"]
+    assert [ax.get_title() for ax in heads.axes if ax.get_images()] == ["head 0", "head 1"]
+    assert figures["decoder-self-layer0"].axes[0].get_xlabel() == "decoder input"
+    assert figures["cross-mean"].axes[0].get_ylabel() == "output"
+
+
+def test_long_sentences_keep_legible_labels(transformer_run):
+    """A 60-piece sentence: the figure stays within 40 inches and tick labels do not overlap."""
+    maps = attention_maps(transformer_run, " ".join([SOURCE] * 3), "2024-03-03")
+    src = maps.src_tokens
+    assert len(src) >= 60
+    weights = maps.encoder_self[0].repeat(4, 1, 1)  # (8, S, S): eight heads, as in the `base` preset
+    for fig in (attention_heatmap(weights[0], src, src), attention_grid(weights, src, src)):
+        width, height = fig.get_size_inches()
+        assert width <= 40 and height <= 40
+        ax = fig.axes[0]
+        cell_inches = ax.get_position().width * width / len(ax.get_xticks())
+        label_inches = ax.get_xticklabels()[0].get_fontsize() / 72
+        assert label_inches <= cell_inches, (label_inches, cell_inches)
+
+
+def test_cli_writes_heatmaps_and_html(one_layer_run, tmp_path, capsys):
+    out = tmp_path / "attn"
+    code = main(["attention", str(one_layer_run.weights_path.parent), "--src", SOURCE, "--tgt", "2024-03-03",
+                 "-o", str(out), "--html"])
+    printed = capsys.readouterr().out.splitlines()
+    assert code == 0
+    maps = attention_maps(one_layer_run, SOURCE, "2024-03-03")
+    assert printed[0] == f"{SOURCE} -> 2024-03-03 (given)"
+    figures = attention_figures(maps)
+    assert set(figures) == {"cross", "cross-heads", "encoder-self", "encoder-self-heads", "decoder-self",
+                            "decoder-self-heads"}  # one layer: no -layer0, no mean over layers
+    assert sorted(Path(p).name for p in printed[1:]) == sorted([f"{n}.png" for n in figures] + ["attention.html"])
+    for name, fig in figures.items():  # files of the size the figure asks for (not pixels)
+        width, height = fig.get_size_inches() * DPI
+        got = png_size(out / f"{name}.png")
+        assert abs(got[0] - width) <= 2 and abs(got[1] - height) <= 2, (name, got, (width, height))
+    assert (out / "attention.html").stat().st_size > 1000
+
+
+def test_cli_rnn_and_classifier(rnn_run, classifier_run, tmp_path, capsys):
+    assert main(["attention", str(rnn_run.weights_path.parent), "--src", SOURCE, "-o", str(tmp_path / "r"),
+                 "--tgt", "2024-03-03"]) == 0
+    assert sorted(p.name for p in (tmp_path / "r").iterdir()) == ["alignment.png"]
+    assert main(["attention", str(classifier_run.weights_path.parent), "--src", "a bad film",
+                 "-o", str(tmp_path / "c"), "--html", "--no-png"]) == 0
+    assert sorted(p.name for p in (tmp_path / "c").iterdir()) == ["attention.html"]
+    assert main(["attention", str(classifier_run.weights_path.parent), "--src", "a bad film",
+                 "-o", str(tmp_path / "c2")]) == 0
+    names = {p.name for p in (tmp_path / "c2").iterdir()}
+    assert {"pooling.png", "encoder-self-mean.png", "encoder-self-layer1-heads.png"} <= names
+    capsys.readouterr()
+
+
+def test_summary_figure_is_the_last_layers_mean(transformer_run):
+    maps = attention_maps(transformer_run, SOURCE)
+    image = summary_figure(maps).axes[0].get_images()[0].get_array()
+    torch.testing.assert_close(torch.tensor(image, dtype=torch.float32), maps.cross[-1].mean(0))
+
+
+def one_line_error(capsys, *argv: str) -> str:
+    code = main(list(argv))
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    return err
+
+
+def test_cli_errors_are_one_line(transformer_run, classifier_run, tmp_path, capsys):
+    run = str(transformer_run.weights_path.parent)
+    assert "--tgt" in one_line_error(capsys, "attention", str(classifier_run.weights_path.parent), "--src", "x",
+                                     "--tgt", "y", "-o", str(tmp_path))
+    assert "--no-png" in one_line_error(capsys, "attention", run, "--src", "x", "--no-png")
+    assert "at most 64" in one_line_error(capsys, "attention", run, "--src", "3 March 2021 " * 12, "-o", str(tmp_path))
+    assert "target text" in one_line_error(capsys, "attention", run, "--src", "x", "--tgt", "1" * 80,
+                                           "-o", str(tmp_path))
+    assert "--beam" in one_line_error(capsys, "attention", run, "--src", "x", "--beam", "0", "-o", str(tmp_path))
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    assert "cannot create" in one_line_error(capsys, "attention", run, "--src", "x", "-o", str(blocker / "sub"))
+    assert "not a run directory" in one_line_error(capsys, "attention", str(tmp_path), "--src", "x")
+
+
+def test_cli_help_is_complete(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["attention", "--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    for needle in ("--src", "--tgt", "--out-dir", "--html", "--no-png", "--beam", "--lenpen", "cross-layerL.png",
+                   "alignment.png", "attention.html", "decoder inputs"):
+        assert needle in out, needle
+
+
+# -- the HTML page, without a browser ---------------------------------------------------------
+
+
+def tricky_maps() -> AttentionMaps:
+    """Hand-made weights with tokens that would break a page that pasted them as HTML."""
+    g = torch.Generator().manual_seed(0)
+    src = ["</script><b>x", "&amp;", "\u2581한국어", "</s>"]
+    tgt = ["\"q'", "<!--", "</s>"]
+    return AttentionMaps("transformer", "a </script> source", "an output", True, src, tgt, ["<s>", *tgt[:-1]],
+                         encoder_self=[torch.rand(3, 4, 4, generator=g).softmax(-1)],
+                         decoder_self=[torch.rand(3, 3, 3, generator=g).tril().softmax(-1)],
+                         cross=[torch.rand(3, 3, 4, generator=g).softmax(-1) for _ in range(2)])
+
+
+def test_html_is_self_contained_and_escapes_tokens(tmp_path):
+    page = explorer_html(tricky_maps())
+    assert page.count("<script") == 2 and page.count("</script>") == 2  # the data and the code, nothing else
+    assert not re.search(r"""(src|href)\s*=|<link|@import|url\(|fetch\(|XMLHttpRequest""", page)
+    assert set(re.findall(r"https?://[^\s\"'<>)]+", page)) == {"http://www.w3.org/2000/svg"}  # a namespace name
+    assert "<b>x" not in page and "한국어" in page
+    path = write_explorer(tricky_maps(), tmp_path / "sub" / "page.html")
+    assert path.read_text(encoding="utf-8") == page
+
+
+def test_html_carries_every_weight(transformer_run):
+    maps = attention_maps(transformer_run, SOURCE)
+    page = explorer_html(maps)
+    data = json.loads(re.search(r'<script id="attention-data" type="application/json">(.*?)</script>', page,
+                                flags=re.S)[1])
+    assert [v["kind"] for v in data["views"]] == ["cross", "encoder_self", "decoder_self"]
+    for view, ref in zip(data["views"], maps.views(), strict=True):
+        assert view["queries"] == ref.queries and view["keys"] == ref.keys
+        torch.testing.assert_close(torch.tensor(view["layers"]), torch.stack(ref.layers), atol=6e-5, rtol=0)
+
