@@ -1,0 +1,142 @@
+"""The attention explorer in a real browser: headless Chromium (Debian's ``chromium`` and
+``chromium-driver``, installed by ``.ci/run``) driven by Selenium. Load the page, switch kind,
+layer and head, hover and click tokens, check the highlighted weights against the tensors,
+take a screenshot.
+
+Without a browser the test skips and says what to install; under CI (``CI=true``) it fails
+instead, since ``.ci/run`` installs one and a silent skip would hide a broken page.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from attnkit.attention_maps import AttentionMaps
+from attnkit.explorer import write_explorer
+
+TOLERANCE = 1e-4 + 5e-5  # the page keeps 4 decimals and shows them rounded to 4 again
+
+
+def _browser() -> tuple[str, str]:
+    """(chromium, chromedriver) paths, or skip (fail under CI) saying what is missing."""
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    driver = shutil.which("chromedriver")
+    missing = [name for name, path in (("chromium", chromium), ("chromium-driver", driver)) if path is None]
+    try:
+        import selenium  # noqa: F401
+    except ImportError:
+        missing.append("the selenium Python package (pip install -e '.[dev]')")
+    if missing:
+        reason = (f"no headless browser for the explorer test: missing {', '.join(missing)}; "
+                  "on Debian/Ubuntu: sudo apt-get install chromium chromium-driver (.ci/run does)")
+        if os.environ.get("CI") == "true":
+            pytest.fail(reason)
+        pytest.skip(reason)
+    return chromium, driver
+
+
+@pytest.fixture(scope="module")
+def browser():
+    chromium, driver_path = _browser()
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
+                "--window-size=1400,1000", "--force-device-scale-factor=1"):
+        options.add_argument(arg)
+    driver = webdriver.Chrome(service=Service(executable_path=driver_path), options=options)
+    yield driver
+    driver.quit()
+
+
+def explorer_maps() -> AttentionMaps:
+    """Random row-stochastic weights: 2 layers x 3 heads of cross-attention, 1 layer of self-attention."""
+    g = torch.Generator().manual_seed(1)
+    src = ["\u2581Ein", "\u2581Hund", "\u2581rennt", ".", "</s>"]
+    tgt = ["\u2581A", "\u2581dog", "\u2581runs", ".", "</s>"]
+    causal = torch.ones(5, 5).tril().bool()
+    return AttentionMaps(
+        "transformer", "Ein Hund rennt.", "A dog runs.", False, src, tgt, ["<s>", *tgt[:-1]],
+        encoder_self=[torch.randn(3, 5, 5, generator=g).mul(3).softmax(-1)],
+        decoder_self=[torch.randn(3, 5, 5, generator=g).mul(3).masked_fill(~causal, float("-inf")).softmax(-1)],
+        cross=[torch.randn(3, 5, 5, generator=g).mul(3).softmax(-1) for _ in range(2)])
+
+
+def shown_weights(driver, side: str) -> list[float]:
+    """The data-weight of every token in the column ``side`` (``queries`` or ``keys``)."""
+    from selenium.webdriver.common.by import By
+
+    return [float(el.get_attribute("data-weight")) for el in driver.find_elements(By.CSS_SELECTOR, f"#{side} .tok")]
+
+
+def assert_shown(driver, side: str, expected: torch.Tensor) -> None:
+    """The page highlights exactly ``expected`` (one weight per token of ``side``), to the 4 decimals it keeps."""
+    torch.testing.assert_close(torch.tensor(shown_weights(driver, side), dtype=torch.float64), expected.double(),
+                               atol=TOLERANCE, rtol=0)
+
+
+def test_explorer_in_headless_chromium(browser, tmp_path: Path) -> None:
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    maps = explorer_maps()
+    page = write_explorer(maps, tmp_path / "attention.html")
+    browser.get(page.as_uri())
+    assert browser.find_element(By.ID, "title").text == "Ein Hund rennt. -> A dog runs."
+    kinds = Select(browser.find_element(By.ID, "kind"))
+    assert [o.text for o in kinds.options] == ["cross-attention", "encoder self-attention", "decoder self-attention"]
+
+    def tokens(side: str):
+        return browser.find_elements(By.CSS_SELECTOR, f"#{side} .tok")
+
+    assert [t.text for t in tokens("queries")] == ["\u2581A", "\u2581dog", "\u2581runs", ".", "</s>"]
+
+    # cross-attention, layer 1, head 2: hover the output "dog" -> its row of weights shades the source
+    Select(browser.find_element(By.ID, "layer")).select_by_value("1")
+    Select(browser.find_element(By.ID, "head")).select_by_value("2")
+    ActionChains(browser).move_to_element(tokens("queries")[1]).perform()
+    assert_shown(browser, "keys", maps.cross[1][2, 1])
+    lines = browser.find_elements(By.CSS_SELECTOR, "#lines line")
+    assert 1 <= len(lines) <= 5  # one line per source token above 0.01
+    assert "attends to" in browser.find_element(By.ID, "info").text
+
+    # all heads: shading by the mean over heads, one line per head and key
+    Select(browser.find_element(By.ID, "head")).select_by_value("all")
+    ActionChains(browser).move_to_element(tokens("keys")[0]).move_to_element(tokens("queries")[3]).perform()
+    assert_shown(browser, "keys", maps.cross[1][:, 3].mean(0))
+    expected_lines = int((maps.cross[1][:, 3] > 0.01).sum())
+    assert len(browser.find_elements(By.CSS_SELECTOR, "#lines line")) == expected_lines
+    shot = tmp_path / "explorer.png"  # for people to look at: a hovered token, its lines and shading
+    assert browser.save_screenshot(str(shot))
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 5000
+
+    # decoder self-attention, head 0: hover a key (column) -> the queries that attend to it; nothing from the past
+    kinds.select_by_visible_text("decoder self-attention")
+    Select(browser.find_element(By.ID, "head")).select_by_value("0")
+    assert [t.text for t in tokens("keys")][0] == "<s>"
+    ActionChains(browser).move_to_element(tokens("keys")[2]).perform()
+    assert_shown(browser, "queries", maps.decoder_self[0][0, :, 2])
+    assert shown_weights(browser, "queries")[:2] == [0.0, 0.0]  # the look-ahead mask
+
+    # click pins a query: moving away keeps its weights; a second click releases it
+    kinds.select_by_visible_text("encoder self-attention")
+    assert Select(browser.find_element(By.ID, "head")).first_selected_option.text == "head 0"  # the head is kept
+    Select(browser.find_element(By.ID, "head")).select_by_value("all")
+    query = tokens("queries")[4]
+    ActionChains(browser).move_to_element(query).click().move_to_element(tokens("keys")[0]).perform()
+    assert_shown(browser, "keys", maps.encoder_self[0].mean(0)[4])
+    assert "focus" in query.get_attribute("class")
+    ActionChains(browser).move_to_element(query).click().perform()
+    assert not browser.find_elements(By.CSS_SELECTOR, ".tok.focus")
+    assert all(el.get_attribute("data-weight") is None for el in tokens("keys"))
+
+    errors = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+    assert not errors, errors
