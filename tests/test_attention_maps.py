@@ -291,3 +291,16 @@ def test_html_carries_every_weight(transformer_run):
         assert view["queries"] == ref.queries and view["keys"] == ref.keys
         torch.testing.assert_close(torch.tensor(view["layers"]), torch.stack(ref.layers), atol=6e-5, rtol=0)
 
+
+
+def test_readme_python_api_example_runs(transformer_run, tmp_path, monkeypatch, capsys):
+    """The README's notebook example (a ```py block, which test_readme.py does not run: it needs a run)."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    (block,) = re.findall(r"```py\n(.*?)```", readme, flags=re.S)
+    monkeypatch.chdir(tmp_path)
+    exec(compile(block.replace('"runs/de-en"', repr(str(transformer_run.weights_path.parent))), "README.md", "exec"),
+         {})
+    assert capsys.readouterr().out.startswith(attention_maps(transformer_run, "Ein Hund rennt.").output)
+    for name in ("cross.png", "cross-heads.png"):
+        png_size(tmp_path / name)
+    assert (tmp_path / "attention.html").stat().st_size > 1000
