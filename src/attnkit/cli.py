@@ -88,11 +88,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "attention", help="draw what attention learned: heatmaps and an interactive HTML explorer",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Run a trained model on one sentence and save its attention weights as PNG heatmaps: "
-                    "cross-attention (mean over heads per layer, one panel per head, mean over layers), encoder "
-                    "self-attention and decoder self-attention for Transformers; the alignment for RNN models; "
-                    "self-attention and the pooled representation's token importance for classifiers. Axes show "
-                    "the tokenizer's subword pieces (\u2581 marks a word start).",
+        description="Run a trained model on one sentence and save its attention weights as PNG heatmaps:\n"
+                    "cross-attention (mean over heads per layer, one panel per head, mean over layers),\n"
+                    "encoder self-attention and decoder self-attention for Transformers; the alignment for\n"
+                    "RNN models; self-attention and the pooled representation's token importance for\n"
+                    "classifiers. Axes show the tokenizer's subword pieces (\u2581 marks a word start).",
         epilog="files written to OUT_DIR (L = layer number from 0; -layerL is dropped for one-layer kinds):\n"
                "  cross-layerL.png, cross-layerL-heads.png, cross-mean.png\n"
                "  encoder-self-layerL.png, encoder-self-layerL-heads.png, encoder-self-mean.png\n"
