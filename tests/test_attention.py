@@ -206,3 +206,29 @@ def test_no_weights_unless_asked_on_every_path() -> None:
         assert w is None and out.dtype == dtype
         ref, _ = attend(q, q, q)
         torch.testing.assert_close(out.float(), ref, atol=3e-2, rtol=3e-2)
+
+
+def test_attention_override_switches_normalizer_and_beta_inside_the_block_only() -> None:
+    from attnkit.attention import attention_override
+
+    torch.manual_seed(9)
+    q, k, v = torch.randn(2, 3, 8), torch.randn(2, 5, 8), torch.randn(2, 5, 4)
+    mask = torch.tensor([True, True, True, False, True])
+    soft_out, soft_w = attend(q, k, v, mask)
+    with attention_override(normalizer="hard"):
+        hard_out, hard_w = attend(q, k, v, mask)
+        fused_out, _ = attend(q, k, v, mask, need_weights=False)  # the fused path is bypassed too
+    assert torch.equal(hard_w, attend(q, k, v, mask, normalizer="hard")[1])
+    torch.testing.assert_close(fused_out, hard_out)
+    with attention_override(beta=4.0):
+        _, w4 = attend(q, k, v, mask, score="dot", beta=0.5)  # multiplies the call's own beta
+        out4, _ = attend(q, k, v, mask, need_weights=False)
+    torch.testing.assert_close(w4, attend(q, k, v, mask, score="dot", beta=2.0)[1])
+    torch.testing.assert_close(out4, attend(q, k, v, mask, beta=4.0)[0])
+    out, w = attend(q, k, v, mask)  # left the block: the model's own attention again
+    torch.testing.assert_close(w, soft_w)
+    torch.testing.assert_close(out, soft_out)
+    with pytest.raises(ValueError, match="normalizer"), attention_override(normalizer="sparsemax"):  # type: ignore
+        pass
+    with pytest.raises(ValueError, match="positive"), attention_override(beta=0.0):
+        pass

@@ -15,6 +15,7 @@ from .attention import (
     AdditiveScore,
     GeneralScore,
     attend,
+    attention_override,
     causal_mask,
     dot_score,
     hard_attention,
@@ -34,6 +35,6 @@ __version__ = "0.1.0"
 __all__ = [
     "AdditiveScore", "DecoderLayer", "EncoderLayer", "FeedForward", "GeneralScore", "KVCache",
     "MultiHeadAttention", "PRESETS", "RNNConfig", "RNNSeq2Seq", "SinusoidalPositions", "TokenEmbedding",
-    "Transformer", "TransformerClassifier", "TransformerConfig", "attend", "causal_mask", "dot_score",
-    "hard_attention", "make_scorer", "padding_mask", "preset", "scaled_dot_score", "soft_attention",
+    "Transformer", "TransformerClassifier", "TransformerConfig", "attend", "attention_override", "causal_mask",
+    "dot_score", "hard_attention", "make_scorer", "padding_mask", "preset", "scaled_dot_score", "soft_attention",
 ]

@@ -28,7 +28,9 @@ bfloat16), and a query row with nothing to attend to yields a zero context, neve
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Literal
 
 import torch
@@ -204,6 +206,31 @@ def hard_attention(e: Tensor, mask: Tensor | None = None, beta: float = 1.0, *,
 # --------------------------------------------------------------------------------------
 
 
+_OVERRIDE: ContextVar[tuple[Normalizer | None, float | None]] = ContextVar("attnkit_attention_override",
+                                                                         default=(None, None))
+
+
+@contextmanager
+def attention_override(*, normalizer: Normalizer | None = None, beta: float | None = None) -> Iterator[None]:
+    """Evaluate a trained model with another normalizer or temperature, without touching its code.
+
+    Inside the block every :func:`attend` call (every layer, head and decoder step of any model)
+    uses ``normalizer`` instead of its own, and multiplies its logits by ``beta`` on top of its own
+    inverse temperature: ``softmax(beta * score(q, k))`` with the model's ``score`` (for a
+    Transformer ``q.k / sqrt(d_k)``). ``None`` leaves that setting alone. Meant for inference
+    experiments such as soft-trained models read with hard (argmax) attention (seed 001).
+    """
+    if normalizer not in (None, "softmax", "hard"):
+        raise ValueError(f"unknown normalizer {normalizer!r}; choose softmax or hard")
+    if beta is not None and not beta > 0:
+        raise ValueError(f"beta must be positive, got {beta}")
+    token = _OVERRIDE.set((normalizer, beta))
+    try:
+        yield
+    finally:
+        _OVERRIDE.reset(token)
+
+
 # On the CPU, torch's fused bfloat16 kernel is slower than matmul + softmax for short key
 # sequences (benchmarks/attention.py: 2x at T=64, even at T=256); above this the fused path wins.
 FUSED_BF16_CPU_MIN_KEYS = 256
@@ -259,7 +286,14 @@ def attend(
         and ``None`` is returned for the weights.
     :param straight_through: for ``normalizer="hard"``, pass softmax gradients through.
     :returns: ``(context (..., T_q, d_v), weights (..., T_q, T_k) or None)``.
+
+    Inside :func:`attention_override` its normalizer replaces ``normalizer`` and its beta multiplies ``beta``.
     """
+    forced_normalizer, forced_beta = _OVERRIDE.get()
+    if forced_normalizer is not None:
+        normalizer = forced_normalizer
+    if forced_beta is not None:
+        beta = forced_beta * (1.0 if beta is None else beta)
     if isinstance(score, str) and score in ("general", "additive", "concat"):
         raise ValueError(f"score {score!r} has parameters: pass a module, e.g. make_scorer({score!r}, d_q)")
     if normalizer not in ("softmax", "hard"):
