@@ -267,3 +267,38 @@ def test_training_gradients_reach_every_parameter() -> None:
     model(src, tgt).sum().backward()
     missing = [n for n, p in model.named_parameters() if p.grad is None]
     assert not missing, missing
+
+
+@pytest.mark.parametrize("need_weights", [False, True])
+def test_unscaled_dot_score_equals_scaled_with_queries_divided_by_sqrt_dk(need_weights: bool) -> None:
+    torch.manual_seed(11)
+    scaled, unscaled = MultiHeadAttention(D, H).eval(), MultiHeadAttention(D, H, score="dot").eval()
+    unscaled.load_state_dict(scaled.state_dict())
+    with torch.no_grad():  # q.k / sqrt(d_k) == (q / sqrt(d_k)).k: rows 0..H*d_k of in_proj make the queries
+        unscaled.in_proj.weight[: D] /= (D // H) ** 0.5
+        unscaled.in_proj.bias[: D] /= (D // H) ** 0.5
+    x, memory = torch.randn(2, 5, D), torch.randn(2, 7, D)
+    for mem, mask in ((None, causal_mask(5)), (memory, padding_mask(lengths=torch.tensor([7, 4])).unsqueeze(1))):
+        want, want_w, _ = scaled(x, mem, mask, need_weights=need_weights)
+        got, got_w, _ = unscaled(x, mem, mask, need_weights=need_weights)
+        torch.testing.assert_close(got, want)
+        if need_weights:
+            torch.testing.assert_close(got_w, want_w)
+
+
+def test_attention_score_config_reaches_every_attention_layer() -> None:
+    from attnkit.config import load_config
+    from attnkit.errors import UserError
+    from attnkit.runconfig import RunConfig
+
+    data = {"data": {"train": "t.de", "valid": "v.de"}, "model": {"transformer": {"attention_score": "dot"}}}
+    cfg = load_config(RunConfig, data)
+    model = Transformer(cfg.model.transformer, 30, 30)
+    scores = {m.score for m in model.modules() if isinstance(m, MultiHeadAttention)}
+    assert scores == {"dot"} and len([m for m in model.modules() if isinstance(m, MultiHeadAttention)]) == 9
+    assert {m.score for m in Transformer(preset("tiny"), 30, 30).modules()
+            if isinstance(m, MultiHeadAttention)} == {"scaled_dot"}
+    with pytest.raises(UserError, match="attention_score"):
+        load_config(RunConfig, data, ["model.transformer.attention_score=additive"])
+    with pytest.raises(ValueError, match="scaled_dot or dot"):
+        MultiHeadAttention(D, H, score="general")

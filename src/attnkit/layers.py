@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .attention import ScoreName
 from .dropout import dropout
 from .multihead import KVCache, MultiHeadAttention
 
@@ -148,9 +149,9 @@ class EncoderLayer(_ResidualBlock):
 
     def __init__(self, d_model: int, n_heads: int, d_ff: int, *, dropout: float = 0.1,
                  attention_dropout: float = 0.0, activation_dropout: float = 0.0,
-                 norm_first: bool = False, eps: float = 1e-5) -> None:
+                 norm_first: bool = False, eps: float = 1e-5, score: ScoreName = "scaled_dot") -> None:
         super().__init__()
-        self.self_attn = MultiHeadAttention(d_model, n_heads, dropout=attention_dropout)
+        self.self_attn = MultiHeadAttention(d_model, n_heads, dropout=attention_dropout, score=score)
         self.ff = FeedForward(d_model, d_ff, activation_dropout)
         self.norm1 = nn.LayerNorm(d_model, eps=eps)
         self.norm2 = nn.LayerNorm(d_model, eps=eps)
@@ -171,10 +172,10 @@ class DecoderLayer(_ResidualBlock):
 
     def __init__(self, d_model: int, n_heads: int, d_ff: int, *, dropout: float = 0.1,
                  attention_dropout: float = 0.0, activation_dropout: float = 0.0,
-                 norm_first: bool = False, eps: float = 1e-5) -> None:
+                 norm_first: bool = False, eps: float = 1e-5, score: ScoreName = "scaled_dot") -> None:
         super().__init__()
-        self.self_attn = MultiHeadAttention(d_model, n_heads, dropout=attention_dropout)
-        self.cross_attn = MultiHeadAttention(d_model, n_heads, dropout=attention_dropout)
+        self.self_attn = MultiHeadAttention(d_model, n_heads, dropout=attention_dropout, score=score)
+        self.cross_attn = MultiHeadAttention(d_model, n_heads, dropout=attention_dropout, score=score)
         self.ff = FeedForward(d_model, d_ff, activation_dropout)
         self.norm1 = nn.LayerNorm(d_model, eps=eps)
         self.norm2 = nn.LayerNorm(d_model, eps=eps)

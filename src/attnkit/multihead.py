@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .attention import attend
+from .attention import ScoreName, attend
 
 
 @dataclass
@@ -47,13 +47,18 @@ class MultiHeadAttention(nn.Module):
     :param d_k: per-head query/key size (default ``d_model // n_heads``).
     :param d_v: per-head value size (default ``d_k``).
     :param dropout: dropout on the attention weights (training only).
+    :param score: ``"scaled_dot"`` (the paper's ``q.k / sqrt(d_k)``) or ``"dot"`` (unscaled, for the
+        seed 003 experiment of what the scale is for).
     """
 
     def __init__(self, d_model: int, n_heads: int, *, d_k: int | None = None, d_v: int | None = None,
-                 dropout: float = 0.0, bias: bool = True) -> None:
+                 dropout: float = 0.0, bias: bool = True, score: ScoreName = "scaled_dot") -> None:
         super().__init__()
         if d_k is None and d_model % n_heads != 0:
             raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}; give d_k explicitly")
+        if score not in ("scaled_dot", "dot"):
+            raise ValueError(f"multi-head attention scores with scaled_dot or dot, not {score!r}")
+        self.score = score
         self.n_heads = n_heads
         self.d_k = d_k or d_model // n_heads
         self.d_v = d_v or self.d_k
@@ -102,7 +107,7 @@ class MultiHeadAttention(nn.Module):
                 kv = F.linear(memory, W[H * dk:], None if b is None else b[H * dk:])  # (B, T_k, H*(dk+dv))
                 k_, v_ = kv.split([H * dk, H * dv], dim=-1)
                 k, v = self._split(k_, dk), self._split(v_, dv)  # (B, H, T_k, d)
-        context, weights = attend(q, k, v, mask, score="scaled_dot",
+        context, weights = attend(q, k, v, mask, score=self.score,
                                   dropout=self.dropout if self.training else 0.0, need_weights=need_weights)
         B, _, T_q, _ = context.shape
         out = self.out_proj(context.transpose(1, 2).reshape(B, T_q, H * dv))  # (B, H, T_q, d_v) -> (B, T_q, H*d_v)

@@ -38,6 +38,7 @@ class TransformerConfig:
     activation_dropout: float = 0.0  # after the FFN ReLU (not in the paper)
     norm_first: bool = False  # pre-norm instead of the paper's post-norm
     positions: Literal["sinusoidal", "learned"] = "sinusoidal"
+    attention_score: Literal["scaled_dot", "dot"] = "scaled_dot"  # dot: no 1/sqrt(d_k) (seed 003 experiment)
     max_len: int = 1024
     share_embeddings: bool = True  # one embedding for source and target (needs a joint vocabulary)
     tie_output: bool = True  # output projection = target embedding matrix
@@ -78,7 +79,7 @@ class TransformerEncoder(nn.Module):
         self.layers = nn.ModuleList(
             EncoderLayer(cfg.d_model, cfg.n_heads, cfg.d_ff, dropout=cfg.dropout,
                          attention_dropout=cfg.attention_dropout, activation_dropout=cfg.activation_dropout,
-                         norm_first=cfg.norm_first)
+                         norm_first=cfg.norm_first, score=cfg.attention_score)
             for _ in range(cfg.encoder_layers)
         )
         self.final_norm = nn.LayerNorm(cfg.d_model) if cfg.norm_first else None
@@ -164,7 +165,7 @@ class Transformer(nn.Module):
         self.layers = nn.ModuleList(
             DecoderLayer(cfg.d_model, cfg.n_heads, cfg.d_ff, dropout=cfg.dropout,
                          attention_dropout=cfg.attention_dropout, activation_dropout=cfg.activation_dropout,
-                         norm_first=cfg.norm_first)
+                         norm_first=cfg.norm_first, score=cfg.attention_score)
             for _ in range(cfg.decoder_layers)
         )
         self.final_norm = nn.LayerNorm(cfg.d_model) if cfg.norm_first else None
