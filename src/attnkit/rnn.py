@@ -131,6 +131,11 @@ class RNNSeq2Seq(nn.Module):
     def decode_step(self, prev: Tensor, state: RNNDecoderState, need_weights: bool = False
                     ) -> tuple[Tensor, RNNDecoderState, Tensor | None]:
         """Feed ``prev`` ``(B,)`` -> ``(logits (B, V), new state, attention weights (B, S) | None)``."""
+        features, state, weights = self._step(prev, state)
+        return self.W_y(features), state, (weights if need_weights else None)
+
+    def _step(self, prev: Tensor, state: RNNDecoderState) -> tuple[Tensor, RNNDecoderState, Tensor | None]:
+        """One decoder step up to the output layer: ``(dropout(s~_t) (B, H), new state, alpha^t (B, S) | None)``."""
         y = dropout(self.tgt_embed(prev), self.dropout, self.training)  # (B, E)
         if self.bahdanau:
             s_prev = (state.hidden[0] if isinstance(state.hidden, tuple) else state.hidden)[-1]  # (B, H)
@@ -142,24 +147,32 @@ class RNNSeq2Seq(nn.Module):
             s_t = out.squeeze(1)  # (B, H)
             context, weights = self._attend(s_t, state)
         s_tilde = torch.tanh(self.W_c(torch.cat([context, s_t], dim=-1)))  # (B, H)
-        logits = self.W_y(dropout(s_tilde, self.dropout, self.training))  # (B, V)
         new_state = RNNDecoderState(hidden, s_tilde, state.values, state.keys, state.mask, state.final)
-        return logits, new_state, (weights if need_weights else None)
+        return dropout(s_tilde, self.dropout, self.training), new_state, weights
 
     def _teacher_force(self, src: Tensor, tgt_in: Tensor, need_weights: bool) -> tuple[Tensor, Tensor | None]:
-        """Run :meth:`decode_step` over ``tgt_in`` ``(B, T)`` -> ``(logits (B, T, V), alpha (B, T, S) | None)``."""
+        """Run :meth:`_step` over ``tgt_in`` ``(B, T)`` -> ``(features (B, T, H), alpha (B, T, S) | None)``."""
         state = self.init_decoder(src)
-        logits, weights = [], []
+        features, weights = [], []
         for t in range(tgt_in.size(1)):
-            step_logits, state, step_weights = self.decode_step(tgt_in[:, t], state, need_weights)
-            logits.append(step_logits)
+            step_features, state, step_weights = self._step(tgt_in[:, t], state)
+            features.append(step_features)
             weights.append(step_weights)
-        return torch.stack(logits, dim=1), (torch.stack(weights, dim=1) if need_weights else None)
+        return torch.stack(features, dim=1), (torch.stack(weights, dim=1) if need_weights else None)
+
+    def features(self, src: Tensor, tgt_in: Tensor, positions: Tensor | None = None) -> Tensor:
+        """Teacher forcing up to the output layer: ``(B, T, H)``, or ``(N, H)`` at ``positions``."""
+        out, _ = self._teacher_force(src, tgt_in, need_weights=False)  # (B, T, H)
+        return out if positions is None else out[positions]
+
+    @property
+    def output_layer(self) -> nn.Linear:
+        """``W_y``: the projection to target-vocabulary logits (the training loss fuses it with the softmax)."""
+        return self.W_y
 
     def forward(self, src: Tensor, tgt_in: Tensor, positions: Tensor | None = None) -> Tensor:
         """Teacher forcing: ``src`` (B, S), ``tgt_in`` (B, T) -> logits (B, T, V), or (N, V) at ``positions``."""
-        out, _ = self._teacher_force(src, tgt_in, need_weights=False)  # (B, T, V)
-        return out if positions is None else out[positions]
+        return self.W_y(self.features(src, tgt_in, positions))
 
     def alignment(self, src: Tensor, tgt_in: Tensor) -> Tensor:
         """The alignment ``alpha^t`` of every step under teacher forcing: ``(B, T, S)`` (for inspection).

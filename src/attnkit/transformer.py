@@ -203,15 +203,24 @@ class Transformer(nn.Module):
             x = self.final_norm(x)
         return x, self_weights, cross
 
+    def features(self, src: Tensor, tgt_in: Tensor, positions: Tensor | None = None) -> Tensor:
+        """Teacher forcing up to the output layer: ``(B, T, d_model)``, or ``(N, d_model)`` at ``positions``."""
+        memory, memory_mask = self.encode(src)
+        hidden, _, _ = self.decode(tgt_in, memory, memory_mask)  # (B, T, d_model)
+        return hidden if positions is None else hidden[positions]
+
+    @property
+    def output_layer(self) -> nn.Linear:
+        """The projection to target-vocabulary logits (the training loss fuses it with the softmax)."""
+        return self.out_proj
+
     def forward(self, src: Tensor, tgt_in: Tensor, positions: Tensor | None = None) -> Tensor:
         """Teacher forcing: ``src`` (B, S), ``tgt_in`` = ``<s> y_1 .. y_{T-1}`` (B, T) -> logits (B, T, V).
 
         With a boolean ``positions`` (B, T), only those positions are projected to the
         vocabulary: logits (N, V), N = positions.sum() (training skips padding this way).
         """
-        memory, memory_mask = self.encode(src)
-        hidden, _, _ = self.decode(tgt_in, memory, memory_mask)  # (B, T, d_model)
-        return self.out_proj(hidden if positions is None else hidden[positions])
+        return self.out_proj(self.features(src, tgt_in, positions))
 
     def cross_attention(self, src: Tensor, tgt_in: Tensor) -> list[Tensor]:
         """Per-layer cross-attention weights ``(B, H, T, S)`` under teacher forcing (for inspection)."""

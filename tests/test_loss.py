@@ -1,0 +1,65 @@
+"""The fused output-layer cross-entropy equals F.linear + F.cross_entropy, loss and gradients."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from attnkit.loss import linear_cross_entropy
+
+
+def inputs(bias: bool, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(37, 16, generator=g, requires_grad=True)
+    weight = (0.3 * torch.randn(50, 16, generator=g)).requires_grad_()
+    b = (0.1 * torch.randn(50, generator=g)).requires_grad_() if bias else None
+    targets = torch.randint(0, 50, (37,), generator=g)
+    return hidden, weight, b, targets
+
+
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("eps", [0.0, 0.1])
+@pytest.mark.parametrize("chunk", [1, 8, 1024])
+def test_equals_linear_then_cross_entropy(bias: bool, eps: float, chunk: int) -> None:
+    hidden, weight, b, targets = inputs(bias)
+    ours = linear_cross_entropy(hidden, weight, b, targets, label_smoothing=eps, chunk=chunk)
+    ours.mul(0.7).backward()  # a scaled upstream gradient
+    got = [t.grad.clone() for t in (hidden, weight, b) if t is not None]
+    for t in (hidden, weight, b):
+        if t is not None:
+            t.grad = None
+    ref = F.cross_entropy(F.linear(hidden, weight, b), targets, label_smoothing=eps, reduction="sum")
+    ref.mul(0.7).backward()
+    torch.testing.assert_close(ours, ref, atol=1e-4, rtol=1e-5)
+    for g, t in zip(got, [t for t in (hidden, weight, b) if t is not None], strict=True):
+        torch.testing.assert_close(g, t.grad, atol=1e-5, rtol=1e-4)
+
+
+def test_tied_weight_gradients_add_up() -> None:
+    hidden, weight, _, targets = inputs(False, seed=1)
+    tokens = torch.randint(0, 50, (5,))
+    (linear_cross_entropy(hidden, weight, None, targets) + weight[tokens].sum()).backward()
+    got = weight.grad.clone()
+    weight.grad, hidden.grad = None, None
+    (F.cross_entropy(F.linear(hidden, weight), targets, reduction="sum") + weight[tokens].sum()).backward()
+    torch.testing.assert_close(got, weight.grad, atol=1e-5, rtol=1e-4)
+
+
+def test_bf16_autocast_is_close_and_grads_keep_their_dtype() -> None:
+    hidden, weight, b, targets = inputs(True, seed=2)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ours = linear_cross_entropy(hidden, weight, b, targets, label_smoothing=0.1, chunk=16)
+    ref = F.cross_entropy(F.linear(hidden, weight, b), targets, label_smoothing=0.1, reduction="sum")
+    assert ours.dtype == torch.float32
+    torch.testing.assert_close(ours, ref, rtol=2e-2, atol=0.0)
+    ours.backward()
+    assert hidden.grad.dtype == weight.grad.dtype == b.grad.dtype == torch.float32
+
+
+def test_no_gradient_work_without_grad() -> None:
+    hidden, weight, b, targets = inputs(True)
+    with torch.inference_mode():
+        loss = linear_cross_entropy(hidden, weight, b, targets)
+    assert not loss.requires_grad
+    torch.testing.assert_close(loss, F.cross_entropy(F.linear(hidden, weight, b), targets, reduction="sum").detach())
