@@ -1,0 +1,180 @@
+"""What every experiment script shares: paths, data, training on a time budget, scoring, result files.
+
+The scripts in this folder reproduce the seeds' claims for ``docs/experiments.md``. Each writes its
+numbers to ``docs/figures/<name>.json`` (with the command line and the measured run time) and its
+figures to ``docs/figures/<name>*.png``. They read Multi30k from ``../shared/data/multi30k``
+relative to the repository root, like the configs, and are run from the repository root::
+
+    python experiments/<script>.py [options]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from matplotlib.figure import Figure
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+from attnkit.config import load_config  # noqa: E402
+from attnkit.data import read_parallel  # noqa: E402
+from attnkit.evaluate import translation_scores  # noqa: E402
+from attnkit.plot import save_figure  # noqa: E402
+from attnkit.runconfig import RunConfig  # noqa: E402
+from attnkit.tasks import LoadedRun, find_weights, load_run, translate_texts  # noqa: E402
+from attnkit.train import Trainer  # noqa: E402
+
+DATA = ROOT.parent / "shared" / "data" / "multi30k"
+FIGURES = ROOT / "docs" / "figures"
+CONFIGS = ROOT / "configs"
+TRANSFORMER_CONFIG = CONFIGS / "multi30k-de-en.yaml"
+RNN_ATTENTION_CONFIG = CONFIGS / "multi30k-de-en-rnn-bahdanau.yaml"
+RNN_NO_ATTENTION_CONFIG = CONFIGS / "multi30k-de-en-rnn-noattn.yaml"
+#: The Transformer trained for the translation benchmark (60 min, test BLEU 40.86); local, not in git.
+BENCHMARK_TRANSFORMER = ROOT / "runs" / "multi30k-de-en"
+BENCHMARK_RNN_ATTENTION = ROOT / "runs" / "multi30k-de-en-rnn-bahdanau"
+
+
+def require_data() -> None:
+    """Stop with a sentence, not a traceback, when the shared Multi30k files are not beside the repository."""
+    if not (DATA / "test_2016_flickr.de.gz").exists():
+        sys.exit(f"{DATA} is missing: these experiments need ../shared/data/multi30k beside the repository")
+
+
+def require_run(path: Path) -> Path:
+    """``path`` when it holds a finished run (``averaged`` or ``best`` weights), else stop with a sentence."""
+    if not ((path / "averaged.safetensors").exists() or (path / "best.safetensors").exists()):
+        sys.exit(f"{path}: no trained run there (averaged.safetensors / best.safetensors); train it first, "
+                 f"e.g. python benchmarks/multi30k.py, or pass another run directory")
+    return path
+
+
+def limit_threads(threads: int) -> None:
+    """Use ``threads`` torch threads (0 = torch's default), so an experiment can share the machine."""
+    if threads > 0:
+        torch.set_num_threads(threads)
+
+
+def test_pairs(n: int = 0) -> list[tuple[str, str]]:
+    """The first ``n`` (0 = all 1,000) German-English pairs of Multi30k test_2016_flickr."""
+    pairs = read_parallel(DATA / "test_2016_flickr.de.gz", DATA / "test_2016_flickr.en.gz")
+    return pairs[:n] if n > 0 else pairs
+
+
+def dev_pairs(n: int = 0) -> list[tuple[str, str]]:
+    """The first ``n`` (0 = all 1,014) pairs of the Multi30k validation set."""
+    pairs = read_parallel(DATA / "val.de.gz", DATA / "val.en.gz")
+    return pairs[:n] if n > 0 else pairs
+
+
+def translate(run: LoadedRun, sources: list[str], beam: int) -> list[str]:
+    """The run's 1-best translations (``beam`` 1 = greedy) with the run's own length penalty."""
+    return [h[0] for h in translate_texts(run.model, run.tok, sources, beam=beam, lenpen=run.cfg.decode_lenpen)]
+
+
+def bleu(hypotheses: list[str], references: list[str]) -> float:
+    """Corpus BLEU (sacreBLEU, cased, 13a), as ``attnkit evaluate`` reports it."""
+    return round(translation_scores(hypotheses, references).bleu, 2)
+
+
+# --------------------------------------------------------------------------------------
+# Training on a budget
+# --------------------------------------------------------------------------------------
+
+
+@dataclass
+class TrainedRun:
+    """A run directory trained (or found already trained) by :func:`train_for`."""
+
+    name: str
+    run_dir: Path
+    minutes: float  # wall-clock training minutes (from the last validation record)
+    updates: int
+    parameters: int
+    curve: list[dict]  # metrics.jsonl: one record per validation
+
+
+def read_curve(run_dir: Path) -> list[dict]:
+    path = run_dir / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def describe_run(name: str, run_dir: Path) -> TrainedRun:
+    """Minutes, updates, parameter count and validation curve of a finished run directory."""
+    curve = read_curve(run_dir)
+    run = load_run(run_dir)
+    n_params = sum(p.numel() for p in run.model.parameters())
+    return TrainedRun(name, run_dir, curve[-1]["minutes"], curve[-1]["step"], n_params, curve)
+
+
+def train_for(name: str, config: Path, run_dir: Path, minutes: float, overrides: Sequence[str] = (),
+              valid_every: int = 0) -> TrainedRun:
+    """Train ``config`` (+ ``overrides``) into ``run_dir`` for ``minutes`` of wall clock; reuse it when finished.
+
+    Every model of a comparison gets the same budget (``train.max_minutes``); ``valid_every``
+    (updates) overrides the config's for denser curves. A directory that already holds
+    ``averaged.safetensors`` or ``best.safetensors`` is not retrained (delete it to retrain).
+    """
+    if not find_finished(run_dir):
+        changes = [f"train.max_minutes={minutes}", *overrides]
+        if valid_every:
+            changes.append(f"train.valid_every={valid_every}")
+        cfg = load_config(RunConfig, config, changes)
+        Trainer(cfg, run_dir, resume=(run_dir / "checkpoints").exists()).run()
+    return describe_run(name, run_dir)
+
+
+def find_finished(run_dir: Path) -> bool:
+    """Whether ``run_dir`` holds a run whose training ended (weights to translate with)."""
+    try:
+        _, weights = find_weights(run_dir)
+    except Exception:  # noqa: BLE001 — any reason it is not a finished run means "train it"
+        return False
+    return weights.name in ("averaged.safetensors", "best.safetensors")
+
+
+# --------------------------------------------------------------------------------------
+# Results
+# --------------------------------------------------------------------------------------
+
+
+class Recorder:
+    """Collects one script's numbers and writes them, with how they were produced, to ``docs/figures``."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.start = time.perf_counter()
+        self.results: dict = {}
+
+    def figure(self, fig: Figure, suffix: str = "") -> Path:
+        path = save_figure(fig, FIGURES / f"{self.name}{suffix}.png")
+        print(f"wrote {path.relative_to(ROOT)}")
+        return path
+
+    def write(self) -> Path:
+        """``docs/figures/<name>.json``: the results, the command, run time, threads and machine."""
+        seconds = time.perf_counter() - self.start
+        record = {
+            "command": "python " + " ".join([os.path.relpath(sys.argv[0], ROOT), *sys.argv[1:]]),
+            "run_seconds": round(seconds, 1),
+            "torch_threads": torch.get_num_threads(),
+            "cpu_count": os.cpu_count(),
+            "torch": torch.__version__,
+            "machine": platform.machine(),
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            **self.results,
+        }
+        path = FIGURES / f"{self.name}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(record, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        print(f"wrote {path.relative_to(ROOT)} ({seconds / 60:.1f} min)")
+        return path
