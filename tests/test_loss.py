@@ -63,3 +63,22 @@ def test_no_gradient_work_without_grad() -> None:
         loss = linear_cross_entropy(hidden, weight, b, targets)
     assert not loss.requires_grad
     torch.testing.assert_close(loss, F.cross_entropy(F.linear(hidden, weight, b), targets, reduction="sum").detach())
+
+
+@pytest.mark.parametrize("arch", ["transformer", "rnn"])
+def test_models_return_the_fused_loss_given_targets(arch: str) -> None:
+    from attnkit import RNNConfig, RNNSeq2Seq, Transformer, preset
+
+    torch.manual_seed(0)
+    if arch == "transformer":
+        model = Transformer(preset("tiny", d_model=16, n_heads=2, d_ff=32, dropout=0.0), 30, 30)
+    else:
+        model = RNNSeq2Seq(RNNConfig(embed_dim=8, hidden_size=16, attention="additive", dropout=0.0), 30, 30)
+    src = torch.randint(4, 30, (3, 6))
+    tgt_in = torch.randint(4, 30, (3, 5))
+    positions = torch.ones(3, 5, dtype=torch.bool)
+    positions[1, 3:] = False
+    targets = torch.randint(4, 30, (int(positions.sum()),))
+    fused = model(src, tgt_in, positions, targets=targets, label_smoothing=0.1)
+    ref = F.cross_entropy(model(src, tgt_in, positions), targets, label_smoothing=0.1, reduction="sum")
+    torch.testing.assert_close(fused, ref, atol=1e-4, rtol=1e-5)

@@ -32,6 +32,7 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from .attention import AdditiveScore, GeneralScore, attend, make_scorer
 from .dropout import dropout
+from .loss import linear_cross_entropy
 from .vocab import BOS_ID, EOS_ID, PAD_ID
 
 RNNState = Tensor | tuple[Tensor, Tensor]  # GRU hidden (L, B, H) or LSTM (h, c)
@@ -165,14 +166,17 @@ class RNNSeq2Seq(nn.Module):
         out, _ = self._teacher_force(src, tgt_in, need_weights=False)  # (B, T, H)
         return out if positions is None else out[positions]
 
-    @property
-    def output_layer(self) -> nn.Linear:
-        """``W_y``: the projection to target-vocabulary logits (the training loss fuses it with the softmax)."""
-        return self.W_y
+    def forward(self, src: Tensor, tgt_in: Tensor, positions: Tensor | None = None, targets: Tensor | None = None,
+                label_smoothing: float = 0.0) -> Tensor:
+        """Teacher forcing: ``src`` (B, S), ``tgt_in`` (B, T) -> logits (B, T, V), or (N, V) at ``positions``.
 
-    def forward(self, src: Tensor, tgt_in: Tensor, positions: Tensor | None = None) -> Tensor:
-        """Teacher forcing: ``src`` (B, S), ``tgt_in`` (B, T) -> logits (B, T, V), or (N, V) at ``positions``."""
-        return self.W_y(self.features(src, tgt_in, positions))
+        With ``targets`` (N,) returns the summed label-smoothed cross-entropy instead, ``W_y`` fused
+        with the loss (:func:`attnkit.loss.linear_cross_entropy`).
+        """
+        hidden = self.features(src, tgt_in, positions)
+        if targets is None:
+            return self.W_y(hidden)
+        return linear_cross_entropy(hidden, self.W_y.weight, self.W_y.bias, targets, label_smoothing=label_smoothing)
 
     def alignment(self, src: Tensor, tgt_in: Tensor) -> Tensor:
         """The alignment ``alpha^t`` of every step under teacher forcing: ``(B, T, S)`` (for inspection).

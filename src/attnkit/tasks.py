@@ -35,7 +35,6 @@ from .classifier import TransformerClassifier
 from .config import load_config
 from .data import filter_examples, make_batches, pad_batch, padding_fraction, read_labelled, read_parallel
 from .errors import UserError
-from .loss import linear_cross_entropy
 from .rnn import RNNSeq2Seq
 from .runconfig import RunConfig
 from .search import beam_search, greedy_search
@@ -206,9 +205,8 @@ class TranslationTask:
 
     def loss(self, model: nn.Module, batch: Batch, label_smoothing: float) -> Tensor:
         """Sum over real target tokens of label-smoothed cross-entropy (float32); padding is never scored."""
-        hidden = model.features(*batch.inputs)  # (N, d): only the real target positions
-        out = model.output_layer
-        return linear_cross_entropy(hidden, out.weight, out.bias, batch.targets, label_smoothing=label_smoothing)
+        # inputs: (src, tgt_in, real positions); the model fuses its output layer with the loss
+        return model(*batch.inputs, targets=batch.targets, label_smoothing=label_smoothing)
 
     def validate(self, model: nn.Module, device: torch.device) -> dict[str, float]:
         """Dev loss (no smoothing), perplexity and greedy BLEU; ``score`` = BLEU (or -loss without BLEU)."""

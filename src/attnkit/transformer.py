@@ -20,6 +20,7 @@ from torch import Tensor, nn
 from .attention import causal_mask, padding_mask
 from .dropout import dropout
 from .layers import DecoderLayer, EncoderLayer, TokenEmbedding, make_positions, xavier_init_
+from .loss import linear_cross_entropy
 from .multihead import KVCache
 from .vocab import BOS_ID, EOS_ID, PAD_ID
 
@@ -209,18 +210,21 @@ class Transformer(nn.Module):
         hidden, _, _ = self.decode(tgt_in, memory, memory_mask)  # (B, T, d_model)
         return hidden if positions is None else hidden[positions]
 
-    @property
-    def output_layer(self) -> nn.Linear:
-        """The projection to target-vocabulary logits (the training loss fuses it with the softmax)."""
-        return self.out_proj
-
-    def forward(self, src: Tensor, tgt_in: Tensor, positions: Tensor | None = None) -> Tensor:
+    def forward(self, src: Tensor, tgt_in: Tensor, positions: Tensor | None = None, targets: Tensor | None = None,
+                label_smoothing: float = 0.0) -> Tensor:
         """Teacher forcing: ``src`` (B, S), ``tgt_in`` = ``<s> y_1 .. y_{T-1}`` (B, T) -> logits (B, T, V).
 
         With a boolean ``positions`` (B, T), only those positions are projected to the
         vocabulary: logits (N, V), N = positions.sum() (training skips padding this way).
+        With ``targets`` (N,), the tokens to predict there, returns instead the summed
+        label-smoothed cross-entropy, the output layer fused with the loss
+        (:func:`attnkit.loss.linear_cross_entropy`: no (N, V) logits are kept).
         """
-        return self.out_proj(self.features(src, tgt_in, positions))
+        hidden = self.features(src, tgt_in, positions)
+        if targets is None:
+            return self.out_proj(hidden)
+        return linear_cross_entropy(hidden, self.out_proj.weight, self.out_proj.bias, targets,
+                                    label_smoothing=label_smoothing)
 
     def cross_attention(self, src: Tensor, tgt_in: Tensor) -> list[Tensor]:
         """Per-layer cross-attention weights ``(B, H, T, S)`` under teacher forcing (for inspection)."""
