@@ -10,6 +10,7 @@ relative to the repository root, like the configs, and are run from the reposito
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -26,12 +27,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from attnkit.config import load_config  # noqa: E402
-from attnkit.data import read_parallel  # noqa: E402
+from attnkit.data import pad_batch, read_parallel  # noqa: E402
 from attnkit.evaluate import translation_scores  # noqa: E402
 from attnkit.plot import save_figure  # noqa: E402
 from attnkit.runconfig import RunConfig  # noqa: E402
 from attnkit.tasks import LoadedRun, find_weights, load_run, translate_texts  # noqa: E402
+from attnkit.tokenizer import EOS_ID, PAD_ID  # noqa: E402
 from attnkit.train import Trainer  # noqa: E402
+from attnkit.transformer import Transformer  # noqa: E402
 
 DATA = ROOT.parent / "shared" / "data" / "multi30k"
 FIGURES = ROOT / "docs" / "figures"
@@ -58,10 +61,47 @@ def require_run(path: Path) -> Path:
     return path
 
 
-def limit_threads(threads: int) -> None:
-    """Use ``threads`` torch threads (0 = torch's default), so an experiment can share the machine."""
-    if threads > 0:
-        torch.set_num_threads(threads)
+def parser(doc: str | None, threads: int = 0) -> argparse.ArgumentParser:
+    """An experiment's argument parser: its docstring as help, and ``--threads``."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--threads", type=int, default=threads, help="torch threads (0 = torch's default)")
+    return p
+
+
+def start(name: str, args: argparse.Namespace, needs_data: bool = True) -> Recorder:
+    """Check the data, set the threads (so an experiment can share the machine) and start recording ``name``."""
+    if needs_data:
+        require_data()
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    return Recorder(name)
+
+
+def load_transformer(path: str | Path) -> LoadedRun:
+    """A finished Transformer run, or stop with a sentence saying what ``path`` is instead."""
+    run = load_run(require_run(Path(path)))
+    if not isinstance(run.model, Transformer):
+        sys.exit(f"{path}: this experiment needs a Transformer run, not {type(run.model).__name__}")
+    return run
+
+
+@dataclass
+class DevSources:
+    """The first dev sentences as a Transformer reads them: ``ids`` with ``</s>``, padded ``batches`` ``(B, S)``."""
+
+    run: LoadedRun
+    sources: list[str]
+    ids: list[list[int]]
+    batches: list[torch.Tensor]
+
+
+def transformer_on_dev(path: str | Path, n: int, batch_size: int = 64) -> DevSources:
+    """A finished Transformer run (:func:`load_transformer`) and the first ``n`` dev sources (0 = all) in batches."""
+    run = load_transformer(path)
+    sources = [s for s, _ in dev_pairs(n)]
+    ids = [s + [EOS_ID] for s in run.tok.encode_src(sources)]
+    return DevSources(run, sources, ids, [pad_batch(ids[i: i + batch_size], PAD_ID)
+                                          for i in range(0, len(ids), batch_size)])
 
 
 def test_pairs(n: int = 0) -> list[tuple[str, str]]:
@@ -84,6 +124,12 @@ def translate(run: LoadedRun, sources: list[str], beam: int) -> list[str]:
 def bleu(hypotheses: list[str], references: list[str]) -> float:
     """Corpus BLEU (sacreBLEU, cased, 13a), as ``attnkit evaluate`` reports it."""
     return round(translation_scores(hypotheses, references).bleu, 2)
+
+
+def score_run(run_dir: Path, pairs: list[tuple[str, str]], beam: int) -> tuple[list[str], float]:
+    """The run's translations of ``pairs``' sources and their corpus BLEU against the references."""
+    hyps = translate(load_run(run_dir), [s for s, _ in pairs], beam)
+    return hyps, bleu(hyps, [t for _, t in pairs])
 
 
 # --------------------------------------------------------------------------------------

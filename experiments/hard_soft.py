@@ -20,7 +20,6 @@ Run time (1 thread, on 2 cores shared with a training run): 1.5 min for the Tran
 
 from __future__ import annotations
 
-import argparse
 import math
 from pathlib import Path
 
@@ -28,11 +27,10 @@ import torch
 from common import (
     BENCHMARK_RNN_ATTENTION,
     BENCHMARK_TRANSFORMER,
-    Recorder,
     bleu,
-    limit_threads,
-    require_data,
+    parser,
     require_run,
+    start,
     test_pairs,
     translate,
 )
@@ -94,18 +92,15 @@ def figure(models: list[dict], n: int) -> Figure:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = parser(__doc__, threads=1)
     p.add_argument("--transformer", default=str(BENCHMARK_TRANSFORMER), help="trained Transformer run directory")
     p.add_argument("--rnn", default=str(BENCHMARK_RNN_ATTENTION),
                    help="trained RNN-with-attention run directory (skipped until its training has finished)")
     p.add_argument("--sentences", type=int, default=0, help="first N test sentences (0 = all 1,000)")
     p.add_argument("--peak-sentences", type=int, default=100, help="sentences for the peakedness statistic")
     p.add_argument("--beam", type=int, default=1, help="beam size (1 = greedy)")
-    p.add_argument("--threads", type=int, default=1, help="torch threads (0 = default)")
     args = p.parse_args()
-    require_data()
-    limit_threads(args.threads)
-    rec = Recorder("hard_soft")
+    rec = start("hard_soft", args)
     pairs = test_pairs(args.sentences)
     models = [evaluate("Transformer", require_run(Path(args.transformer)), pairs, args.beam, args.peak_sentences)]
     rnn_dir = Path(args.rnn)

@@ -24,19 +24,14 @@ no_projection.png and no_projection-example.png.
 
 from __future__ import annotations
 
-import argparse
-from pathlib import Path
-
 import torch
-from common import BENCHMARK_TRANSFORMER, Recorder, dev_pairs, limit_threads, require_data, require_run
+from common import BENCHMARK_TRANSFORMER, parser, start, transformer_on_dev
 from matplotlib.figure import Figure
 from torch import Tensor
 
 from attnkit import attend
-from attnkit.data import pad_batch
 from attnkit.plot import attention_grid
-from attnkit.tasks import load_run
-from attnkit.tokenizer import EOS_ID, PAD_ID
+from attnkit.tokenizer import PAD_ID
 from attnkit.transformer import Transformer
 
 SETTINGS = ("raw, scaled", "raw, unscaled", "raw, embeddings only", "learned (layer 1, mean of heads)")
@@ -111,21 +106,14 @@ def example_figure(model: Transformer, src: Tensor, pieces: list[str], sentence:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = parser(__doc__, threads=1)
     p.add_argument("--run", default=str(BENCHMARK_TRANSFORMER), help="trained Transformer run directory")
     p.add_argument("--sentences", type=int, default=0, help="first N dev sentences (0 = all 1,014)")
     p.add_argument("--example", type=int, default=3, help="dev sentence (0-based) drawn in the example figure")
-    p.add_argument("--threads", type=int, default=1, help="torch threads (0 = default)")
     args = p.parse_args()
-    require_data()
-    limit_threads(args.threads)
-    rec = Recorder("no_projection")
-    run = load_run(require_run(Path(args.run)))
-    if not isinstance(run.model, Transformer):
-        raise SystemExit(f"{args.run}: this experiment needs a Transformer run, not {type(run.model).__name__}")
-    sources = [s for s, _ in dev_pairs(args.sentences)]
-    ids = [s + [EOS_ID] for s in run.tok.encode_src(sources)]
-    batches = [pad_batch(ids[i: i + 64], PAD_ID) for i in range(0, len(ids), 64)]
+    rec = start("no_projection", args)
+    dev = transformer_on_dev(args.run, args.sentences)
+    run, sources, ids, batches = dev.run, dev.sources, dev.ids, dev.batches
     with torch.inference_mode():
         results = measure(run.model, batches)
         example = torch.tensor([ids[args.example]])

@@ -22,7 +22,7 @@ import math
 from pathlib import Path
 
 import torch
-from common import ROOT, TRANSFORMER_CONFIG, Recorder, TrainedRun, limit_threads, require_data, train_for
+from common import ROOT, TRANSFORMER_CONFIG, Recorder, TrainedRun, parser, start, train_for
 from matplotlib.figure import Figure
 
 from attnkit import dot_score, scaled_dot_score, soft_attention
@@ -83,8 +83,7 @@ def statistics_figure(variance: dict, softmax: dict, keys: int) -> Figure:
     return fig
 
 
-def run_statistics(args: argparse.Namespace) -> None:
-    rec = Recorder("scaling")
+def run_statistics(args: argparse.Namespace, rec: Recorder) -> None:
     g = torch.Generator().manual_seed(args.seed)
     variance = {}
     for d in DIMS:
@@ -123,9 +122,7 @@ def curves_figure(runs: list[TrainedRun], minutes: float) -> Figure:
     return fig
 
 
-def run_training(args: argparse.Namespace) -> None:
-    require_data()
-    rec = Recorder("scaling-training")
+def run_training(args: argparse.Namespace, rec: Recorder) -> None:
     runs = []
     for score in ("scaled_dot", "dot"):
         run_dir = Path(args.runs) / f"exp-scaling-{score}"
@@ -142,7 +139,7 @@ def run_training(args: argparse.Namespace) -> None:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = parser(__doc__)
     p.add_argument("--pairs", type=int, default=200_000, help="(a) random (q, k) pairs per d_k")
     p.add_argument("--queries", type=int, default=4096, help="(b) random queries per d_k")
     p.add_argument("--keys", type=int, default=32, help="(b) keys per query (~ a Multi30k sentence in subwords)")
@@ -152,13 +149,11 @@ def main() -> None:
     p.add_argument("--valid-every", type=int, default=150, help="(c) updates between dev validations")
     p.add_argument("--runs", default=str(ROOT / "runs"), help="(c) where the run directories go")
     p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="(c) extra config overrides")
-    p.add_argument("--threads", type=int, default=0, help="torch threads (0 = default)")
     args = p.parse_args()
-    limit_threads(args.threads)
     if args.train:
-        run_training(args)
+        run_training(args, start("scaling-training", args))
     else:
-        run_statistics(args)
+        run_statistics(args, start("scaling", args, needs_data=False))
 
 
 if __name__ == "__main__":
