@@ -46,6 +46,9 @@ from attnkit.transformer import Transformer
 
 HEADS = (1, 4, 8)
 RELATIONS = ("previous", "self", "next", "</s>", "elsewhere")
+LEGEND = {"previous": "largest weight on the previous piece", "self": "largest weight on itself",
+          "next": "largest weight on the next piece", "</s>": "largest weight on </s>",
+          "elsewhere": "largest weight elsewhere"}
 
 
 def relation_counts(weights: Tensor, real: Tensor) -> Tensor:
@@ -91,8 +94,7 @@ def profile_figure(rows: list[dict], n_sentences: int) -> Figure:
     bottom = [0.0] * len(rows)
     for relation in RELATIONS:
         values = [r[relation] for r in rows]
-        ax.bar(labels, values, bottom=bottom, label=f"largest weight {relation}" if relation == "elsewhere"
-               else f"largest weight on {relation}" + (" piece" if relation != "</s>" else ""))
+        ax.bar(labels, values, bottom=bottom, label=LEGEND[relation])
         bottom = [b + v for b, v in zip(bottom, values, strict=True)]
     ax.set(title=f"What each encoder self-attention head attends to most ({n_sentences} Multi30k dev sentences)",
            xlabel="encoder layer L, head h", ylabel="share of source tokens (0..1)", ylim=(0, 1))
