@@ -31,7 +31,7 @@ from attnkit.data import pad_batch, read_parallel  # noqa: E402
 from attnkit.evaluate import translation_scores  # noqa: E402
 from attnkit.plot import save_figure  # noqa: E402
 from attnkit.runconfig import RunConfig  # noqa: E402
-from attnkit.tasks import LoadedRun, find_weights, load_run, translate_texts  # noqa: E402
+from attnkit.tasks import LoadedRun, load_run, translate_texts  # noqa: E402
 from attnkit.tokenizer import EOS_ID, PAD_ID  # noqa: E402
 from attnkit.train import Trainer  # noqa: E402
 from attnkit.transformer import Transformer  # noqa: E402
@@ -45,6 +45,8 @@ RNN_NO_ATTENTION_CONFIG = CONFIGS / "multi30k-de-en-rnn-noattn.yaml"
 #: The Transformer trained for the translation benchmark (60 min, test BLEU 40.86); local, not in git.
 BENCHMARK_TRANSFORMER = ROOT / "runs" / "multi30k-de-en"
 BENCHMARK_RNN_ATTENTION = ROOT / "runs" / "multi30k-de-en-rnn-bahdanau"
+#: Written into a run directory by :func:`train_for` when its training has ended.
+FINISHED = "experiment-finished.json"
 
 
 def require_data() -> None:
@@ -167,25 +169,19 @@ def train_for(name: str, config: Path, run_dir: Path, minutes: float, overrides:
     """Train ``config`` (+ ``overrides``) into ``run_dir`` for ``minutes`` of wall clock; reuse it when finished.
 
     Every model of a comparison gets the same budget (``train.max_minutes``); ``valid_every``
-    (updates) overrides the config's for denser curves. A directory that already holds
-    ``averaged.safetensors`` or ``best.safetensors`` is not retrained (delete it to retrain).
+    (updates) overrides the config's for denser curves. A run this function finished is marked
+    with :data:`FINISHED` and reused as it is (delete the directory to retrain); one that was
+    interrupted resumes from its last checkpoint, its budget counting the time already spent.
     """
-    if not find_finished(run_dir):
+    if not (run_dir / FINISHED).exists():
         changes = [f"train.max_minutes={minutes}", *overrides]
         if valid_every:
             changes.append(f"train.valid_every={valid_every}")
         cfg = load_config(RunConfig, config, changes)
-        Trainer(cfg, run_dir, resume=(run_dir / "checkpoints").exists()).run()
+        metrics = Trainer(cfg, run_dir, resume=(run_dir / "checkpoints").exists()).run()
+        (run_dir / FINISHED).write_text(json.dumps({"config": str(config), "overrides": changes, **metrics}) + "\n",
+                                        encoding="utf-8")
     return describe_run(name, run_dir)
-
-
-def find_finished(run_dir: Path) -> bool:
-    """Whether ``run_dir`` holds a run whose training ended (weights to translate with)."""
-    try:
-        _, weights = find_weights(run_dir)
-    except Exception:  # noqa: BLE001 — any reason it is not a finished run means "train it"
-        return False
-    return weights.name in ("averaged.safetensors", "best.safetensors")
 
 
 # --------------------------------------------------------------------------------------
