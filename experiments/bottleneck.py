@@ -93,6 +93,9 @@ def main() -> None:
     p.add_argument("--beam", type=int, default=4, help="beam size (1 = greedy)")
     p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="config overrides for every model")
     args = p.parse_args()
+    malformed = [item for item in args.run_dir if "=" not in item]
+    if malformed:
+        p.error(f"--run-dir {malformed[0]!r}: expected NAME=PATH, e.g. transformer=runs/multi30k-de-en")
     given = dict(item.split("=", 1) for item in args.run_dir)
     unknown = set(given) - set(MODELS)
     if unknown:

@@ -26,6 +26,7 @@ from matplotlib.figure import Figure
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
+from attnkit.checkpoint import atomic_write_text  # noqa: E402
 from attnkit.config import load_config  # noqa: E402
 from attnkit.data import pad_batch, read_parallel  # noqa: E402
 from attnkit.evaluate import translation_scores  # noqa: E402
@@ -179,8 +180,8 @@ def train_for(name: str, config: Path, run_dir: Path, minutes: float, overrides:
             changes.append(f"train.valid_every={valid_every}")
         cfg = load_config(RunConfig, config, changes)
         metrics = Trainer(cfg, run_dir, resume=(run_dir / "checkpoints").exists()).run()
-        (run_dir / FINISHED).write_text(json.dumps({"config": str(config), "overrides": changes, **metrics}) + "\n",
-                                        encoding="utf-8")
+        finished = {"config": str(config), "overrides": changes, **metrics}
+        atomic_write_text(run_dir / FINISHED, json.dumps(finished) + "\n")
     return describe_run(name, run_dir)
 
 
@@ -217,6 +218,7 @@ class Recorder:
         }
         path = FIGURES / f"{self.name}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(record, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        text = json.dumps(record, indent=2, ensure_ascii=False).replace(str(ROOT) + os.sep, "")  # repo-relative
+        atomic_write_text(path, text + "\n")
         print(f"wrote {path.relative_to(ROOT)} ({seconds / 60:.1f} min)")
         return path

@@ -41,6 +41,8 @@ from matplotlib.figure import Figure
 from torch import Tensor
 
 from attnkit.attention_maps import attention_figures, attention_maps
+from attnkit.config import load_config
+from attnkit.runconfig import RunConfig
 from attnkit.tokenizer import PAD_ID
 from attnkit.transformer import Transformer
 
@@ -126,7 +128,8 @@ def train_and_score(args: argparse.Namespace, rec: Recorder) -> list[dict]:
         run = train_for(f"{h} heads", TRANSFORMER_CONFIG, Path(args.runs) / f"exp-heads-{h}", args.minutes,
                         [f"model.transformer.n_heads={h}", *args.set])
         _, score = score_run(run.run_dir, pairs, args.beam)
-        models.append({"n_heads": h, "d_k": 256 // h, "run_dir": str(run.run_dir), "train_minutes": run.minutes,
+        d_model = load_config(RunConfig, run.run_dir / "config.yaml").model.transformer.d_model
+        models.append({"n_heads": h, "d_k": d_model // h, "run_dir": str(run.run_dir), "train_minutes": run.minutes,
                        "updates": run.updates, "updates_per_minute": round(run.updates / max(run.minutes, 1e-9), 1),
                        "parameters": run.parameters, "bleu": score,
                        "final_valid_bleu": run.curve[-1].get("valid_bleu")})

@@ -41,6 +41,8 @@ def test_concepts_map_links_many_symbols_and_tests() -> None:
 @pytest.mark.parametrize("page,name,path,anchor", links(), ids=lambda x: str(x))
 def test_every_link_resolves(page: str, name: str, path: str, anchor: str | None) -> None:
     target = (DOCS / path).resolve()
+    if path.startswith("../../shared/") and not target.parent.parent.exists():
+        pytest.skip(f"docs/{page} links to {path}: ../shared (the seeds) is not beside this checkout")
     assert target.exists(), f"docs/{page} links to {path}, which does not exist"
     if path.startswith(("../src/", "../tests/")):
         assert defines(target.read_text(encoding="utf-8"), name), f"{path} defines no {name!r}"

@@ -93,7 +93,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "encoder self-attention and decoder self-attention for Transformers; the alignment for\n"
                     "RNN models; self-attention and the pooled representation's token importance for\n"
                     "classifiers. Axes show the tokenizer's subword pieces (\u2581 marks a word start).",
-        epilog="files written to OUT_DIR (L = layer number from 0; -layerL is dropped for one-layer kinds):\n"
+        epilog="files written to OUT_DIR (L = layer number from 0; for one-layer kinds -layerL is dropped and\n"
+               "there is no -mean):\n"
                "  cross-layerL.png, cross-layerL-heads.png, cross-mean.png\n"
                "  encoder-self-layerL.png, encoder-self-layerL-heads.png, encoder-self-mean.png\n"
                "  decoder-self-layerL.png, decoder-self-layerL-heads.png, decoder-self-mean.png\n"

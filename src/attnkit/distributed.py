@@ -18,6 +18,7 @@ forward/backward passes (DDP's all-reduce would otherwise wait forever)::
 from __future__ import annotations
 
 import atexit
+import inspect
 import os
 import zlib
 from collections.abc import Callable, Mapping
@@ -125,8 +126,11 @@ class Workers:
             return model
         unused = unused_parameters(model, probe, self.device)
         ids = [self.local_rank] if self.device.type == "cuda" else None
-        return nn.parallel.DistributedDataParallel(model, device_ids=ids, forward_sync_buffers=False,
-                                                   find_unused_parameters=bool(unused))
+        ddp = nn.parallel.DistributedDataParallel
+        # no buffer syncing (the models keep no running statistics); torch >= 2.13 renamed the option
+        keyword = ("forward_sync_buffers" if "forward_sync_buffers" in inspect.signature(ddp.__init__).parameters
+                   else "broadcast_buffers")
+        return ddp(model, device_ids=ids, find_unused_parameters=bool(unused), **{keyword: False})
 
     def no_sync(self, model: nn.Module, sync: bool) -> AbstractContextManager:
         """Skip DDP's gradient all-reduce for a backward pass unless ``sync`` (the last of an update)."""

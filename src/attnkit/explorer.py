@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import html
 import json
+import re
 from importlib.resources import files
 from pathlib import Path
 
@@ -51,8 +52,9 @@ def explorer_html(maps: AttentionMaps) -> str:
     data = {"title": title, "views": [_view_json(v) for v in maps.views()]}
     payload = json.dumps(data, ensure_ascii=False, separators=(",", ":")).replace("<", "\\u003c")
     template = files("attnkit").joinpath("explorer.html").read_text(encoding="utf-8")
-    return (template.replace("__ATTNKIT_TITLE__", html.escape(f"attnkit attention: {title}"))
-            .replace("__ATTNKIT_DATA__", payload))
+    fills = {"__ATTNKIT_TITLE__": html.escape(f"attnkit attention: {title}"), "__ATTNKIT_DATA__": payload}
+    # one pass: a placeholder inside the sentence itself is text, not a slot to fill
+    return re.sub("|".join(fills), lambda m: fills[m.group(0)], template)
 
 
 def write_explorer(maps: AttentionMaps, path: str | Path) -> Path:

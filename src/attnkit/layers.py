@@ -211,6 +211,9 @@ class DecoderLayer(_ResidualBlock):
         x = self.add_and_norm(x, y, self.norm1)
         B, T, d = x.shape
         A = memory.size(0)
+        if B % A:
+            raise ValueError(f"memory has {A} rows but the target {B}: each memory row must serve the same number "
+                             f"of consecutive target rows")
         # Cross-attention has no mask between queries, so the g hypotheses of one sentence are just
         # more queries against the same keys: (B, T, d) -> (A, g*T, d), memory read once per sentence.
         query = self.sublayer_input(x, self.norm2).reshape(A, (B // A) * T, d)

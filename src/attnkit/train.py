@@ -254,17 +254,21 @@ class Trainer:
         self.log(f"resumed from {path} (update {self.step}, epoch {self.epoch + 1}, batch {self.batch_pos})")
 
     def _restore_rng(self, ts: dict) -> None:
-        """This rank's saved RNG state; fresh per-rank streams when the number of workers changed."""
+        """This rank's saved RNG state; other streams (and a warning) when the number of workers changed."""
         w = self.workers
         ranks = ts.get("rng_ranks")
-        if ranks is not None and len(ranks) == w.world_size:
+        written_by = len(ranks) if ranks is not None else 1
+        if ranks is not None and written_by == w.world_size:
             restore_rng_state(ranks[w.rank], self._own_gpu)
-        elif not w.enabled:
-            restore_rng_state(ts["rng"])
+            return
+        if not w.enabled:
+            restore_rng_state(ts["rng"])  # rank 0's stream (the only one of a single-process checkpoint)
         else:
             torch.manual_seed(distributed.rank_seed(self.tc.seed, w.rank, self.step))
-            self.log(f"the checkpoint was written by {len(ranks or [0])} process(es), this run has {w.world_size}: "
-                     f"the random streams (dropout) start afresh, so the run is not bit-for-bit an uninterrupted one")
+        if written_by != w.world_size:
+            self.log(f"the checkpoint was written by {written_by} process(es), this run has {w.world_size}: the "
+                     f"random streams (dropout) and, unless train.tokens_per_update is set, the tokens per update "
+                     f"differ, so the run is not bit-for-bit an uninterrupted one")
 
     def _truncate_metrics(self) -> None:
         """Drop metric lines logged after the checkpoint we resume from (they will be logged again)."""
