@@ -39,7 +39,7 @@ from .classifier import TransformerClassifier
 from .errors import UserError
 from .plot import attention_grid, attention_heatmap
 from .rnn import RNNSeq2Seq
-from .search import beam_search, greedy_search
+from .search import MAX_LEN_A, MAX_LEN_B, beam_search, greedy_search
 from .tasks import LoadedRun, check_source_lengths, classifier_inputs, output_budget
 from .tokenizer import BOS_ID, EOS_ID
 from .transformer import Transformer
@@ -126,7 +126,7 @@ def _first(weights: list[Tensor]) -> list[Tensor]:
 def _translate_ids(model: Transformer | RNNSeq2Seq, src: Tensor, limit: int | None, beam: int,
                    lenpen: float) -> list[int]:
     """The model's translation of ``src`` ``(1, S)``: output ids with ``</s>`` when it ended with one."""
-    a, b = output_budget(limit, src.size(1), 1.0, 50)
+    a, b = output_budget(limit, src.size(1), MAX_LEN_A, MAX_LEN_B)
     if beam == 1:
         hyp = greedy_search(model, src, max_len_a=a, max_len_b=b)[0]
     else:

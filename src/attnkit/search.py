@@ -83,6 +83,10 @@ class Hypothesis:
     ended_with_eos: bool = True
 
 
+#: Default output budget ``a * src_len + b``: "input length + 50" (Vaswani et al. 2017, sec. 6.1).
+MAX_LEN_A, MAX_LEN_B = 1.0, 50.0
+
+
 def length_penalty(length: int, alpha: float) -> float:
     """GNMT length penalty ``((5 + length) / 6) ** alpha``; 1 when alpha = 0.
 
@@ -129,7 +133,7 @@ def _hypothesis(
 
 
 def greedy_search(
-    model: StepDecoder, src: torch.Tensor, *, max_len_a: float = 1.0, max_len_b: float = 50,
+    model: StepDecoder, src: torch.Tensor, *, max_len_a: float = MAX_LEN_A, max_len_b: float = MAX_LEN_B,
     need_weights: bool = False,
 ) -> list[Hypothesis]:
     """Pick the most probable token at every step, batched; ``norm_score == score`` (alpha 0).
@@ -179,7 +183,7 @@ def greedy_search(
 
 def beam_search(
     model: StepDecoder, src: torch.Tensor, *, beam_size: int = 4, lenpen: float = 0.6, n_best: int = 1,
-    max_len_a: float = 1.0, max_len_b: float = 50, need_weights: bool = False,
+    max_len_a: float = MAX_LEN_A, max_len_b: float = MAX_LEN_B, need_weights: bool = False,
 ) -> list[list[Hypothesis]]:
     """Beam search with GNMT length penalty, batched over B sentences x K beams (B*K rows).
 

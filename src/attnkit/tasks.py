@@ -37,7 +37,7 @@ from .data import filter_examples, make_batches, pad_batch, padding_fraction, re
 from .errors import UserError
 from .rnn import RNNSeq2Seq
 from .runconfig import RunConfig
-from .search import beam_search, greedy_search
+from .search import MAX_LEN_A, MAX_LEN_B, beam_search, greedy_search
 from .tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer, train_tokenizer
 from .transformer import Transformer
 
@@ -114,7 +114,7 @@ def output_budget(limit: int | None, src_len: int, max_len_a: float, max_len_b: 
 
 
 def translate_texts(model: nn.Module, tok: Tokenizer, texts: list[str], *, beam: int = 1, lenpen: float = 0.6,
-                    batch_size: int = 64, max_len_a: float = 1.0, max_len_b: float = 50,
+                    batch_size: int = 64, max_len_a: float = MAX_LEN_A, max_len_b: float = MAX_LEN_B,
                     n_best: int = 1, device: torch.device | None = None) -> list[list[str]]:
     """Translate ``texts`` (sorted by length into batches, returned in input order); n-best per sentence."""
     device = device or next(model.parameters()).device
