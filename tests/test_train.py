@@ -100,15 +100,27 @@ def test_tiny_model_overfits_tiny_corpus(tmp_path):
     assert [h[0] for h in hyps] == [t for _, t in pairs]
 
 
-@pytest.mark.parametrize("schedule", ["inverse_sqrt", "noam", "constant"])
+@pytest.mark.parametrize("schedule", ["inverse_sqrt", "noam", "constant", "linear"])
 def test_learning_rate_warms_up_to_peak(schedule):
-    cfg = TrainConfig(lr=1e-3 if schedule != "noam" else 1.0, warmup=100, schedule=schedule)
+    cfg = TrainConfig(lr=1e-3 if schedule != "noam" else 1.0, warmup=100, schedule=schedule, max_updates=1000)
     lrs = [learning_rate(s, cfg, 64) for s in range(1, 400)]
     peak = max(lrs)
     assert lrs.index(peak) == 99  # step 100
     assert all(a < b for a, b in zip(lrs[:99], lrs[1:100], strict=True))
-    expected = {"inverse_sqrt": 1e-3, "constant": 1e-3, "noam": 64 ** -0.5 * 100 ** -0.5}[schedule]
+    expected = {"inverse_sqrt": 1e-3, "constant": 1e-3, "linear": 0.9e-3, "noam": 64 ** -0.5 * 100 ** -0.5}[schedule]
     assert math.isclose(peak, expected, rel_tol=1e-9)
+
+
+def test_linear_schedule_ends_at_zero_with_the_budget():
+    """Linear decay reaches 0 at max_updates, or at max_minutes of training when that is spent first."""
+    cfg = TrainConfig(lr=1e-3, warmup=10, schedule="linear", max_updates=1000)
+    assert learning_rate(1000, cfg, 64) == 0.0
+    assert math.isclose(learning_rate(500, cfg, 64), 0.5e-3, rel_tol=1e-9)
+    assert math.isclose(learning_rate(500, cfg, 64, minutes=99.0), 0.5e-3, rel_tol=1e-9)  # no time budget
+    timed = TrainConfig(lr=1e-3, warmup=10, schedule="linear", max_updates=1000, max_minutes=2.0)
+    assert math.isclose(learning_rate(100, timed, 64, minutes=1.5), 0.25e-3, rel_tol=1e-9)  # time is the tighter
+    assert math.isclose(learning_rate(800, timed, 64, minutes=0.5), 0.2e-3, rel_tol=1e-9)  # updates are
+    assert learning_rate(100, timed, 64, minutes=2.5) == 0.0
 
 
 # -- resume ----------------------------------------------------------------------------

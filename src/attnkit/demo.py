@@ -29,9 +29,9 @@ DEMO_CONFIG: dict = {
     "model": {"arch": "transformer",
               "transformer": {"d_model": 128, "n_heads": 4, "d_ff": 256, "encoder_layers": 2,
                               "decoder_layers": 2, "dropout": 0.0, "norm_first": True, "max_len": 128}},
-    "train": {"max_tokens": 2500, "max_updates": 3000, "lr": 3e-3, "warmup": 200, "label_smoothing": 0.0,
-              "precision": "fp32", "valid_every": 250, "valid_bleu_sentences": 300, "keep_checkpoints": 3,
-              "average_last": 3, "max_minutes": 2.3},
+    "train": {"max_tokens": 2500, "max_updates": 3000, "lr": 3e-3, "schedule": "linear", "warmup": 200,
+              "label_smoothing": 0.0, "precision": "fp32", "valid_every": 250, "valid_bleu_sentences": 300,
+              "keep_checkpoints": 3, "average_last": 1, "max_minutes": 2.3},
     "decode_beam": 1,
 }
 HELD_OUT = 1000

@@ -8,7 +8,9 @@ One trainer serves every task (:mod:`attnkit.tasks`). Per update::
 Schedules (Vaswani et al. eq. 3 is ``noam``):
 ``inverse_sqrt``: ``lr * min(step / warmup, sqrt(warmup / step))`` — linear warm-up to ``lr``, then ``1/sqrt(step)``;
 ``noam``: ``lr * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)`` (``lr`` is the paper's factor, 1.0 there);
-``constant``: ``lr`` after linear warm-up.
+``constant``: ``lr`` after linear warm-up;
+``linear``: linear warm-up, then linear decay to 0 at the end of the budget — ``max_updates``, or
+``max_minutes`` of training when that comes first (so a run on a wall-clock budget ends annealed).
 
 Checkpoints are taken every ``valid_every`` updates and at the end. Each is a directory
 ``checkpoints/step-N`` written under a temporary name and renamed into place, so a crash
@@ -90,10 +92,15 @@ def autocast(device: torch.device, bf16: bool) -> AbstractContextManager:
     return torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16)
 
 
-def learning_rate(step: int, cfg: TrainConfig, d_model: int) -> float:
-    """The learning rate for update number ``step`` (1-based); see the module docstring."""
+def learning_rate(step: int, cfg: TrainConfig, d_model: int, minutes: float = 0.0) -> float:
+    """The learning rate for update number ``step`` (1-based) after ``minutes`` of training; see the module docstring."""
     step = max(step, 1)
     warmup = max(cfg.warmup, 1)
+    if cfg.schedule == "linear":
+        done = step / cfg.max_updates  # fraction of the budget spent
+        if cfg.max_minutes > 0:
+            done = max(done, minutes / cfg.max_minutes)
+        return cfg.lr * min(step / warmup, 1.0) * max(1.0 - done, 0.0)
     if cfg.schedule == "noam":
         return cfg.lr * d_model ** -0.5 * min(step ** -0.5, step * warmup ** -1.5)
     if cfg.schedule == "inverse_sqrt":
@@ -152,6 +159,7 @@ class Trainer:
         self.best_score, self.bad_validations = -math.inf, 0
         self.seconds_before = 0.0  # wall-clock training time of earlier sessions (resume)
         self._session_start = time.perf_counter()
+        self.clock = 0.0  # training minutes as of the last update, by rank 0's clock (with max_minutes only)
         if resume_from is not None:
             self.workers.agree(lambda: self._load_checkpoint(resume_from))
         else:
@@ -249,6 +257,7 @@ class Trainer:
         self.step, self.epoch, self.batch_pos = ts["step"], ts["epoch"], ts["batch_pos"]
         self.best_score, self.bad_validations = ts["best_score"], ts["bad_validations"]
         self.seconds_before = float(ts.get("train_seconds", 0.0))
+        self.clock = self.seconds_before / 60
         self._restore_rng(ts)
         self._truncate_metrics()
         self.log(f"resumed from {path} (update {self.step}, epoch {self.epoch + 1}, batch {self.batch_pos})")
@@ -335,7 +344,9 @@ class Trainer:
                     bar.set_postfix(loss=f"{loss_value:.3f}", lr=f"{lr:.2e}",
                                     tok_s=f"{targets_seen / (now - last_report):.0f}", refresh=False)
                     targets_seen, last_report = 0, now
-                out_of_time = tc.max_minutes > 0 and self.workers.broadcast(self.minutes() >= tc.max_minutes)
+                if tc.max_minutes > 0:  # rank 0's clock, so every rank takes the same lr and stops together
+                    self.clock = self.workers.broadcast(self.minutes())
+                out_of_time = tc.max_minutes > 0 and self.clock >= tc.max_minutes
                 stop = self.step >= tc.max_updates or out_of_time
                 epoch_done = False
                 if self.step % tc.valid_every == 0 or stop:
@@ -368,7 +379,7 @@ class Trainer:
         The gradient is that of ``sum of losses / targets of the whole update``.
         """
         tc, w = self.tc, self.workers
-        lr = learning_rate(self.step + 1, tc, model_width(self.model))
+        lr = learning_rate(self.step + 1, tc, model_width(self.model), self.clock)
         for g in self.optimizer.param_groups:
             g["lr"] = lr
         share = distributed.shard(group, w.rank, w.world_size)
