@@ -77,7 +77,7 @@ class TrainConfig:
     max_epochs: int = 100
     max_minutes: float = 0.0  # wall-clock budget for training; 0 = none
     lr: float = 7e-4  # peak learning rate (reached at the end of warmup)
-    schedule: Literal["inverse_sqrt", "noam", "constant", "linear"] = "inverse_sqrt"
+    schedule: Literal["inverse_sqrt", "noam", "constant", "linear"] = "inverse_sqrt"  # see attnkit.train
     warmup: int = 4000
     betas: tuple[float, float] = (0.9, 0.98)
     eps: float = 1e-9
