@@ -66,7 +66,7 @@ def bleu_by_length(hyps: list[str], pairs: list[tuple[str, str]]) -> list[dict]:
     return rows
 
 
-def figure(models: list[dict], minutes: float) -> Figure:
+def figure(models: list[dict]) -> Figure:
     fig = Figure(figsize=(8.5, 4.8), layout="constrained")
     ax = fig.subplots()
     for m in models:
@@ -75,7 +75,9 @@ def figure(models: list[dict], minutes: float) -> Figure:
                 label=f"{m['label']} ({m['train_minutes']:.0f} min, all: {m['bleu']:.1f})")
     rows = models[0]["by_length"]
     ax.set_xticks(range(len(rows)), [f"{r['bucket']}\n({r['sentences']} sent.)" for r in rows])
-    ax.set(title=f"BLEU by source length, Multi30k test_2016_flickr (training budget {minutes:g} min per model)",
+    spent = {round(m["train_minutes"]) for m in models}  # reused runs bring their own training time
+    budget = f"{spent.pop()} min of training per model" if len(spent) == 1 else "training time in the legend"
+    ax.set(title=f"BLEU by source length, Multi30k test_2016_flickr ({budget})",
            xlabel="source sentence length (German words)", ylabel="BLEU")
     ax.grid(True, alpha=0.3)
     ax.legend()
@@ -118,7 +120,7 @@ def main() -> None:
     rec.results = {"test": "test_2016_flickr", "sentences": len(pairs), "beam": args.beam,
                    "minutes_budget": args.minutes, "overrides": args.set, "buckets": "source words, inclusive",
                    "models": models}
-    rec.figure(figure(models, args.minutes))
+    rec.figure(figure(models))
     rec.write()
 
 
