@@ -14,8 +14,8 @@ Measured here, on the machine's cores:
 
 1. Training throughput of the RNN with Bahdanau attention and the Transformer at a comparable
    parameter count (Transformer small 7.6M; the RNN config with ``hidden_size`` 256: 8.1M), each
-   trained by attnkit's Trainer for ``--minutes`` (default 5; throughput settles within a
-   minute): target tokens/s, time per epoch (epoch target tokens / tokens/s) and the time steps
+   trained by attnkit's Trainer on the same first epoch of batches (at most ``--minutes``,
+   default 5): target tokens/s, time per epoch (epoch target tokens / tokens/s) and the time steps
    each update must run one after another (RNN: source length + target length; Transformer: none,
    every position of a layer at once; decoding is sequential in the output length for both).
 2. One layer, forward + backward, float32, batch 32, d 256, for n = 8 .. 256: a GRU layer (torch's,
@@ -23,7 +23,7 @@ Measured here, on the machine's cores:
 
 Timing needs the machine to itself: run it when nothing else is training.
 
-    python experiments/parallelism.py                 # 2 x 5 min training + ~2 min layer timing, ~15 min
+    python experiments/parallelism.py                 # one epoch per model + layer timing: ~5 min
 
 Writes docs/figures/parallelism.{json,png}.
 """
@@ -121,7 +121,8 @@ def figure(models: dict, layers: list[dict], d: int, batch: int) -> Figure:
     fig = Figure(figsize=(12, 4.6), layout="constrained")
     ax_tok, ax_layer = fig.subplots(1, 2)
     names = list(models)
-    labels = [f"{models[k]['label']}\n{models[k]['parameters'] / 1e6:.1f}M parameters" for k in names]
+    labels = [f"{models[k]['label'].replace(' (', chr(10) + '(')}\n{models[k]['parameters'] / 1e6:.1f}M parameters"
+              for k in names]  # the details on their own line, so neighbouring labels do not overlap
     values = [models[k]["target_tokens_per_second"] for k in names]
     ax_tok.bar(labels, values, color=["tab:orange", "tab:blue"][: len(names)])
     for x, k in enumerate(names):
@@ -144,7 +145,8 @@ def figure(models: dict, layers: list[dict], d: int, batch: int) -> Figure:
 
 def main() -> None:
     p = parser(__doc__)
-    p.add_argument("--minutes", type=float, default=5.0, help="training time per model for the throughput")
+    p.add_argument("--minutes", type=float, default=5.0,
+                   help="training time per model for the throughput (at most one epoch)")
     p.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="config overrides for every model")
     p.add_argument("--d", type=int, default=256, help="layer width for the layer timing")
