@@ -93,7 +93,7 @@ def autocast(device: torch.device, bf16: bool) -> AbstractContextManager:
 
 
 def learning_rate(step: int, cfg: TrainConfig, d_model: int, minutes: float = 0.0) -> float:
-    """The learning rate for update number ``step`` (1-based) after ``minutes`` of training; see the module docstring."""
+    """The learning rate for update ``step`` (1-based) after ``minutes`` of training; see the module docstring."""
     step = max(step, 1)
     warmup = max(cfg.warmup, 1)
     if cfg.schedule == "linear":
