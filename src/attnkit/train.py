@@ -10,7 +10,9 @@ Schedules (Vaswani et al. eq. 3 is ``noam``):
 ``noam``: ``lr * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)`` (``lr`` is the paper's factor, 1.0 there);
 ``constant``: ``lr`` after linear warm-up;
 ``linear``: linear warm-up, then linear decay to 0 at the end of the budget — ``max_updates``, or
-``max_minutes`` of training when that comes first (so a run on a wall-clock budget ends annealed).
+``max_minutes`` of training when that comes first (so a run on a wall-clock budget ends annealed;
+its learning rates then depend on the clock, so such a run, like its stopping point, is not repeatable
+update for update).
 
 Checkpoints are taken every ``valid_every`` updates and at the end. Each is a directory
 ``checkpoints/step-N`` written under a temporary name and renamed into place, so a crash
