@@ -121,8 +121,9 @@ def figure(models: dict, layers: list[dict], d: int, batch: int) -> Figure:
     fig = Figure(figsize=(12, 4.6), layout="constrained")
     ax_tok, ax_layer = fig.subplots(1, 2)
     names = list(models)
-    labels = [f"{models[k]['label'].replace(' (', chr(10) + '(')}\n{models[k]['parameters'] / 1e6:.1f}M parameters"
-              for k in names]  # the details on their own line, so neighbouring labels do not overlap
+    # the details in brackets on a line of their own, so neighbouring labels do not overlap
+    labels = [models[k]["label"].replace(" (", "\n(") + f"\n{models[k]['parameters'] / 1e6:.1f}M parameters"
+              for k in names]
     values = [models[k]["target_tokens_per_second"] for k in names]
     ax_tok.bar(labels, values, color=["tab:orange", "tab:blue"][: len(names)])
     for x, k in enumerate(names):
