@@ -22,6 +22,10 @@ from torch import Tensor
 
 #: Rows per chunk: 1024 x 8k float32 logits = 32 MB at a time.
 CHUNK_ROWS = 1024
+#: The last chunk is padded to a multiple of this many rows. The number of scored tokens changes
+#: every batch, and oneDNN (bf16 matmuls on the CPU) builds and caches one kernel per matrix
+#: shape: unpadded, every batch added new kernels, costing time and ~0.5 GB of memory.
+ROW_MULTIPLE = 128
 
 
 class _LinearCrossEntropy(torch.autograd.Function):
@@ -37,18 +41,24 @@ class _LinearCrossEntropy(torch.autograd.Function):
         for start in range(0, N, chunk):
             h = hidden[start: start + chunk].to(compute_dtype)  # (n, d)
             y = targets[start: start + chunk]  # (n,)
-            z = (h @ W.t()).float()  # (n, V)
+            n = h.size(0)
+            rows = min(-(-n // ROW_MULTIPLE) * ROW_MULTIPLE, max(chunk, n))  # n rounded up (see ROW_MULTIPLE)
+            if rows > n:  # zero rows; their loss and gradient are dropped below
+                h = torch.cat([h, h.new_zeros(rows - n, h.size(1))])
+                y = torch.cat([y, y.new_zeros(rows - n)])
+            z = (h @ W.t()).float()  # (rows, V)
             if bias is not None:
                 z += bias.float()
-            logp = torch.log_softmax(z, dim=-1)  # (n, V), float32
-            nll = -logp.gather(1, y[:, None]).squeeze(1)  # (n,)
-            total += ((1.0 - eps) * nll - (eps / V) * logp.sum(dim=-1)).sum()
+            logp = torch.log_softmax(z, dim=-1)  # (rows, V), float32
+            nll = -logp.gather(1, y[:, None]).squeeze(1)  # (rows,)
+            total += ((1.0 - eps) * nll[:n] - (eps / V) * logp[:n].sum(dim=-1)).sum()
             if with_grad:
-                g = logp.exp_()  # softmax, in place: (n, V)
+                g = logp.exp_()  # softmax, in place: (rows, V)
                 g -= eps / V
                 g.scatter_add_(1, y[:, None], torch.full_like(nll[:, None], -(1.0 - eps)))  # softmax - q
+                g[n:] = 0.0  # padding rows
                 gc = g.to(compute_dtype)
-                grad_h[start: start + chunk] = gc @ W  # (n, V) @ (V, d)
+                grad_h[start: start + chunk] = (gc @ W)[:n]  # (rows, V) @ (V, d)
                 grad_W += gc.t() @ h  # (V, n) @ (n, d)
                 if grad_b is not None:
                     grad_b += g.sum(dim=0)
