@@ -232,3 +232,21 @@ def test_attention_override_switches_normalizer_and_beta_inside_the_block_only()
         pass
     with pytest.raises(ValueError, match="positive"), attention_override(beta=0.0):
         pass
+
+
+def test_bf16_weights_kept_in_bf16_equal_float32_weights_rounded() -> None:
+    """The training path's bf16 softmax is the float32 softmax rounded once; masked keys and empty rows stay 0."""
+    from attnkit import soft_attention
+
+    torch.manual_seed(9)
+    e = (3 * torch.randn(3, 2, 5, 9)).bfloat16()
+    mask = torch.ones(3, 1, 1, 9, dtype=torch.bool)
+    mask[0, ..., 6:] = False
+    mask[1] = False  # nothing to attend to
+    for beta in (1.0, 0.7):
+        kept = soft_attention(e, mask, beta=beta, keep_dtype=True)
+        assert kept.dtype == torch.bfloat16
+        reference = soft_attention(e, mask, beta=beta).to(torch.bfloat16)  # float32, then rounded
+        torch.testing.assert_close(kept.float(), reference.float(), rtol=2 ** -8, atol=1e-6)  # <= 1 bf16 ulp
+        assert (kept[0, ..., 6:] == 0).all() and (kept[1] == 0).all()
+        torch.testing.assert_close(kept[0].float().sum(-1), torch.ones(2, 5), rtol=0.02, atol=0)

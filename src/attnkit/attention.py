@@ -165,12 +165,16 @@ def _at_least_float32(e: Tensor) -> Tensor:
     return e if e.dtype == torch.float64 else e.float()
 
 
-def soft_attention(e: Tensor, mask: Tensor | None = None, beta: float = 1.0) -> Tensor:
+def soft_attention(e: Tensor, mask: Tensor | None = None, beta: float = 1.0, *, keep_dtype: bool = False) -> Tensor:
     """``alpha = softmax(beta * e)`` over keys, in float32 (seed 3's soft argmax with inverse temperature).
 
-    Masked keys get weight 0; a row whose keys are all masked gets all-zero weights.
+    Masked keys get weight 0; a row whose keys are all masked gets all-zero weights. With
+    ``keep_dtype`` the weights come back in ``e``'s dtype (bfloat16 under autocast): torch's
+    softmax still accumulates in float32 and rounds once, as casting the float32 weights would,
+    without two (B, H, T_q, T_k) conversions per layer and pass (with ``beta != 1`` the logits are
+    scaled in float32 first, so they too are rounded only once).
     """
-    logits = _at_least_float32(e)
+    logits = e if keep_dtype and beta == 1.0 else _at_least_float32(e)
     logits = logits * beta if beta != 1.0 else logits
     if mask is not None:
         logits = logits.masked_fill(~mask, torch.finfo(logits.dtype).min)
@@ -179,7 +183,7 @@ def soft_attention(e: Tensor, mask: Tensor | None = None, beta: float = 1.0) -> 
         has_key = mask.any(dim=-1, keepdim=True)
         if not bool(has_key.all()):
             weights = weights * has_key  # a row with nothing to attend to: softmax made it uniform
-    return weights
+    return weights.to(e.dtype) if keep_dtype else weights
 
 
 def hard_attention(e: Tensor, mask: Tensor | None = None, beta: float = 1.0, *,
@@ -314,7 +318,7 @@ def attend(
     e = scorer(q, k)  # (..., T_q, T_k)
     beta = 1.0 if beta is None else beta
     if normalizer == "softmax":
-        weights = soft_attention(e, mask, beta)
+        weights = soft_attention(e, mask, beta, keep_dtype=not need_weights)  # weights shown in float32
     else:
         weights = hard_attention(e, mask, beta, straight_through=straight_through)
     p = dropout_fn(weights, dropout)
