@@ -20,6 +20,7 @@ from attnkit.data import (
     read_labelled,
     read_lines,
     read_parallel,
+    round_up,
 )
 from attnkit.errors import UserError
 
@@ -256,12 +257,33 @@ def test_make_batches_deterministic_and_epoch_dependent() -> None:
     assert a != make_batches(src, tgt, max_tokens=256, seed=6, epoch=2)
 
 
-def test_make_batches_unshuffled_is_sorted_by_length() -> None:
+@pytest.mark.parametrize("multiple", [1, 4])
+def test_make_batches_unshuffled_is_sorted_by_length(multiple: int) -> None:
+    """Sorted by the longer side's padded length, then the target's, then the source length."""
     src, tgt = random_lengths(200)
-    batches = make_batches(src, tgt, max_tokens=128, seed=0, epoch=0, shuffle=False)
+    batches = make_batches(src, tgt, max_tokens=128, seed=0, epoch=0, shuffle=False, pad_multiple=multiple)
     order = [i for b in batches for i in b]
-    keys = [(tgt[i], src[i]) for i in order]
+    keys = [(round_up(max(src[i], tgt[i]), multiple), round_up(tgt[i], multiple), src[i]) for i in order]
     assert keys == sorted(keys)
+
+
+def test_make_batches_pads_less_than_sorting_by_target_alone() -> None:
+    """Grouping by both lengths pads the source side less than a target-length sort (the old order)."""
+    rng = random.Random(3)
+    tgt = [rng.randint(3, 40) for _ in range(3000)]
+    src = [max(1, t + rng.randint(-8, 8)) for t in tgt]  # correlated, as in translation
+    ours = make_batches(src, tgt, max_tokens=512, seed=0, epoch=0, shuffle=False, pad_multiple=4)
+    order = sorted(range(len(src)), key=lambda i: (tgt[i], src[i]))
+    by_target, batch, longest = [], [], 0
+    for i in order:  # the same budget rule, target-sorted
+        size = round_up(max(src[i], tgt[i]), 4)
+        if batch and (len(batch) + 1) * max(longest, size) > 512:
+            by_target.append(batch)
+            batch, longest = [], 0
+        batch.append(i)
+        longest = max(longest, size)
+    by_target.append(batch)
+    assert padding_fraction(ours, src, tgt, 4) < padding_fraction(by_target, src, tgt, 4) - 0.02
 
 
 def test_make_batches_reduces_padding() -> None:

@@ -107,7 +107,7 @@ def ddp_runs(tmp_path_factory) -> tuple[Path, dict, int, str]:
     if not (dist.is_available() and dist.is_gloo_available()):
         pytest.skip("this PyTorch build has no torch.distributed with the gloo backend")
     tmp = tmp_path_factory.mktemp("ddp")
-    raw = raw_config(dropout=0.0)
+    raw = raw_config(dropout=0.0, max_tokens=320)  # 7 batches per epoch: an odd tail
     n = epoch_length(tmp, raw)
     raw["train"].update(max_updates=n // 2 + 3, valid_every=n // 2 + 1)
     equal = str(write_yaml(tmp / "equal.yaml", raw))
