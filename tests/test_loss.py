@@ -88,3 +88,22 @@ def test_models_return_the_fused_loss_given_targets(arch: str) -> None:
     fused = model(src, tgt_in, positions, targets=targets, label_smoothing=0.1)
     ref = F.cross_entropy(model(src, tgt_in, positions), targets, label_smoothing=0.1, reduction="sum")
     torch.testing.assert_close(fused, ref, atol=1e-4, rtol=1e-5)
+
+
+def test_select_positions_equals_boolean_indexing_forward_and_backward() -> None:
+    from attnkit.loss import select_positions
+
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(4, 7, 3, generator=g, requires_grad=True)
+    positions = torch.rand(4, 7, generator=g) > 0.3
+    positions[2] = False  # a row with nothing selected
+    upstream = torch.randn(int(positions.sum()), 3, generator=g)
+    ours = select_positions(x, positions)
+    ours.backward(upstream)
+    got = x.grad.clone()
+    x.grad = None
+    ref = x[positions]
+    ref.backward(upstream)
+    torch.testing.assert_close(ours, ref, rtol=0, atol=0)
+    torch.testing.assert_close(got, x.grad, rtol=0, atol=0)
+    assert got[2].abs().sum() == 0

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+_INT64_MIN = -(2**63)
 
 
 def random_bytes(shape: torch.Size | tuple[int, ...], device: torch.device) -> Tensor:
@@ -22,7 +22,8 @@ def random_bytes(shape: torch.Size | tuple[int, ...], device: torch.device) -> T
     n = 1
     for s in shape:
         n *= s
-    words = torch.empty((n + 7) // 8, dtype=torch.int64, device=device).random_(_INT64_MIN, _INT64_MAX)
+    # from INT64_MIN with no upper bound: all 64 bits random, no modulo (1.5 vs 1.8 ms for 1.2M bytes)
+    words = torch.empty((n + 7) // 8, dtype=torch.int64, device=device).random_(_INT64_MIN, None)
     return words.view(torch.uint8)[:n].view(shape)
 
 
@@ -35,5 +36,6 @@ def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
     drop_below = round(p * 256)  # a byte b < drop_below means "drop": P = drop_below / 256
     if drop_below >= 256:
         return torch.zeros_like(x)
-    keep = random_bytes(x.shape, x.device) >= drop_below
+    keep = (random_bytes(x.shape, x.device) >= drop_below).view(torch.uint8)  # 0/1 bytes
+    # (bool -> bfloat16 is a slow scalar loop on the CPU: 1.4 ms for 1.2M values vs 0.2 ms from uint8)
     return x * keep.to(x.dtype).mul_(256.0 / (256 - drop_below))  # one product with x: one tensor saved

@@ -32,7 +32,7 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from .attention import AdditiveScore, GeneralScore, attend, make_scorer
 from .dropout import dropout
-from .loss import linear_cross_entropy
+from .loss import linear_cross_entropy, select_positions
 from .vocab import BOS_ID, EOS_ID, PAD_ID
 
 RNNState = Tensor | tuple[Tensor, Tensor]  # GRU hidden (L, B, H) or LSTM (h, c)
@@ -164,7 +164,7 @@ class RNNSeq2Seq(nn.Module):
     def features(self, src: Tensor, tgt_in: Tensor, positions: Tensor | None = None) -> Tensor:
         """Teacher forcing up to the output layer: ``(B, T, H)``, or ``(N, H)`` at ``positions``."""
         out, _ = self._teacher_force(src, tgt_in, need_weights=False)  # (B, T, H)
-        return out if positions is None else out[positions]
+        return out if positions is None else select_positions(out, positions)
 
     def forward(self, src: Tensor, tgt_in: Tensor, positions: Tensor | None = None, targets: Tensor | None = None,
                 label_smoothing: float = 0.0) -> Tensor:

@@ -20,7 +20,7 @@ from torch import Tensor, nn
 from .attention import causal_mask, padding_mask
 from .dropout import dropout
 from .layers import DecoderLayer, EncoderLayer, TokenEmbedding, make_positions, xavier_init_
-from .loss import linear_cross_entropy
+from .loss import linear_cross_entropy, select_positions
 from .multihead import KVCache
 from .vocab import BOS_ID, EOS_ID, PAD_ID
 
@@ -208,7 +208,7 @@ class Transformer(nn.Module):
         """Teacher forcing up to the output layer: ``(B, T, d_model)``, or ``(N, d_model)`` at ``positions``."""
         memory, memory_mask = self.encode(src)
         hidden, _, _ = self.decode(tgt_in, memory, memory_mask)  # (B, T, d_model)
-        return hidden if positions is None else hidden[positions]
+        return hidden if positions is None else select_positions(hidden, positions)
 
     def forward(self, src: Tensor, tgt_in: Tensor, positions: Tensor | None = None, targets: Tensor | None = None,
                 label_smoothing: float = 0.0) -> Tensor:
