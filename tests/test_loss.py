@@ -107,3 +107,16 @@ def test_select_positions_equals_boolean_indexing_forward_and_backward() -> None
     torch.testing.assert_close(ours, ref, rtol=0, atol=0)
     torch.testing.assert_close(got, x.grad, rtol=0, atol=0)
     assert got[2].abs().sum() == 0
+
+
+@pytest.mark.parametrize("eps", [0.0, 0.1])
+def test_exact_where_the_target_probability_underflows(eps: float) -> None:
+    """Logit gaps of hundreds: p_y is 0 in float32, yet the loss is the exact log-sum-exp one."""
+    hidden, weight, b, targets = inputs(True, seed=3)
+    with torch.no_grad():
+        weight *= 200.0  # logits spread over ~+-1000: most targets' softmax probability underflows
+    ours = linear_cross_entropy(hidden, weight, b, targets, label_smoothing=eps, chunk=8)
+    ref = F.cross_entropy(F.linear(hidden, weight, b), targets, label_smoothing=eps, reduction="sum")
+    assert torch.softmax(F.linear(hidden, weight, b), -1).gather(1, targets[:, None]).min() == 0
+    assert torch.isfinite(ours)
+    torch.testing.assert_close(ours, ref, rtol=1e-5, atol=0.0)

@@ -11,8 +11,20 @@ A 4k-token batch over an 8k vocabulary has 32M logits; with their float32 log-so
 gradient that is ~400 MB of memory traffic per update. :func:`linear_cross_entropy` never holds
 them at once: it walks the rows in chunks, and because the loss is a plain sum it computes each
 chunk's gradients right away (``dL/dz = softmax(z) - q``, ``dL/dh = dL/dz W``,
-``dL/dW = dL/dz^T h``); backward only scales them by the incoming gradient. The matmuls run in
-the autocast dtype (bfloat16 on this CPU), the softmax and loss in float32.
+``dL/dW = dL/dz^T h``); backward only scales them by the incoming gradient.
+
+Each chunk makes one pass over its logits, the softmax ``p``; everything else is per row:
+
+- ``log sum_v exp z_v = z_y - log p_y``, so ``nll = -log p_y`` and the smoothing term
+  ``-(1/V) sum_v log p_v = log sum exp z - (1/V) sum_v z_v``, where ``sum_v z_v = h . sum_v W_v
+  + sum_v b_v`` needs no logits. (A ``p_y`` that underflows takes its row's exact logsumexp.)
+- The uniform part of ``q`` adds a rank-one term to the gradients, applied once:
+  ``dL/dh -= (eps/V) sum_v W_v`` per row, ``dL/dW -= (eps/V) sum_i h_i`` per vocabulary row,
+  ``dL/db -= eps N / V``. Only the target entries of ``p`` change (``p_y - (1 - eps)``).
+
+The matmuls and the softmax's output run in the autocast dtype (bfloat16 on this CPU; the
+softmax accumulates in float32 either way); the loss and the gradients are summed in float32.
+In bf16 the logits are rounded to bf16 as autocast's ``F.linear`` would round them.
 """
 
 from __future__ import annotations
@@ -22,12 +34,15 @@ from torch import Tensor
 
 from .data import round_up
 
-#: Rows per chunk: 1024 x 8k float32 logits = 32 MB at a time.
+#: Rows per chunk: 1024 x 8k logits at a time.
 CHUNK_ROWS = 1024
 #: The last chunk is padded to a multiple of this many rows. The number of scored tokens changes
 #: every batch, and oneDNN (bf16 matmuls on the CPU) builds and keeps a ~1 MB kernel per matrix
 #: shape: unpadded, every batch added three (peak RSS after 60 Multi30k updates: 1.93 vs 1.68 GB).
 ROW_MULTIPLE = 128
+#: Below this a target's probability has lost precision (float32 / bfloat16 subnormals start at
+#: 1.2e-38), and its row's log-sum-exp is computed directly instead.
+UNDERFLOW = 1e-30
 
 
 def select_positions(x: Tensor, positions: Tensor) -> Tensor:
@@ -46,6 +61,11 @@ class _LinearCrossEntropy(torch.autograd.Function):
                 eps: float, chunk: int, compute_dtype: torch.dtype, with_grad: bool) -> Tensor:
         N, V = hidden.size(0), weight.size(0)
         W = weight.to(compute_dtype)  # (V, d)
+        b = None if bias is None else bias.to(compute_dtype)  # (V,)
+        W_sum = weight.float().sum(dim=0)  # (d,) = sum_v W_v
+        z_sum = hidden.float() @ W_sum  # (N,) = sum_v z_v, without the logits
+        if bias is not None:
+            z_sum += bias.float().sum()
         total = torch.zeros((), dtype=torch.float32, device=hidden.device)
         grad_h = torch.empty_like(hidden, dtype=torch.float32) if with_grad else None  # (N, d)
         grad_W = torch.zeros_like(weight, dtype=torch.float32) if with_grad else None  # (V, d)
@@ -58,22 +78,30 @@ class _LinearCrossEntropy(torch.autograd.Function):
             if rows > n:  # zero rows; their loss and gradient are dropped below
                 h = torch.cat([h, h.new_zeros(rows - n, h.size(1))])
                 y = torch.cat([y, y.new_zeros(rows - n)])
-            z = (h @ W.t()).float()  # (rows, V)
-            if bias is not None:
-                z += bias.float()
-            logp = torch.log_softmax(z, dim=-1)  # (rows, V), float32
-            nll = -logp.gather(1, y[:, None]).squeeze(1)  # (rows,)
-            total += ((1.0 - eps) * nll[:n] - (eps / V) * logp[:n].sum(dim=-1)).sum()
+            z = h @ W.t() if b is None else torch.addmm(b, h, W.t())  # (rows, V)
+            p = torch.softmax(z, dim=-1)  # (rows, V), accumulated in float32, stored in z's dtype
+            z_y = z.gather(1, y[:, None]).squeeze(1)[:n].float()  # (n,)
+            p_y = p.gather(1, y[:, None]).squeeze(1).float()  # (rows,)
+            lse = z_y - p_y[:n].log()  # (n,) log sum_v exp z_v
+            lost = p_y[:n] < UNDERFLOW
+            if bool(lost.any()):
+                lse[lost] = torch.logsumexp(z[:n][lost].float(), dim=-1)
+            smooth = lse - z_sum[start: start + n] / V  # -(1/V) sum_v log p_v
+            total += ((1.0 - eps) * (lse - z_y) + eps * smooth).sum()
             if with_grad:
-                g = logp.exp_()  # softmax, in place: (rows, V)
-                g -= eps / V
-                g.scatter_add_(1, y[:, None], torch.full_like(nll[:, None], -(1.0 - eps)))  # softmax - q
+                g = p  # becomes p - (1 - eps) onehot(y) in place; the -eps/V is added once, below
+                targets_at = torch.arange(rows, device=y.device) * V + y  # (rows,) flat index of each target
+                g.view(-1).index_put_((targets_at,), (p_y - (1.0 - eps)).to(g.dtype))
                 g[n:] = 0.0  # padding rows
-                gc = g.to(compute_dtype)
-                grad_h[start: start + chunk] = (gc @ W)[:n]  # (rows, V) @ (V, d)
-                grad_W += gc.t() @ h  # (V, rows) @ (rows, d)
+                grad_h[start: start + chunk] = (g @ W)[:n]  # (rows, V) @ (V, d)
+                grad_W += g.t() @ h  # (V, rows) @ (rows, d)
                 if grad_b is not None:
-                    grad_b += g.sum(dim=0)
+                    grad_b += g.sum(dim=0, dtype=torch.float32)
+        if with_grad:  # the uniform eps/V of q: a rank-one term in each gradient
+            grad_h -= (eps / V) * W_sum
+            grad_W -= (eps / V) * hidden.float().sum(dim=0)
+            if grad_b is not None:
+                grad_b -= eps * N / V
         ctx.save_for_backward(*(t for t in (grad_h, grad_W, grad_b) if t is not None))
         ctx.dtypes = (hidden.dtype, weight.dtype, None if bias is None else bias.dtype)
         return total
