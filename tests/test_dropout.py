@@ -43,3 +43,23 @@ def test_random_bytes_are_uniform() -> None:
     b = random_bytes((256 * 4000,), torch.device("cpu"))
     counts = torch.bincount(b.long(), minlength=256).float()
     assert counts.min() > 3500 and counts.max() < 4500
+
+
+@pytest.mark.parametrize("p", [1 / 256, 0.1, 0.5, 255 / 256])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_mask_is_exactly_bytes_at_or_above_the_threshold(p: float, dtype: torch.dtype) -> None:
+    """The uint8 clamp/subtract mask keeps exactly the bytes b >= round(256 p), as a comparison would."""
+    x = torch.randn(300, 7).to(dtype)
+    torch.manual_seed(4)
+    y = dropout(x, p)
+    torch.manual_seed(4)
+    b = random_bytes(x.shape, x.device)
+    drop_below = round(p * 256)
+    expected = x * (b >= drop_below).to(dtype) * torch.tensor(256 / (256 - drop_below), dtype=dtype)
+    assert torch.equal(y, expected)
+    assert 0 < int((y == 0).sum()) < x.numel()
+
+
+def test_rate_below_half_a_byte_is_no_dropout() -> None:
+    x = torch.randn(10, 10)
+    assert dropout(x, 1 / 1024) is x
