@@ -245,7 +245,7 @@ def _fused_is_faster(q: Tensor, k: Tensor) -> bool:
 
 
 # On the CPU, torch's bfloat16 softmax and its backward are slow for rows shorter than this
-# (backward 1.0-1.6 ms vs 0.1 ms in float32 for 19k rows of 12-24 keys): below it the weights are
+# (backward 1.4-1.7 ms vs 0.1 ms in float32 for ~20k rows of 16-24 keys): below it the weights are
 # computed in float32 and cast for ``weights @ v``. Paired in training on Multi30k: +1-2% tokens/s.
 BF16_SOFTMAX_CPU_MIN_KEYS = 32
 
