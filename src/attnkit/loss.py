@@ -63,7 +63,8 @@ class _LinearCrossEntropy(torch.autograd.Function):
         W = weight.to(compute_dtype)  # (V, d)
         b = None if bias is None else bias.to(compute_dtype)  # (V,)
         W_sum = weight.float().sum(dim=0)  # (d,) = sum_v W_v
-        z_sum = hidden.float() @ W_sum  # (N,) = sum_v z_v, without the logits
+        hidden32 = hidden.float()  # (N, d)
+        z_sum = hidden32 @ W_sum  # (N,) = sum_v z_v, without the logits
         if bias is not None:
             z_sum += bias.float().sum()
         total = torch.zeros((), dtype=torch.float32, device=hidden.device)
@@ -99,7 +100,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
                     grad_b += g.sum(dim=0, dtype=torch.float32)
         if with_grad:  # the uniform eps/V of q: a rank-one term in each gradient
             grad_h -= (eps / V) * W_sum
-            grad_W -= (eps / V) * hidden.float().sum(dim=0)
+            grad_W -= (eps / V) * hidden32.sum(dim=0)
             if grad_b is not None:
                 grad_b -= eps * N / V
         ctx.save_for_backward(*(t for t in (grad_h, grad_W, grad_b) if t is not None))
