@@ -65,7 +65,7 @@ def evaluate(name: str, run_dir: Path, pairs: list[tuple[str, str]], beam: int, 
     settings: list[tuple[str, float, str]] = [("softmax", b, f"soft, beta x {b:g}") for b in BETAS]
     settings.append(("hard", math.inf, "hard (argmax)"))
     for normalizer, beta, label in settings:
-        with attention_override(normalizer=normalizer, beta=None if normalizer == "hard" else beta):
+        with attention_override(run.model, normalizer=normalizer, beta=None if normalizer == "hard" else beta):
             score = bleu(translate(run, sources, beam), refs)
         rows.append({"setting": label, "normalizer": normalizer, "beta": "inf" if math.isinf(beta) else beta,
                      "bleu": score})

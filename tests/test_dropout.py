@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attnkit.dropout import dropout, random_bytes
+from attnkit.engine.dropout import byte_dropout as dropout
+from attnkit.engine.dropout import random_bytes
 
 
 @pytest.mark.parametrize("p", [0.1, 0.3, 0.5])

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from attnkit.loss import linear_cross_entropy
+from attnkit.engine.loss import linear_cross_entropy
 
 
 def inputs(bias: bool, seed: int = 0):
@@ -72,8 +72,11 @@ def test_inference_mode_gives_the_same_loss_without_a_graph() -> None:
 
 
 @pytest.mark.parametrize("arch", ["transformer", "rnn"])
-def test_models_return_the_fused_loss_given_targets(arch: str) -> None:
+def test_fused_objective_equals_the_reference_objective(arch: str) -> None:
+    """The engine's FusedSeq2SeqLoss equals the task's F.cross_entropy objective, value and gradients."""
     from attnkit import RNNConfig, RNNSeq2Seq, Transformer, preset
+    from attnkit.engine.loss import FusedSeq2SeqLoss
+    from attnkit.tasks import Seq2SeqLoss
 
     torch.manual_seed(0)
     if arch == "transformer":
@@ -85,13 +88,20 @@ def test_models_return_the_fused_loss_given_targets(arch: str) -> None:
     positions = torch.ones(3, 5, dtype=torch.bool)
     positions[1, 3:] = False
     targets = torch.randint(4, 30, (int(positions.sum()),))
-    fused = model(src, tgt_in, positions, targets=targets, label_smoothing=0.1)
-    ref = F.cross_entropy(model(src, tgt_in, positions), targets, label_smoothing=0.1, reduction="sum")
+    grads = []
+    for objective in (FusedSeq2SeqLoss(model), Seq2SeqLoss(model)):
+        model.zero_grad()
+        loss = objective(src, tgt_in, positions, targets, 0.1)
+        loss.backward()
+        grads.append((loss.detach(), [p.grad.clone() for p in model.parameters()]))
+    (fused, fused_grads), (ref, ref_grads) = grads
     torch.testing.assert_close(fused, ref, atol=1e-4, rtol=1e-5)
+    for a, b in zip(fused_grads, ref_grads, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
 
 
 def test_select_positions_equals_boolean_indexing_forward_and_backward() -> None:
-    from attnkit.loss import select_positions
+    from attnkit.engine.loss import select_positions
 
     g = torch.Generator().manual_seed(5)
     x = torch.randn(4, 7, 3, generator=g, requires_grad=True)

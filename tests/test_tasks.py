@@ -98,10 +98,10 @@ def test_translation_loss_ignores_padding(task):
     by_tgt = sorted(range(len(task.tgt)), key=lambda i: (len(task.tgt[i]), len(task.src[i])))
     indices = by_tgt[:3] + by_tgt[-3:] + by_tgt[150:152]  # short and long sides: padding on both
     batch = task.collate(indices, torch.device("cpu"))
-    assert batch.inputs[0].eq(PAD_ID).any() and batch.inputs[1].eq(PAD_ID).any()  # padded source and target
+    assert batch.src.eq(PAD_ID).any() and batch.tgt_in.eq(PAD_ID).any()  # padded source and target
     with torch.no_grad():
-        batched = task.loss(model, batch, label_smoothing=0.1)
-        single = sum(task.loss(model, task.collate([i], torch.device("cpu")), label_smoothing=0.1)
+        batched = task.loss(task.objective(model), batch, label_smoothing=0.1)
+        single = sum(task.loss(task.objective(model), task.collate([i], torch.device("cpu")), label_smoothing=0.1)
                      for i in indices)
     assert batch.n_targets == sum(len(task.tgt[i]) - 1 for i in indices)
     torch.testing.assert_close(batched, single, rtol=1e-5, atol=1e-4)
@@ -113,10 +113,9 @@ def test_translation_loss_is_summed_cross_entropy(task):
     idx = task.batches(0)[0][:1]
     batch = task.collate(idx, torch.device("cpu"))
     with torch.no_grad():
-        src, tgt_in, real = batch.inputs
-        logits = model(src, tgt_in)[0]  # (T, V) at every position, padding included
-        expected = F.cross_entropy(logits[real[0]], batch.targets, reduction="sum")
-        assert torch.allclose(task.loss(model, batch, 0.0), expected, atol=1e-5)
+        logits = model(batch.src, batch.tgt_in)[0]  # (T, V) at every position, padding included
+        expected = F.cross_entropy(logits[batch.scored[0]], batch.targets, reduction="sum")
+        assert torch.allclose(task.loss(task.objective(model), batch, 0.0), expected, atol=1e-5)
 
 
 # -- translate_texts -------------------------------------------------------------------

@@ -17,7 +17,6 @@ from attnkit import (
     padding_mask,
     preset,
 )
-from attnkit.transformer import shared_rows
 
 D, H, FF = 32, 4, 64
 
@@ -213,35 +212,6 @@ def test_state_select_reorders_rows() -> None:
     logits, _, _ = model.decode_step(tgt[index, 1], picked)
     ref = model(src[index], tgt[index, :2])[:, 1]
     torch.testing.assert_close(logits, ref, atol=1e-5, rtol=1e-5)
-
-
-def test_shared_rows_groups_consecutive_rows_of_one_sentence() -> None:
-    assert shared_rows(torch.tensor([0, 0, 1, 1, 2, 2])).tolist() == [0, 1, 2]
-    assert shared_rows(torch.tensor([2, 2, 2, 0, 0, 0])).tolist() == [2, 0]
-    assert shared_rows(torch.tensor([1, 0, 2])).tolist() == [1, 0, 2]  # greedy: groups of one
-    assert shared_rows(torch.tensor([0, 0, 1])) is None  # uneven groups
-    assert shared_rows(torch.tensor([0, 0, 1, 2])) is None  # a group holding two sentences
-
-
-@pytest.mark.parametrize("use_cache", [True, False])
-def test_beam_rows_share_one_memory_row_per_sentence_and_decode_like_separate_rows(use_cache: bool) -> None:
-    model = small_model()
-    src, tgt = batch()
-    state = model.init_decoder(src, use_cache=use_cache)
-    beams = state.select(torch.arange(3).repeat_interleave(4))  # 3 sentences x 4 beams
-    assert beams.memory is state.memory  # not copied
-    rows = torch.arange(3).repeat_interleave(4)  # the sentence each beam row decodes
-    for t, reorder in enumerate([torch.arange(12), torch.tensor([3, 3, 0, 1, 4, 4, 4, 4, 11, 8, 9, 9])]):
-        beams, rows = beams.select(reorder), rows[reorder]
-        logits, beams, attn = model.decode_step(tgt[rows, t], beams, need_weights=True)
-        assert beams.memory.size(0) == 3  # reordering beams within their sentence re-selects no memory
-        torch.testing.assert_close(logits, model(src[rows], tgt[rows, : t + 1])[:, t], atol=1e-5, rtol=1e-5)
-        ref_attn = model.cross_attention(src[rows], tgt[rows, : t + 1])[-1][:, :, t].mean(dim=1)  # (12, S)
-        torch.testing.assert_close(attn, ref_attn, atol=1e-6, rtol=1e-5)
-    left = beams.select(torch.tensor([8, 9, 10, 11]))  # sentences 0 and 1 finished
-    assert left.memory.size(0) == 1
-    logits, _, _ = model.decode_step(tgt[rows[8:], 2], left)
-    torch.testing.assert_close(logits, model(src[rows[8:]], tgt[rows[8:], :3])[:, 2], atol=1e-5, rtol=1e-5)
 
 
 def test_tied_and_shared_embeddings() -> None:

@@ -30,14 +30,11 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from contextvars import ContextVar
 from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-
-from .dropout import dropout as dropout_fn
 
 ScoreName = Literal["dot", "scaled_dot", "general", "additive", "concat"]
 Normalizer = Literal["softmax", "hard"]
@@ -165,25 +162,18 @@ def _at_least_float32(e: Tensor) -> Tensor:
     return e if e.dtype == torch.float64 else e.float()
 
 
-def soft_attention(e: Tensor, mask: Tensor | None = None, beta: float = 1.0, *, keep_dtype: bool = False) -> Tensor:
+def soft_attention(e: Tensor, mask: Tensor | None = None, beta: float = 1.0) -> Tensor:
     """``alpha = softmax(beta * e)`` over keys, in float32 (seed 3's soft argmax with inverse temperature).
 
-    Masked keys get weight 0; a row whose keys are all masked gets all-zero weights. With
-    ``keep_dtype`` the weights come back in ``e``'s dtype (bfloat16 under autocast): torch's
-    softmax still accumulates in float32 and rounds once, as casting the float32 weights would,
-    without two (B, H, T_q, T_k) conversions per layer and pass (with ``beta != 1`` the logits are
-    scaled in float32 first, so they too are rounded only once).
+    Masked keys get weight 0; a row whose keys are all masked gets all-zero weights.
     """
-    logits = e if keep_dtype and beta == 1.0 else _at_least_float32(e)
-    logits = logits * beta if beta != 1.0 else logits
+    logits = _at_least_float32(e) * beta
     if mask is not None:
         logits = logits.masked_fill(~mask, torch.finfo(logits.dtype).min)
     weights = torch.softmax(logits, dim=-1)  # masked keys: exp(min - max) underflows to exactly 0
     if mask is not None:
-        has_key = mask.any(dim=-1, keepdim=True)
-        if not bool(has_key.all()):
-            weights = weights * has_key  # a row with nothing to attend to: softmax made it uniform
-    return weights.to(e.dtype) if keep_dtype else weights
+        weights = weights * mask.any(dim=-1, keepdim=True)  # a row with nothing to attend to: zeros, not uniform
+    return weights
 
 
 def hard_attention(e: Tensor, mask: Tensor | None = None, beta: float = 1.0, *,
@@ -205,68 +195,34 @@ def hard_attention(e: Tensor, mask: Tensor | None = None, beta: float = 1.0, *,
     return hard
 
 
+def normalize(e: Tensor, mask: Tensor | None, normalizer: Normalizer, beta: float,
+              straight_through: bool = False) -> Tensor:
+    """Logits ``(..., T_q, T_k)`` -> weights: :func:`soft_attention` or :func:`hard_attention`."""
+    if normalizer == "softmax":
+        return soft_attention(e, mask, beta)
+    if normalizer == "hard":
+        return hard_attention(e, mask, beta, straight_through=straight_through)
+    raise ValueError(f"unknown normalizer {normalizer!r}; choose softmax or hard")
+
+
 # --------------------------------------------------------------------------------------
 # The kernel
 # --------------------------------------------------------------------------------------
 
 
-_OVERRIDE: ContextVar[tuple[Normalizer | None, float | None]] = ContextVar("attnkit_attention_override",
-                                                                         default=(None, None))
+Dropout = Callable[[Tensor], Tensor]
 
 
-@contextmanager
-def attention_override(*, normalizer: Normalizer | None = None, beta: float | None = None) -> Iterator[None]:
-    """Evaluate a trained model with another normalizer or temperature, without touching its code.
-
-    Inside the block every :func:`attend` call (every layer, head and decoder step of any model)
-    uses ``normalizer`` instead of its own, and multiplies its logits by ``beta`` on top of its own
-    inverse temperature: ``softmax(beta * score(q, k))`` with the model's ``score`` (for a
-    Transformer ``q.k / sqrt(d_k)``). ``None`` leaves that setting alone. Meant for inference
-    experiments such as soft-trained models read with hard (argmax) attention (seed 001).
-    """
-    if normalizer not in (None, "softmax", "hard"):
+def check_attention_args(score: ScoreName | Scorer, normalizer: str, mask: Tensor | None) -> None:
+    """Reject what :func:`attend` cannot do, with a message saying what to pass instead."""
+    if isinstance(score, str) and score in ("general", "additive", "concat"):
+        raise ValueError(f"score {score!r} has parameters: pass a module, e.g. make_scorer({score!r}, d_q)")
+    if isinstance(score, str) and score not in _PARAMETER_FREE:
+        raise ValueError(f"unknown attention score {score!r}; choose one of dot, scaled_dot, general, additive, concat")
+    if normalizer not in ("softmax", "hard"):
         raise ValueError(f"unknown normalizer {normalizer!r}; choose softmax or hard")
-    if beta is not None and not beta > 0:
-        raise ValueError(f"beta must be positive, got {beta}")
-    token = _OVERRIDE.set((normalizer, beta))
-    try:
-        yield
-    finally:
-        _OVERRIDE.reset(token)
-
-
-# On the CPU, torch's fused bfloat16 kernel is slower than matmul + softmax for short key
-# sequences (benchmarks/attention.py: 2x at T=64, even at T=256); above this the fused path wins.
-FUSED_BF16_CPU_MIN_KEYS = 256
-
-
-def _fused_is_faster(q: Tensor, k: Tensor) -> bool:
-    return not (q.device.type == "cpu" and q.dtype == torch.bfloat16 and k.size(-2) < FUSED_BF16_CPU_MIN_KEYS)
-
-
-# On the CPU, torch's bfloat16 softmax and its backward are slow for rows shorter than this
-# (backward 1.4-1.7 ms vs 0.1 ms in float32 for ~20k rows of 16-24 keys): below it the weights are
-# computed in float32 and cast for ``weights @ v``. Paired in training on Multi30k: +1-2% tokens/s.
-BF16_SOFTMAX_CPU_MIN_KEYS = 32
-
-
-def _bf16_softmax_is_faster(e: Tensor) -> bool:
-    return not (e.device.type == "cpu" and e.size(-1) < BF16_SOFTMAX_CPU_MIN_KEYS)
-
-
-_EMPTY_ROWS_ZEROED: dict[tuple[str, torch.dtype], bool] = {}
-
-
-def _fused_zeroes_empty_rows(device: torch.device, dtype: torch.dtype) -> bool:
-    """Whether this torch's fused kernel already returns 0 for a query with no key (probed once per device/dtype)."""
-    key = (device.type, dtype)
-    if key not in _EMPTY_ROWS_ZEROED:
-        x = torch.ones(1, 1, 2, 2, device=device, dtype=dtype)
-        none = torch.zeros(1, 1, 2, 2, dtype=torch.bool, device=device)
-        with torch.no_grad():
-            out = F.scaled_dot_product_attention(x, x, x, attn_mask=none)
-        _EMPTY_ROWS_ZEROED[key] = bool((out == 0).all())
-    return _EMPTY_ROWS_ZEROED[key]
+    if mask is not None and mask.dtype != torch.bool:
+        raise TypeError(f"mask must be boolean (True = may attend), got {mask.dtype}")
 
 
 def attend(
@@ -278,11 +234,14 @@ def attend(
     score: ScoreName | Scorer = "scaled_dot",
     normalizer: Normalizer = "softmax",
     beta: float | None = None,
-    dropout: float = 0.0,
+    dropout: float | Dropout = 0.0,
     need_weights: bool = True,
     straight_through: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
     """Attention: ``context = normalize(beta * score(q, k)) v`` (SEEDS.md 2-4).
+
+    The steps, as the seeds write them: score every key, mask, normalize (softmax or hard
+    argmax, inverse temperature ``beta``), drop out weights (training), take the weighted sum.
 
     :param q: queries ``(..., T_q, d_k)`` — any number of leading (batch, head) dims.
     :param k: keys ``(..., T_k, d_k)``.
@@ -294,44 +253,50 @@ def attend(
     :param beta: inverse temperature multiplying the logits before the softmax. Default 1;
         ``score="scaled_dot"`` already divides by ``sqrt(d_k)``, which is the seeds'
         ``beta = 1/sqrt(d_k)`` applied to ``dot``.
-    :param dropout: dropout probability on the weights (pass 0 at inference).
-    :param need_weights: when False and the score is (scaled) dot with softmax, the fused
-        ``F.scaled_dot_product_attention`` kernel is used (memory ``O(T)`` instead of ``O(T^2)``)
-        and ``None`` is returned for the weights.
+    :param dropout: dropout on the weights: a probability (applied as in training) or a module
+        such as ``nn.Dropout`` (which knows whether it is training).
+    :param need_weights: return the weights, or None (the fast engine's kernel then may use a
+        fused kernel that never materialises them; here it only drops them).
     :param straight_through: for ``normalizer="hard"``, pass softmax gradients through.
     :returns: ``(context (..., T_q, d_v), weights (..., T_q, T_k) or None)``.
-
-    Inside :func:`attention_override` its normalizer replaces ``normalizer`` and its beta multiplies ``beta``.
     """
-    forced_normalizer, forced_beta = _OVERRIDE.get()
-    if forced_normalizer is not None:
-        normalizer = forced_normalizer
-    if forced_beta is not None:
-        beta = forced_beta * (1.0 if beta is None else beta)
-    if isinstance(score, str) and score in ("general", "additive", "concat"):
-        raise ValueError(f"score {score!r} has parameters: pass a module, e.g. make_scorer({score!r}, d_q)")
-    if normalizer not in ("softmax", "hard"):
-        raise ValueError(f"unknown normalizer {normalizer!r}; choose softmax or hard")
-    if mask is not None and mask.dtype != torch.bool:
-        raise TypeError(f"mask must be boolean (True = may attend), got {mask.dtype}")
-
-    if not need_weights and normalizer == "softmax" and score in ("dot", "scaled_dot") and _fused_is_faster(q, k):
-        scale = 1.0 / math.sqrt(q.size(-1)) if score == "scaled_dot" else 1.0
-        scale *= 1.0 if beta is None else beta
-        context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, scale=scale)
-        if mask is not None and not _fused_zeroes_empty_rows(q.device, q.dtype):
-            # Older kernels return uniform weights or NaN for rows with nothing to attend to.
-            context = context.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)
-        return context, None
-
+    check_attention_args(score, normalizer, mask)
     scorer = _PARAMETER_FREE[score] if isinstance(score, str) else score
-    e = scorer(q, k)  # (..., T_q, T_k)
-    beta = 1.0 if beta is None else beta
-    if normalizer == "softmax":
-        keep_dtype = not need_weights and _bf16_softmax_is_faster(e)  # weights shown are float32
-        weights = soft_attention(e, mask, beta, keep_dtype=keep_dtype)
+    e = scorer(q, k)  # 1. scores (..., T_q, T_k)
+    weights = normalize(e, mask, normalizer, 1.0 if beta is None else beta, straight_through)  # 2.-3. mask, normalize
+    if callable(dropout):
+        p = dropout(weights)  # 4. dropout on the weights
     else:
-        weights = hard_attention(e, mask, beta, straight_through=straight_through)
-    p = dropout_fn(weights, dropout)
-    context = p.to(v.dtype) @ v  # (..., T_q, T_k) @ (..., T_k, d_v) -> (..., T_q, d_v)
+        p = F.dropout(weights, dropout) if dropout > 0.0 else weights
+    context = p.to(v.dtype) @ v  # 5. (..., T_q, T_k) @ (..., T_k, d_v) -> (..., T_q, d_v)
     return context, (weights if need_weights else None)
+
+
+@contextmanager
+def attention_override(model: nn.Module, *, normalizer: Normalizer | None = None,
+                       beta: float | None = None) -> Iterator[None]:
+    """Evaluate a trained model with another normalizer or temperature, without touching its code.
+
+    Inside the block every attention module of ``model`` (each multi-head layer, or an RNN's
+    attention: the modules with ``normalizer`` and ``beta`` attributes) uses ``normalizer``
+    instead of its own, and multiplies its logits by ``beta`` on top of its own inverse
+    temperature: ``softmax(beta * score(q, k))`` with the model's ``score`` (for a Transformer
+    ``q.k / sqrt(d_k)``). ``None`` leaves that setting alone. Meant for inference experiments
+    such as soft-trained models read with hard (argmax) attention (seed 001).
+    """
+    if normalizer not in (None, "softmax", "hard"):
+        raise ValueError(f"unknown normalizer {normalizer!r}; choose softmax or hard")
+    if beta is not None and not beta > 0:
+        raise ValueError(f"beta must be positive, got {beta}")
+    modules = [m for m in model.modules() if hasattr(m, "normalizer") and hasattr(m, "beta")]
+    saved = [(m.normalizer, m.beta) for m in modules]
+    try:
+        for m in modules:
+            if normalizer is not None:
+                m.normalizer = normalizer
+            if beta is not None:
+                m.beta = beta * (1.0 if m.beta is None else m.beta)
+        yield
+    finally:
+        for m, (n, b) in zip(modules, saved, strict=True):
+            m.normalizer, m.beta = n, b

@@ -16,7 +16,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .dropout import dropout
 from .layers import xavier_init_
 from .transformer import TransformerConfig, TransformerEncoder
 from .vocab import PAD_ID
@@ -48,14 +47,14 @@ class TransformerClassifier(nn.Module):
         self.pooling = pooling
         self.encoder = TransformerEncoder(cfg, vocab_size, pad_id=pad_id)
         self.head = nn.Linear(cfg.d_model, n_classes)
-        self.dropout = cfg.dropout
+        self.dropout = nn.Dropout(cfg.dropout)  # on the pooled vector
         xavier_init_(self)
 
     def forward(self, tokens: Tensor) -> Tensor:
         """``tokens`` ``(B, T)`` padded with ``pad_id`` -> logits ``(B, n_classes)``."""
         hidden, mask, _ = self.encoder(tokens)  # (B, T, D), (B, 1, 1, T)
         z = pool(hidden, mask[:, 0, 0], self.pooling)  # (B, D)
-        return self.head(dropout(z, self.dropout, self.training))
+        return self.head(self.dropout(z))  # (B, n_classes)
 
     @torch.no_grad()
     def token_importance(self, tokens: Tensor) -> Tensor:

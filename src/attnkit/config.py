@@ -269,7 +269,7 @@ def _validate_tree(config: Any, prefix: str, source: str) -> None:
     if callable(validate):
         try:
             validate()
-        except UserError as err:
+        except (UserError, ValueError) as err:  # model configs raise ValueError: they know nothing of the CLI
             where = f" in '{prefix}'" if prefix else ""
             raise UserError(f"{source}{where}: {err}") from None
 

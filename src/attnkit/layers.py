@@ -7,8 +7,8 @@
 - :class:`EncoderLayer`: self-attention -> Add & Norm -> FFN -> Add & Norm.
 - :class:`DecoderLayer`: masked self-attention -> Add & Norm -> cross-attention -> Add & Norm -> FFN -> Add & Norm.
 
-Dropout sits where the paper puts it: on each sub-layer's output before the residual add
-(``dropout``) and on embeddings + positions (in the models). Dropout on attention weights
+Dropout (``nn.Dropout`` modules) sits where the paper puts it: on each sub-layer's output before
+the residual add and on embeddings + positions (in the models). Dropout on attention weights
 and on the FFN activation are extra options (tensor2tensor/fairseq), off by default.
 Deviation flag: ``norm_first=True`` gives the pre-norm variant ``x + Sublayer(LayerNorm(x))``
 (more stable for deep stacks); the paper's post-norm ``LayerNorm(x + Sublayer(x))`` is the default.
@@ -23,7 +23,6 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .attention import ScoreName
-from .dropout import dropout
 from .multihead import KVCache, MultiHeadAttention
 
 
@@ -116,31 +115,30 @@ class FeedForward(nn.Module):
         super().__init__()
         self.w1 = nn.Linear(d_model, d_ff)
         self.w2 = nn.Linear(d_ff, d_model)
-        self.activation_dropout = activation_dropout
+        self.activation_dropout = nn.Dropout(activation_dropout)
 
     def forward(self, x: Tensor) -> Tensor:
-        h = F.relu(self.w1(x))  # (B, T, d_ff)
-        if self.activation_dropout > 0.0:
-            h = dropout(h, self.activation_dropout, self.training)
+        h = self.activation_dropout(F.relu(self.w1(x)))  # (B, T, d_ff)
         return self.w2(h)  # (B, T, d_model)
 
 
 class _ResidualBlock(nn.Module):
-    """Residual wiring shared by encoder and decoder layers.
+    """Residual wiring shared by encoder and decoder layers ("Add & Norm").
 
     Post-norm (paper): ``x = Norm(x + Dropout(Sublayer(x)))``.
     Pre-norm:          ``x = x + Dropout(Sublayer(Norm(x)))``.
-    ``sublayer_input`` gives what the sub-layer reads; ``add_and_norm`` adds its output back.
+    ``sublayer_input`` gives what the sub-layer reads (normalised first in pre-norm);
+    ``add_residual`` adds its output back (and normalises the sum in post-norm).
     """
 
     norm_first: bool
-    dropout: float
+    dropout: nn.Dropout
 
     def sublayer_input(self, x: Tensor, norm: nn.LayerNorm) -> Tensor:
         return norm(x) if self.norm_first else x
 
-    def add_and_norm(self, x: Tensor, y: Tensor, norm: nn.LayerNorm) -> Tensor:
-        x = x + dropout(y, self.dropout, self.training)
+    def add_residual(self, x: Tensor, y: Tensor, norm: nn.LayerNorm) -> Tensor:
+        x = x + self.dropout(y)  # (B, T, d_model)
         return x if self.norm_first else norm(x)
 
 
@@ -155,15 +153,15 @@ class EncoderLayer(_ResidualBlock):
         self.ff = FeedForward(d_model, d_ff, activation_dropout)
         self.norm1 = nn.LayerNorm(d_model, eps=eps)
         self.norm2 = nn.LayerNorm(d_model, eps=eps)
-        self.dropout = dropout
+        self.dropout = nn.Dropout(dropout)  # on each sub-layer's output
         self.norm_first = norm_first
 
     def forward(self, x: Tensor, mask: Tensor | None = None, need_weights: bool = False
                 ) -> tuple[Tensor, Tensor | None]:
         """``x`` ``(B, T, d_model)``, ``mask`` ``(B, 1, 1, T)`` key padding -> ``(x, weights (B, H, T, T) | None)``."""
         y, weights, _ = self.self_attn(self.sublayer_input(x, self.norm1), None, mask, need_weights=need_weights)
-        x = self.add_and_norm(x, y, self.norm1)
-        x = self.add_and_norm(x, self.ff(self.sublayer_input(x, self.norm2)), self.norm2)
+        x = self.add_residual(x, y, self.norm1)
+        x = self.add_residual(x, self.ff(self.sublayer_input(x, self.norm2)), self.norm2)
         return x, weights
 
 
@@ -180,7 +178,7 @@ class DecoderLayer(_ResidualBlock):
         self.norm1 = nn.LayerNorm(d_model, eps=eps)
         self.norm2 = nn.LayerNorm(d_model, eps=eps)
         self.norm3 = nn.LayerNorm(d_model, eps=eps)
-        self.dropout = dropout
+        self.dropout = nn.Dropout(dropout)  # on each sub-layer's output
         self.norm_first = norm_first
 
     def forward(
@@ -196,10 +194,10 @@ class DecoderLayer(_ResidualBlock):
         """One decoder layer.
 
         :param x: ``(B, T, d_model)`` target positions (``T = 1`` when decoding step by step).
-        :param memory: ``(A, S, d_model)`` encoder output, ``A = B`` or, in beam search, one row per
-            sentence shared by its ``g = B / A`` consecutive hypothesis rows of ``x``.
+        :param memory: ``(B, S, d_model)`` encoder output (the engine's beam search passes one row per
+            sentence, ``(A, S, d_model)``, shared by ``g = B / A`` consecutive rows of ``x``).
         :param self_mask: look-ahead mask ``(T, T_past + T)``, possibly combined with target padding.
-        :param memory_mask: ``(A, 1, 1, S)`` source padding mask.
+        :param memory_mask: ``(B, 1, 1, S)`` source padding mask.
         :param cache: ``(self-attention cache, cross-attention cache)`` for incremental decoding.
         :param need_weights: also return both attentions' per-head weights.
         :returns: ``(x, (self-attention (B, H, T, T_past + T), cross-attention (B, H, T, S)) | None,
@@ -208,24 +206,11 @@ class DecoderLayer(_ResidualBlock):
         self_cache, cross_cache = cache if cache is not None else (None, None)
         y, self_weights, self_cache = self.self_attn(self.sublayer_input(x, self.norm1), None, self_mask,
                                                      cache=self_cache, need_weights=need_weights)
-        x = self.add_and_norm(x, y, self.norm1)
-        B, T, d = x.shape
-        A = memory.size(0)
-        if B % A:
-            raise ValueError(f"memory has {A} rows but the target {B}: each memory row must serve the same number "
-                             f"of consecutive target rows")
-        # Cross-attention has no mask between queries, so the g hypotheses of one sentence are just
-        # more queries against the same keys: (B, T, d) -> (A, g*T, d), memory read once per sentence.
-        query = self.sublayer_input(x, self.norm2).reshape(A, (B // A) * T, d)
-        y, cross_weights, cross_cache = self.cross_attn(query, memory, memory_mask, cache=cross_cache,
-                                                        need_weights=need_weights)
-        if A != B:
-            y = y.reshape(B, T, d)
-            if cross_weights is not None:  # (A, H, g*T, S) -> (B, H, T, S)
-                H, S = cross_weights.size(1), cross_weights.size(-1)
-                cross_weights = cross_weights.view(A, H, B // A, T, S).transpose(1, 2).reshape(B, H, T, S)
-        x = self.add_and_norm(x, y, self.norm2)
-        x = self.add_and_norm(x, self.ff(self.sublayer_input(x, self.norm3)), self.norm3)
+        x = self.add_residual(x, y, self.norm1)
+        y, cross_weights, cross_cache = self.cross_attn(self.sublayer_input(x, self.norm2), memory, memory_mask,
+                                                        cache=cross_cache, need_weights=need_weights)
+        x = self.add_residual(x, y, self.norm2)
+        x = self.add_residual(x, self.ff(self.sublayer_input(x, self.norm3)), self.norm3)
         new_cache = (self_cache, cross_cache) if cache is not None else None
         weights = (self_weights, cross_weights) if need_weights else None
         return x, weights, new_cache

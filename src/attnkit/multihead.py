@@ -9,6 +9,9 @@ and merges. The h per-head matrices W_i^Q (d_model x d_k) are stored stacked as 
 Cross-attention uses the same matrix split in two: queries from the decoder, keys and
 values from the encoder memory.
 
+The kernel is :func:`attnkit.attention.attend` (matmul + softmax, as the seeds write it);
+:func:`attnkit.engine.accelerate` swaps in the engine's faster kernel with the same results.
+
 Incremental decoding keeps a :class:`KVCache` per attention layer, passed in and returned:
 self-attention appends the new position's key/value; cross-attention projects the
 encoder memory once, on the first step, and reuses it.
@@ -22,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .attention import ScoreName, attend
+from .attention import Normalizer, ScoreName, attend
 
 
 @dataclass
@@ -59,12 +62,19 @@ class MultiHeadAttention(nn.Module):
         if score not in ("scaled_dot", "dot"):
             raise ValueError(f"multi-head attention scores with scaled_dot or dot, not {score!r}")
         self.score = score
+        self.normalizer: Normalizer = "softmax"
+        self.beta: float | None = None  # inverse temperature on top of the score (attention_override)
+        self.kernel = attend  # the engine swaps in its fast kernel
         self.n_heads = n_heads
         self.d_k = d_k or d_model // n_heads
         self.d_v = d_v or self.d_k
-        self.dropout = dropout
+        self.dropout = nn.Dropout(dropout)  # on the attention weights
         self.in_proj = nn.Linear(d_model, n_heads * (2 * self.d_k + self.d_v), bias=bias)  # [W^Q; W^K; W^V]
         self.out_proj = nn.Linear(n_heads * self.d_v, d_model, bias=bias)  # W^O
+
+    def extra_repr(self) -> str:
+        kernel = self.kernel.__name__
+        return f"n_heads={self.n_heads}, d_k={self.d_k}, d_v={self.d_v}, score={self.score}, kernel={kernel}"
 
     def _split(self, x: Tensor, d: int) -> Tensor:
         B, T, _ = x.shape
@@ -107,8 +117,8 @@ class MultiHeadAttention(nn.Module):
                 kv = F.linear(memory, W[H * dk:], None if b is None else b[H * dk:])  # (B, T_k, H*(dk+dv))
                 k_, v_ = kv.split([H * dk, H * dv], dim=-1)
                 k, v = self._split(k_, dk), self._split(v_, dv)  # (B, H, T_k, d)
-        context, weights = attend(q, k, v, mask, score=self.score,
-                                  dropout=self.dropout if self.training else 0.0, need_weights=need_weights)
+        context, weights = self.kernel(q, k, v, mask, score=self.score, normalizer=self.normalizer, beta=self.beta,
+                                       dropout=self.dropout, need_weights=need_weights)  # (B, H, T_q, d_v)
         B, _, T_q, _ = context.shape
         out = self.out_proj(context.transpose(1, 2).reshape(B, T_q, H * dv))  # (B, H, T_q, d_v) -> (B, T_q, H*d_v)
         return out, weights, (KVCache(k, v) if cache is not None else None)

@@ -30,9 +30,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from .attention import AdditiveScore, GeneralScore, attend, make_scorer
-from .dropout import dropout
-from .loss import linear_cross_entropy, select_positions
+from .attention import AdditiveScore, GeneralScore, Normalizer, attend, make_scorer
 from .vocab import BOS_ID, EOS_ID, PAD_ID
 
 RNNState = Tensor | tuple[Tensor, Tensor]  # GRU hidden (L, B, H) or LSTM (h, c)
@@ -96,7 +94,9 @@ class RNNSeq2Seq(nn.Module):
         self.bahdanau = bahdanau
         self.W_c = nn.Linear(2 * H, H)  # s~_t = tanh(W_c [a_t; s_t] + b_c)
         self.W_y = nn.Linear(H, tgt_vocab_size)  # y^_t = softmax(W_y s~_t + b_y)
-        self.dropout = cfg.dropout
+        self.dropout = nn.Dropout(cfg.dropout)  # on embeddings and on s~_t
+        self.normalizer: Normalizer = "softmax"  # attention_override may change these two
+        self.beta: float | None = None
 
     # -- encoder -------------------------------------------------------------------------
 
@@ -104,7 +104,7 @@ class RNNSeq2Seq(nn.Module):
         """Encode ``src`` ``(B, S)`` and build the decoder's starting state."""
         mask = src.ne(PAD_ID)  # (B, S)
         lengths = mask.sum(dim=1).clamp(min=1).cpu()
-        x = dropout(self.src_embed(src), self.dropout, self.training)  # (B, S, E)
+        x = self.dropout(self.src_embed(src))  # (B, S, E)
         packed = pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False)
         out, last = self.encoder(packed)
         out, _ = pad_packed_sequence(out, batch_first=True, total_length=src.size(1))  # (B, S, dirs*H)
@@ -126,7 +126,8 @@ class RNNSeq2Seq(nn.Module):
         if self.scorer is None:
             return state.final, None
         score = self.scorer.score_projected if isinstance(self.scorer, GeneralScore | AdditiveScore) else self.scorer
-        context, weights = attend(query.unsqueeze(1), state.keys, state.values, state.mask, score=score)
+        context, weights = attend(query.unsqueeze(1), state.keys, state.values, state.mask, score=score,
+                                  normalizer=self.normalizer, beta=self.beta)
         return context.squeeze(1), weights.squeeze(1)  # (B, 1, H) -> (B, H); (B, 1, S) -> (B, S)
 
     def decode_step(self, prev: Tensor, state: RNNDecoderState, need_weights: bool = False
@@ -137,7 +138,7 @@ class RNNSeq2Seq(nn.Module):
 
     def _step(self, prev: Tensor, state: RNNDecoderState) -> tuple[Tensor, RNNDecoderState, Tensor | None]:
         """One decoder step up to the output layer: ``(dropout(s~_t) (B, H), new state, alpha^t (B, S) | None)``."""
-        y = dropout(self.tgt_embed(prev), self.dropout, self.training)  # (B, E)
+        y = self.dropout(self.tgt_embed(prev))  # (B, E)
         if self.bahdanau:
             s_prev = (state.hidden[0] if isinstance(state.hidden, tuple) else state.hidden)[-1]  # (B, H)
             context, weights = self._attend(s_prev, state)
@@ -149,7 +150,7 @@ class RNNSeq2Seq(nn.Module):
             context, weights = self._attend(s_t, state)
         s_tilde = torch.tanh(self.W_c(torch.cat([context, s_t], dim=-1)))  # (B, H)
         new_state = RNNDecoderState(hidden, s_tilde, state.values, state.keys, state.mask, state.final)
-        return dropout(s_tilde, self.dropout, self.training), new_state, weights
+        return self.dropout(s_tilde), new_state, weights
 
     def _teacher_force(self, src: Tensor, tgt_in: Tensor, need_weights: bool) -> tuple[Tensor, Tensor | None]:
         """Run :meth:`_step` over ``tgt_in`` ``(B, T)`` -> ``(features (B, T, H), alpha (B, T, S) | None)``."""
@@ -161,22 +162,22 @@ class RNNSeq2Seq(nn.Module):
             weights.append(step_weights)
         return torch.stack(features, dim=1), (torch.stack(weights, dim=1) if need_weights else None)
 
-    def features(self, src: Tensor, tgt_in: Tensor, positions: Tensor | None = None) -> Tensor:
-        """Teacher forcing up to the output layer: ``(B, T, H)``, or ``(N, H)`` at ``positions``."""
-        out, _ = self._teacher_force(src, tgt_in, need_weights=False)  # (B, T, H)
-        return out if positions is None else select_positions(out, positions)
+    @property
+    def output_layer(self) -> nn.Linear:
+        """``W_y``, the projection of ``s~_t`` to the vocabulary."""
+        return self.W_y
 
-    def forward(self, src: Tensor, tgt_in: Tensor, positions: Tensor | None = None, targets: Tensor | None = None,
-                label_smoothing: float = 0.0) -> Tensor:
-        """Teacher forcing: ``src`` (B, S), ``tgt_in`` (B, T) -> logits (B, T, V), or (N, V) at ``positions``.
+    def features(self, src: Tensor, tgt_in: Tensor) -> Tensor:
+        """Teacher forcing up to the output layer: ``(B, T, H)`` (``dropout(s~_t)`` at every step)."""
+        out, _ = self._teacher_force(src, tgt_in, need_weights=False)
+        return out
 
-        With ``targets`` (N,) returns the summed label-smoothed cross-entropy instead, ``W_y`` fused
-        with the loss (:func:`attnkit.loss.linear_cross_entropy`).
-        """
-        hidden = self.features(src, tgt_in, positions)
-        if targets is None:
-            return self.W_y(hidden)
-        return linear_cross_entropy(hidden, self.W_y.weight, self.W_y.bias, targets, label_smoothing=label_smoothing)
+    def forward(self, src: Tensor, tgt_in: Tensor, positions: Tensor | None = None) -> Tensor:
+        """Teacher forcing: ``src`` (B, S), ``tgt_in`` (B, T) -> logits (B, T, V), or (N, V) at ``positions``."""
+        hidden = self.features(src, tgt_in)  # (B, T, H)
+        if positions is not None:
+            hidden = hidden[positions]  # (N, H)
+        return self.W_y(hidden)
 
     def alignment(self, src: Tensor, tgt_in: Tensor) -> Tensor:
         """The alignment ``alpha^t`` of every step under teacher forcing: ``(B, T, S)`` (for inspection).

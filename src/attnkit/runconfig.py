@@ -71,9 +71,7 @@ class TrainConfig:
     seed: int = 1
     max_tokens: int = 4096  # padded tokens per batch (max of source and target side)
     # pad batch lengths to a multiple of this. Coarser means fewer distinct shapes (oneDNN builds
-    # and keeps a ~1 MB kernel per bf16 matmul shape); finer means less padding. On Multi30k at
-    # 4096 tokens, 4 pads 10% fewer positions than 8 (25 vs 15 shapes per epoch) and trained 9%
-    # faster (benchmarks/README.md)
+    # and keeps a kernel per bf16 matmul shape); finer means less padding (benchmarks/README.md)
     pad_multiple: int = 4
     accumulate: int = 1  # batches per update and worker
     tokens_per_update: int = 0  # if set: accumulate = this / (max_tokens x workers), constant over worker counts
@@ -95,7 +93,8 @@ class TrainConfig:
     average_last: int = 5  # average the last K checkpoints into averaged.safetensors at the end (0/1 = off)
     patience: int = 0  # stop after this many validations without improvement (0 = never)
     threads: int = 0  # torch intra-op threads (0 = torch's default)
-    progress: bool = True
+    progress: bool = True  # a progress bar on a terminal, a plain line every 30 s otherwise
+    engine: Literal["fast", "reference"] = "fast"  # reference: the textbook path; fast: attnkit.engine (same results)
 
     def validate(self) -> None:
         for key in ("max_tokens", "accumulate", "max_updates", "max_epochs", "valid_every", "pad_multiple",

@@ -34,6 +34,7 @@ from .checkpoint import atomic_write_text, check_compatible, load_weights
 from .classifier import TransformerClassifier
 from .config import load_config
 from .data import filter_examples, make_batches, pad_batch, padding_fraction, read_labelled, read_parallel
+from .engine import FusedSeq2SeqLoss, accelerate
 from .errors import UserError
 from .rnn import RNNSeq2Seq
 from .runconfig import RunConfig
@@ -45,12 +46,24 @@ CONFIG_FILE, CLASSES_FILE, TOKENIZER_META = "config.yaml", "classes.json", "toke
 
 
 @dataclass
-class Batch:
-    """Model inputs and targets; ``n_targets`` = what the loss is averaged over (tokens or sentences)."""
+class TranslationBatch:
+    """Teacher forcing: predict ``targets`` at the ``scored`` positions of ``tgt_in``."""
 
-    inputs: tuple[Tensor, ...]
-    targets: Tensor
-    n_targets: int
+    src: Tensor  # (B, S) x_1 .. x_S </s>, padded
+    tgt_in: Tensor  # (B, T) <s> y_1 .. y_T, padded
+    scored: Tensor  # (B, T) bool: True where the next token is real (not padding)
+    targets: Tensor  # (N,) y_1 .. y_T </s> at the scored positions, N = scored.sum()
+    n_targets: int  # what the loss is averaged over: N
+
+
+@dataclass
+class ClassificationBatch:
+    tokens: Tensor  # (B, T), padded
+    targets: Tensor  # (B,) class indices
+    n_targets: int  # B
+
+
+Batch = TranslationBatch | ClassificationBatch
 
 
 class Task(Protocol):
@@ -59,10 +72,41 @@ class Task(Protocol):
     name: str
 
     def build_model(self) -> nn.Module: ...
+    def objective(self, model: nn.Module) -> nn.Module: ...
     def batches(self, epoch: int) -> list[list[int]]: ...
     def collate(self, indices: list[int], device: torch.device) -> Batch: ...
-    def loss(self, model: nn.Module, batch: Batch, label_smoothing: float) -> Tensor: ...
+    def loss(self, objective: nn.Module, batch: Batch, label_smoothing: float) -> Tensor: ...
     def validate(self, model: nn.Module, device: torch.device) -> dict[str, float]: ...
+
+
+class Seq2SeqLoss(nn.Module):
+    """The training objective of a sequence-to-sequence model: summed label-smoothed cross-entropy.
+
+    ``loss = sum_i -sum_v q_iv log softmax(z_i)_v`` with ``q_i = (1 - eps) onehot(y_i) + eps / V``
+    (Szegedy et al. 2016) over the scored (non-padding) positions, in float32. The engine's
+    :class:`~attnkit.engine.loss.FusedSeq2SeqLoss` computes the same without keeping the logits.
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, src: Tensor, tgt_in: Tensor, scored: Tensor, targets: Tensor,
+                label_smoothing: float = 0.0) -> Tensor:
+        logits = self.model(src, tgt_in, scored)  # (N, V)
+        return F.cross_entropy(logits.float(), targets, label_smoothing=label_smoothing, reduction="sum")
+
+
+class ClassificationLoss(nn.Module):
+    """Summed (label-smoothed) cross-entropy of a classifier's logits, in float32."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, tokens: Tensor, targets: Tensor, label_smoothing: float = 0.0) -> Tensor:
+        logits = self.model(tokens)  # (B, C)
+        return F.cross_entropy(logits.float(), targets, label_smoothing=label_smoothing, reduction="sum")
 
 
 # --------------------------------------------------------------------------------------
@@ -187,37 +231,42 @@ class TranslationTask:
     def build_model(self) -> nn.Module:
         return build_translation_model(self.cfg, self.tok)
 
+    def objective(self, model: nn.Module) -> nn.Module:
+        """The reference loss, or the engine's fused one (``train.engine``); the same value."""
+        return FusedSeq2SeqLoss(model) if self.cfg.train.engine == "fast" else Seq2SeqLoss(model)
+
     def batches(self, epoch: int) -> list[list[int]]:
         return make_batches([len(s) for s in self.src], [len(t) - 1 for t in self.tgt], self.cfg.train.max_tokens,
                             seed=self.cfg.train.seed, epoch=epoch, pad_multiple=self.cfg.train.pad_multiple)
 
     @staticmethod
-    def _collate(src: list[list[int]], tgt: list[list[int]], device: torch.device, multiple: int = 1) -> Batch:
+    def _collate(src: list[list[int]], tgt: list[list[int]], device: torch.device,
+                 multiple: int = 1) -> TranslationBatch:
         s = pad_batch(src, PAD_ID, multiple).to(device)  # (B, S)
         tgt_in = pad_batch([t[:-1] for t in tgt], PAD_ID, multiple).to(device)  # (B, T): <s> y_1 .. y_T
         tgt_out = pad_batch([t[1:] for t in tgt], PAD_ID, multiple).to(device)  # (B, T): y_1 .. y_T </s>
-        real = tgt_out.ne(PAD_ID)  # teacher forcing: predict tgt_out[:, t] from tgt_in[:, :t+1]
-        return Batch((s, tgt_in, real), tgt_out[real], int(real.sum()))
+        scored = tgt_out.ne(PAD_ID)  # teacher forcing: predict tgt_out[:, t] from tgt_in[:, :t+1]
+        return TranslationBatch(s, tgt_in, scored, tgt_out[scored], int(scored.sum()))
 
-    def collate(self, indices: list[int], device: torch.device) -> Batch:
+    def collate(self, indices: list[int], device: torch.device) -> TranslationBatch:
         return self._collate([self.src[i] for i in indices], [self.tgt[i] for i in indices], device,
                              self.cfg.train.pad_multiple)
 
-    def loss(self, model: nn.Module, batch: Batch, label_smoothing: float) -> Tensor:
+    def loss(self, objective: nn.Module, batch: TranslationBatch, label_smoothing: float) -> Tensor:
         """Sum over real target tokens of label-smoothed cross-entropy (float32); padding is never scored."""
-        # inputs: (src, tgt_in, real positions); the model fuses its output layer with the loss
-        return model(*batch.inputs, targets=batch.targets, label_smoothing=label_smoothing)
+        return objective(batch.src, batch.tgt_in, batch.scored, batch.targets, label_smoothing)
 
     def validate(self, model: nn.Module, device: torch.device) -> dict[str, float]:
         """Dev loss (no smoothing), perplexity and greedy BLEU; ``score`` = BLEU (or -loss without BLEU)."""
         model.eval()
+        objective = self.objective(model)
         total, n = 0.0, 0
         order = make_batches([len(s) for s in self.valid_src], [len(t) - 1 for t in self.valid_tgt],
                              self.cfg.train.max_tokens, seed=0, epoch=0, shuffle=False)
         with torch.inference_mode():
             for idx in order:
                 b = self._collate([self.valid_src[i] for i in idx], [self.valid_tgt[i] for i in idx], device)
-                total += self.loss(model, b, 0.0).item()
+                total += self.loss(objective, b, 0.0).item()
                 n += b.n_targets
         loss = total / max(n, 1)
         metrics = {"valid_loss": loss, "valid_ppl": math.exp(min(loss, 50.0))}
@@ -284,18 +333,20 @@ class ClassificationTask:
         return TransformerClassifier(self.cfg.model.transformer, self.tok.src_vocab_size, len(self.classes),
                                      pooling=self.cfg.model.pooling)
 
+    def objective(self, model: nn.Module) -> nn.Module:
+        return ClassificationLoss(model)
+
     def batches(self, epoch: int) -> list[list[int]]:
         return make_batches([len(x) for x in self.x], None, self.cfg.train.max_tokens,
                             seed=self.cfg.train.seed, epoch=epoch, pad_multiple=self.cfg.train.pad_multiple)
 
-    def collate(self, indices: list[int], device: torch.device) -> Batch:
-        x = pad_batch([self.x[i] for i in indices], PAD_ID, self.cfg.train.pad_multiple).to(device)
-        y = torch.tensor([self.y[i] for i in indices], device=device)
-        return Batch((x,), y, len(indices))
+    def collate(self, indices: list[int], device: torch.device) -> ClassificationBatch:
+        x = pad_batch([self.x[i] for i in indices], PAD_ID, self.cfg.train.pad_multiple).to(device)  # (B, T)
+        y = torch.tensor([self.y[i] for i in indices], device=device)  # (B,)
+        return ClassificationBatch(x, y, len(indices))
 
-    def loss(self, model: nn.Module, batch: Batch, label_smoothing: float) -> Tensor:
-        logits = model(*batch.inputs)  # (B, C)
-        return F.cross_entropy(logits.float(), batch.targets, label_smoothing=label_smoothing, reduction="sum")
+    def loss(self, objective: nn.Module, batch: ClassificationBatch, label_smoothing: float) -> Tensor:
+        return objective(batch.tokens, batch.targets, label_smoothing)
 
     def validate(self, model: nn.Module, device: torch.device) -> dict[str, float]:
         model.eval()
@@ -380,5 +431,6 @@ def load_run(path: str | Path, device: torch.device | None = None) -> LoadedRun:
     state, _ = load_weights(weights)
     check_compatible(model.state_dict(), state, weights)
     model.load_state_dict(state)
+    accelerate(model)  # inference decodes with the engine's fast paths
     model.to(device or torch.device("cpu")).eval()
     return LoadedRun(cfg, tok, model, classes, weights)

@@ -14,12 +14,12 @@ Schedules (Vaswani et al. eq. 3 is ``noam``):
 its learning rates then depend on the clock, so such a run, like its stopping point, is not repeatable
 update for update).
 
-Checkpoints are taken every ``valid_every`` updates and at the end. Each is a directory
-``checkpoints/step-N`` written under a temporary name and renamed into place, so a crash
-(Ctrl-C, kill -9) leaves either the whole checkpoint or none. It holds the weights
-(safetensors) and the trainer state (optimizer, step, data position, RNG, early-stopping
-counters; loaded with ``weights_only=True``). ``--resume`` restarts from the newest one and
-reproduces the uninterrupted run exactly.
+Checkpoints are taken every ``valid_every`` updates and at the end, atomically, into the run
+directory (:mod:`attnkit.rundir`). Each holds the weights and the trainer state (optimizer, step,
+data position, RNG, early-stopping counters); ``--resume`` restarts from the newest one and
+reproduces the uninterrupted run exactly. Threads, device and precision are set up by
+:mod:`attnkit.runtime`; ``train.engine`` chooses the reference path or the engine's fast paths
+(:mod:`attnkit.engine`), which compute the same function.
 
 Several processes (``torchrun --nproc_per_node=N -m attnkit train ...``): each update takes
 ``world_size x accumulate`` batches, shared out by :func:`attnkit.distributed.shard`; the loss is
@@ -31,14 +31,10 @@ when to stop; the others follow its broadcasts. A checkpoint also holds every ra
 
 from __future__ import annotations
 
-import json
 import math
-import os
-import shutil
 import sys
 import time
 from collections.abc import Callable
-from contextlib import AbstractContextManager
 from pathlib import Path
 
 import torch
@@ -46,55 +42,17 @@ from torch import nn
 from tqdm import tqdm
 
 from . import distributed
-from .checkpoint import (
-    atomic_write_text,
-    average_weights,
-    capture_rng_state,
-    check_compatible,
-    fsync_dir,
-    load_training_state,
-    load_weights,
-    restore_rng_state,
-    save_training_state,
-    save_weights,
-)
-from .config import dump_config, load_config
+from .checkpoint import capture_rng_state, check_compatible, restore_rng_state
+from .engine import accelerate
 from .errors import UserError
+from .progress import progress
 from .runconfig import RunConfig, TrainConfig
-from .tasks import CLASSES_FILE, CONFIG_FILE, TOKENIZER_META, Task, make_task
-
-MODEL_FILE, STATE_FILE = "model.safetensors", "trainer.pt"
-
-
-def cpu_has_fast_bf16() -> bool:
-    """True when the CPU has AMX or AVX512-BF16 (bf16 matmul much faster than fp32)."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            flags = f.read()
-    except OSError:
-        return False
-    return "amx_bf16" in flags or "avx512_bf16" in flags
+from .rundir import RunDirectory
+from .runtime import autocast, resolve_bf16, set_threads
+from .tasks import Task, make_task
 
 
-def resolve_bf16(precision: str, device: torch.device) -> bool:
-    """Whether to train under bfloat16 autocast."""
-    if precision == "fp32":
-        return False
-    if device.type == "cuda":
-        supported = torch.cuda.is_bf16_supported()
-    else:
-        supported = cpu_has_fast_bf16()
-    if precision == "bf16" and device.type == "cuda" and not supported:
-        raise UserError("train.precision: bf16 is not supported by this GPU; use fp32")
-    return supported or precision == "bf16"
-
-
-def autocast(device: torch.device, bf16: bool) -> AbstractContextManager:
-    """The one autocast context of attnkit: bfloat16 matmuls, float32 softmax/loss (done explicitly)."""
-    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16)
-
-
-def learning_rate(step: int, cfg: TrainConfig, d_model: int, minutes: float = 0.0) -> float:
+def learning_rate(step: int, cfg: TrainConfig, d_model: int | None, minutes: float = 0.0) -> float:
     """The learning rate for update ``step`` (1-based) after ``minutes`` of training; see the module docstring."""
     step = max(step, 1)
     warmup = max(cfg.warmup, 1)
@@ -104,6 +62,9 @@ def learning_rate(step: int, cfg: TrainConfig, d_model: int, minutes: float = 0.
             done = max(done, minutes / cfg.max_minutes)
         return cfg.lr * min(step / warmup, 1.0) * max(1.0 - done, 0.0)
     if cfg.schedule == "noam":
+        if d_model is None:
+            raise UserError("train.schedule: noam scales by the model width d_model, and this model has none; "
+                            "choose inverse_sqrt, constant or linear")
         return cfg.lr * d_model ** -0.5 * min(step ** -0.5, step * warmup ** -1.5)
     if cfg.schedule == "inverse_sqrt":
         return cfg.lr * min(step / warmup, math.sqrt(warmup / step))
@@ -121,9 +82,11 @@ def accumulation(cfg: TrainConfig, world_size: int) -> int:
     return cfg.tokens_per_update // per_pass
 
 
-def model_width(model: nn.Module) -> int:
+def model_width(model: nn.Module) -> int | None:
+    """The model's width for the ``noam`` schedule: a Transformer's ``d_model``, an RNN's ``hidden_size``."""
     cfg = getattr(model, "cfg", None)
-    return int(getattr(cfg, "d_model", getattr(cfg, "hidden_size", 512)))
+    width = getattr(cfg, "d_model", getattr(cfg, "hidden_size", None))
+    return None if width is None else int(width)
 
 
 class Trainer:
@@ -133,18 +96,14 @@ class Trainer:
                  log: Callable[[str], None] | None = None) -> None:
         self.cfg = cfg
         self.tc = cfg.train
-        self.run_dir = Path(run_dir)
-        self.ckpt_dir = self.run_dir / "checkpoints"
         self.workers = distributed.start(distributed.from_env())  # one process unless launched by torchrun
         self.accumulate = accumulation(self.tc, self.workers.world_size)
         if self.workers.is_main:
             self.log = log or (lambda msg: tqdm.write(msg, file=sys.stderr))
         else:  # only rank 0 logs
             self.log = lambda msg: None
-        if self.tc.threads > 0:
-            torch.set_num_threads(self.tc.threads)
-        elif self.workers.enabled and self.workers.device.type == "cpu":  # the cores are shared out
-            torch.set_num_threads(distributed.threads_per_process(self.workers.local_world_size))
+        self.run_dir = RunDirectory(run_dir, is_main=self.workers.is_main, log=self.log)
+        set_threads(self.tc.threads, self.workers)
         self.device = self.workers.device
         self._own_gpu = self.device if self.workers.enabled and self.device.type == "cuda" else None  # RNG state
         self.bf16 = resolve_bf16(self.tc.precision, self.device)
@@ -153,9 +112,12 @@ class Trainer:
         resume_from = self.workers.broadcast(resume_from)  # rank 0's choice, should the ranks' listings differ
         torch.manual_seed(self.tc.seed)  # model init independent of what data preparation drew
         self.model = self.task.build_model().to(self.device)
+        if self.tc.engine == "fast":
+            accelerate(self.model)  # the same function, computed faster (attnkit.engine)
+        self.objective = self.task.objective(self.model)  # the model and its loss: what DDP wraps
         if self.workers.enabled:  # one dropout stream per rank
             torch.manual_seed(distributed.rank_seed(self.tc.seed, self.workers.rank, 0))
-        # fused: one kernel over all parameters (CPU and CUDA): 8 vs 29 ms per step for `small` here
+        # fused: one kernel over all parameters (CPU and CUDA)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=self.tc.lr, betas=self.tc.betas,
                                           eps=self.tc.eps, weight_decay=self.tc.weight_decay,
                                           fused=self.device.type in ("cpu", "cuda"))
@@ -167,13 +129,13 @@ class Trainer:
         if resume_from is not None:
             self.workers.agree(lambda: self._load_checkpoint(resume_from))
         else:
-            self._truncate_metrics()  # validations of a run that never reached a checkpoint
-        self.train_model = self.workers.wrap(self.model, self._probe_loss)  # DDP, or the model itself
+            self.run_dir.truncate_metrics(self.step)  # validations of a run that never reached a checkpoint
+        self.train_objective = self.workers.wrap(self.objective, self._probe_loss)  # DDP, or the objective itself
         n_params = sum(p.numel() for p in self.model.parameters())
         workers = f", {self.workers.world_size} processes" if self.workers.enabled else ""
         self.log(f"{self.task.name}: {type(self.model).__name__} with {n_params / 1e6:.2f}M parameters on "
                  f"{self.device} ({'bf16 autocast' if self.bf16 else 'fp32'}, {torch.get_num_threads()} threads"
-                 f"{workers})")
+                 f"{workers}, {self.tc.engine} engine)")
         self.log(f"effective batch: max_tokens {self.tc.max_tokens} x accumulate {self.accumulate} x "
                  f"{self.workers.world_size} worker(s) = {self.tokens_per_update} tokens per update (padded, at most)")
 
@@ -183,44 +145,25 @@ class Trainer:
         return self.tc.max_tokens * self.accumulate * self.workers.world_size
 
     def _prepare(self, resume: bool) -> tuple[Task, Path | None]:
-        """Check the run directory (rank 0 writes its config) and build the task -> (task, checkpoint to resume)."""
-        cfg = self.cfg
-        existing = sorted(self.ckpt_dir.glob("step-*")) if self.ckpt_dir.exists() else []
+        """Claim the run directory (rank 0 writes its config) and build the task -> (task, checkpoint to resume)."""
+        run_dir = self.run_dir
         if self.workers.is_main:
-            self._check_run_dir(existing, resume)
-        elif not (self.run_dir / CONFIG_FILE).exists():
-            raise UserError(f"rank {self.workers.rank} cannot see {self.run_dir / CONFIG_FILE} written by rank 0: "
+            run_dir.claim(self.cfg, resume)
+        elif not (run_dir.path / "config.yaml").exists():
+            raise UserError(f"rank {self.workers.rank} cannot see {run_dir.path / 'config.yaml'} written by rank 0: "
                             f"on several machines --run-dir must be on a filesystem all of them share")
         torch.manual_seed(self.tc.seed)
-        task = make_task(cfg, self.run_dir, self.log)
+        task = make_task(self.cfg, run_dir.path, self.log)
+        existing = run_dir.checkpoints()
         return task, (existing[-1] if resume and existing else None)
-
-    def _check_run_dir(self, existing: list[Path], resume: bool) -> None:
-        """Refuse to overwrite a run or to reuse another run's tokenizer; write the resolved config."""
-        cfg = self.cfg
-        if existing and not resume:
-            raise UserError(f"{self.run_dir} already holds checkpoints; pass --resume to continue it, "
-                            f"or choose another --run-dir")
-        prepared = any((self.run_dir / name).exists() for name in (TOKENIZER_META, CLASSES_FILE))
-        if not existing and prepared and (self.run_dir / CONFIG_FILE).exists():  # stopped before a checkpoint
-            old = load_config(RunConfig, self.run_dir / CONFIG_FILE)
-            if (old.task, old.data) != (cfg.task, cfg.data):  # its tokenizer / classes would be reused silently
-                raise UserError(f"{self.run_dir} holds the tokenizer of a run with other task/data settings; "
-                                f"choose another --run-dir or delete that directory")
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        dump_config(cfg, self.run_dir / CONFIG_FILE)
 
     def _probe_loss(self) -> torch.Tensor:
         """The loss of one training example: DDP's check for parameters a forward pass leaves unused."""
         batch = self.task.collate(self.task.batches(0)[0][:1], self.device)
         with autocast(self.device, self.bf16):
-            return self.task.loss(self.model, batch, 0.0)
+            return self.task.loss(self.objective, batch, 0.0)
 
     # -- checkpoints ---------------------------------------------------------------------
-
-    def _rng_state(self) -> dict:
-        """This rank's random generators (only its own GPU's in a distributed run)."""
-        return capture_rng_state(self._own_gpu)
 
     def _trainer_state(self, rng_ranks: list[dict]) -> dict:
         state = {"optimizer": self.optimizer.state_dict(), "step": self.step, "epoch": self.epoch,
@@ -232,38 +175,23 @@ class Trainer:
         return state
 
     def save_checkpoint(self) -> Path:
-        """Write ``checkpoints/step-N`` atomically (temp dir + rename) and prune old ones.
-
-        Called on every rank (it gathers their RNG states); rank 0 writes.
-        """
-        rng_ranks = self.workers.gather(self._rng_state())
-        final = self.ckpt_dir / f"step-{self.step:08d}"
-        if final.exists() or not self.workers.is_main:
-            return final
-        for leftover in self.ckpt_dir.glob(".tmp-step-*"):  # from a crash mid-write: never a checkpoint
-            shutil.rmtree(leftover, ignore_errors=True)
-        tmp = self.ckpt_dir / f".tmp-step-{self.step:08d}-{os.getpid()}"
-        tmp.mkdir(parents=True)
-        save_weights(tmp / MODEL_FILE, self.model.state_dict(), {"step": str(self.step)})  # not DDP's: no "module."
-        save_training_state(tmp / STATE_FILE, self._trainer_state(rng_ranks))
-        os.replace(tmp, final)
-        fsync_dir(self.ckpt_dir)  # the rename is durable before older checkpoints go
-        for old in sorted(self.ckpt_dir.glob("step-*"))[: -max(self.tc.keep_checkpoints, 1)]:
-            shutil.rmtree(old, ignore_errors=True)
-        return final
+        """Checkpoint this update (called on every rank: it gathers their RNG states; rank 0 writes)."""
+        rng_ranks = self.workers.gather(capture_rng_state(self._own_gpu))
+        state = self._trainer_state(rng_ranks) if self.workers.is_main else {}
+        # the plain model's weights, not DDP's: no "module." prefix
+        return self.run_dir.save_checkpoint(self.step, self.model.state_dict(), state, self.tc.keep_checkpoints)
 
     def _load_checkpoint(self, path: Path) -> None:
-        state, _ = load_weights(path / MODEL_FILE)
-        check_compatible(self.model.state_dict(), state, path / MODEL_FILE)  # e.g. resumed with other model.*
-        self.model.load_state_dict(state)
-        ts = load_training_state(path / STATE_FILE)
+        weights, ts = self.run_dir.load_checkpoint(path)
+        check_compatible(self.model.state_dict(), weights, path / "model.safetensors")  # e.g. other model.*
+        self.model.load_state_dict(weights)
         self.optimizer.load_state_dict(ts["optimizer"])
         self.step, self.epoch, self.batch_pos = ts["step"], ts["epoch"], ts["batch_pos"]
         self.best_score, self.bad_validations = ts["best_score"], ts["bad_validations"]
         self.seconds_before = float(ts.get("train_seconds", 0.0))
         self.clock = self.seconds_before / 60
         self._restore_rng(ts)
-        self._truncate_metrics()
+        self.run_dir.truncate_metrics(self.step)
         self.log(f"resumed from {path} (update {self.step}, epoch {self.epoch + 1}, batch {self.batch_pos})")
 
     def _restore_rng(self, ts: dict) -> None:
@@ -283,19 +211,6 @@ class Trainer:
                      f"random streams (dropout) and, unless train.tokens_per_update is set, the tokens per update "
                      f"differ, so the run is not bit-for-bit an uninterrupted one")
 
-    def _truncate_metrics(self) -> None:
-        """Drop metric lines logged after the checkpoint we resume from (they will be logged again)."""
-        path = self.run_dir / "metrics.jsonl"
-        if self.workers.is_main and path.exists():
-            kept = []
-            for line in path.read_text(encoding="utf-8").splitlines():
-                try:
-                    if json.loads(line).get("step", 0) <= self.step:
-                        kept.append(line)
-                except ValueError:  # a line torn by a crash mid-append
-                    continue
-            atomic_write_text(path, "".join(line + "\n" for line in kept))
-
     # -- the loop ------------------------------------------------------------------------
 
     def validate(self) -> dict[str, float]:
@@ -310,11 +225,10 @@ class Trainer:
             metrics = self.task.validate(self.model, self.device)
         metrics = {"step": self.step, "epoch": self.epoch + 1, "minutes": round(self.minutes(), 2),
                    **{k: round(v, 4) for k, v in metrics.items()}}
-        with open(self.run_dir / "metrics.jsonl", "a", encoding="utf-8") as f:
-            f.write(json.dumps(metrics) + "\n")
+        self.run_dir.log_metrics(metrics)
         if metrics["score"] > self.best_score:
             self.best_score, self.bad_validations = metrics["score"], 0
-            save_weights(self.run_dir / "best.safetensors", self.model.state_dict(), {"step": str(self.step)})
+            self.run_dir.save_best(self.model.state_dict(), self.step)
         else:
             self.bad_validations += 1
         self.log("validation " + " ".join(f"{k} {v}" for k, v in metrics.items()))
@@ -330,8 +244,7 @@ class Trainer:
         self._session_start = time.perf_counter()
         metrics: dict[str, float] = {}
         targets_seen, last_report = 0, time.perf_counter()
-        bar = tqdm(total=tc.max_updates, initial=self.step, disable=not (tc.progress and self.workers.is_main),
-                   unit="upd", dynamic_ncols=True, file=sys.stderr)
+        bar = progress(tc.max_updates, self.step, unit="update", enabled=tc.progress and self.workers.is_main)
         stop = self.step >= tc.max_updates
         while not stop and self.epoch < tc.max_epochs:
             batches = self.task.batches(self.epoch)
@@ -341,13 +254,13 @@ class Trainer:
                 targets_seen += n_targets
                 self.batch_pos += len(group)
                 self.step += 1
-                bar.update(1)
                 now = time.perf_counter()
                 if now - last_report > 1.0:
                     lr = self.optimizer.param_groups[0]["lr"]
                     bar.set_postfix(loss=f"{loss_value:.3f}", lr=f"{lr:.2e}",
                                     tok_s=f"{targets_seen / (now - last_report):.0f}", refresh=False)
                     targets_seen, last_report = 0, now
+                bar.update(1)
                 if tc.max_minutes > 0:  # rank 0's clock, so every rank takes the same lr and stops together
                     self.clock = self.workers.broadcast(self.minutes())
                 out_of_time = tc.max_minutes > 0 and self.clock >= tc.max_minutes
@@ -370,9 +283,9 @@ class Trainer:
             metrics = self.validate()
             self.save_checkpoint()
         if self.workers.is_main:
-            self._average()
+            self.run_dir.average_last(self.tc.average_last)
         self.workers.barrier()  # the run directory is complete when run() returns, on every rank
-        self.log(f"trained {self.step} updates in {self.minutes():.1f} min; run: {self.run_dir}")
+        self.log(f"trained {self.step} updates in {self.minutes():.1f} min; run: {self.run_dir.path}")
         return metrics
 
     def train_step(self, group: list[list[int]]) -> tuple[float, int]:
@@ -393,9 +306,9 @@ class Trainer:
             n_total = round(w.sum([n_total])[0])
         total = 0.0
         for i, (batch, weight) in enumerate(batches):
-            with w.no_sync(self.train_model, sync=i == len(batches) - 1):  # all-reduce once, after the last
+            with w.no_sync(self.train_objective, sync=i == len(batches) - 1):  # all-reduce once, after the last
                 with autocast(self.device, self.bf16):
-                    loss = self.task.loss(self.train_model, batch, tc.label_smoothing)
+                    loss = self.task.loss(self.train_objective, batch, tc.label_smoothing)
                 scaled = loss / n_total
                 if w.enabled:  # DDP averages the ranks' gradients; x world_size makes that the sum we want
                     scaled = scaled * (weight * w.world_size)
@@ -408,11 +321,3 @@ class Trainer:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return total / max(n_total, 1), n_total
-
-    def _average(self) -> None:
-        k = self.tc.average_last
-        steps = sorted(self.ckpt_dir.glob("step-*"))[-k:] if k > 1 else []
-        if len(steps) > 1:
-            averaged = average_weights([s / MODEL_FILE for s in steps])
-            save_weights(self.run_dir / "averaged.safetensors", averaged, {"averaged": ",".join(s.name for s in steps)})
-            self.log(f"averaged {len(steps)} checkpoints into averaged.safetensors")

@@ -18,9 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from .attention import causal_mask, padding_mask
-from .dropout import dropout
 from .layers import DecoderLayer, EncoderLayer, TokenEmbedding, make_positions, xavier_init_
-from .loss import linear_cross_entropy, select_positions
 from .multihead import KVCache
 from .vocab import BOS_ID, EOS_ID, PAD_ID
 
@@ -45,12 +43,11 @@ class TransformerConfig:
     tie_output: bool = True  # output projection = target embedding matrix
 
     def validate(self) -> None:
-        from .errors import UserError
-
+        """:raises ValueError: for dimensions no model can have (the config loader reports it with the key)."""
         if self.n_heads < 1 or self.d_model < 1:
-            raise UserError(f"d_model ({self.d_model}) and n_heads ({self.n_heads}) must be positive")
+            raise ValueError(f"d_model ({self.d_model}) and n_heads ({self.n_heads}) must be positive")
         if self.d_model % self.n_heads:
-            raise UserError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
+            raise ValueError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
 
 
 PRESETS: dict[str, TransformerConfig] = {
@@ -76,7 +73,7 @@ class TransformerEncoder(nn.Module):
         self.pad_id = pad_id
         self.embed = TokenEmbedding(vocab_size, cfg.d_model, pad_id)
         self.positions = make_positions(cfg.positions, cfg.d_model, cfg.max_len)
-        self.dropout = cfg.dropout
+        self.dropout = nn.Dropout(cfg.dropout)  # on embeddings + positions
         self.layers = nn.ModuleList(
             EncoderLayer(cfg.d_model, cfg.n_heads, cfg.d_ff, dropout=cfg.dropout,
                          attention_dropout=cfg.attention_dropout, activation_dropout=cfg.activation_dropout,
@@ -88,8 +85,7 @@ class TransformerEncoder(nn.Module):
     def forward(self, src: Tensor, need_weights: bool = False) -> tuple[Tensor, Tensor, list[Tensor]]:
         """``src`` ``(B, S)`` -> ``(memory (B, S, d_model), mask (B, 1, 1, S), per-layer self-attention weights)``."""
         mask = padding_mask(src, self.pad_id).unsqueeze(1)  # (B, 1, 1, S): True at real tokens
-        x = self.embed(src) + self.positions(src.size(1))  # (B, S, d_model)
-        x = dropout(x, self.dropout, self.training)
+        x = self.dropout(self.embed(src) + self.positions(src.size(1)))  # (B, S, d_model)
         all_weights = []
         for layer in self.layers:
             x, weights = layer(x, mask, need_weights=need_weights)
@@ -100,52 +96,29 @@ class TransformerEncoder(nn.Module):
         return x, mask, all_weights
 
 
-def shared_rows(sentence: Tensor) -> Tensor | None:
-    """Group rows that share a sentence: ``sentence`` ``(B,)`` (each row's sentence) -> ``(A,)`` or None.
-
-    Returns the sentence of each group of ``g = B / A`` consecutive rows when every group is one
-    sentence (beam search keeps a sentence's hypotheses together), else None.
-    """
-    B = sentence.numel()
-    g = int((sentence == sentence[0]).long().cumprod(0).sum()) if B else 1  # length of the first run
-    if B % g:
-        return None
-    grouped = sentence.view(B // g, g)  # (A, g)
-    return grouped[:, 0] if bool((grouped == grouped[:, :1]).all()) else None
-
-
 @dataclass
 class TransformerState:
     """Decoder state for step-by-step generation (see :meth:`Transformer.decode_step`).
 
-    The encoder side is stored once per sentence: ``memory``, ``memory_mask`` and the
-    cross-attention caches have ``A`` rows, the hypotheses ``B = A * g`` (``g`` = beams, 1 for
-    greedy search), so beam search neither copies nor re-selects them while its beams reorder.
+    Every tensor has one row per hypothesis (beam search copies a sentence's encoder side for each
+    of its beams; the engine's :class:`~attnkit.engine.decoding.SharedMemoryState` does not).
     ``caches`` holds one ``(self-attention, cross-attention)`` :class:`KVCache` pair per layer.
     With ``caches=None`` the decoder recomputes the whole prefix in ``tokens`` every step
     (the uncached baseline the benchmark compares against).
     """
 
-    memory: Tensor  # (A, S, d_model)
-    memory_mask: Tensor  # (A, 1, 1, S)
+    memory: Tensor  # (B, S, d_model)
+    memory_mask: Tensor  # (B, 1, 1, S)
     tokens: Tensor  # (B, t) tokens fed so far (incl. <s>)
-    caches: list[tuple[KVCache, KVCache]] | None  # self (B, H, t, d_k), cross (A, H, S, d_k)
+    caches: list[tuple[KVCache, KVCache]] | None  # self (B, H, t, d_k), cross (B, H, S, d_k)
 
     def select(self, index: Tensor) -> TransformerState:
-        """Keep / reorder / repeat hypothesis rows; ``index`` ``(B',)``."""
-        sentence = index // (self.tokens.size(0) // self.memory.size(0))  # (B',) sentence of each new row
-        keep = shared_rows(sentence)  # (A',) one memory row per group of hypotheses ...
-        if keep is None:
-            keep = sentence  # ... or, for an ungrouped index, one per hypothesis
-        same = keep.numel() == self.memory.size(0) and bool((keep == torch.arange(keep.numel(),
-                                                                                   device=keep.device)).all())
-        memory, memory_mask = self.memory, self.memory_mask
-        if not same:
-            memory, memory_mask = memory.index_select(0, keep), memory_mask.index_select(0, keep)
+        """Keep / reorder / repeat hypothesis rows, the encoder side with them; ``index`` ``(B',)``."""
         caches = None
         if self.caches is not None:
-            caches = [(s.select(index), c if same else c.select(keep)) for s, c in self.caches]
-        return TransformerState(memory, memory_mask, self.tokens.index_select(0, index), caches)
+            caches = [(s.select(index), c.select(index)) for s, c in self.caches]
+        return TransformerState(self.memory.index_select(0, index), self.memory_mask.index_select(0, index),
+                                self.tokens.index_select(0, index), caches)
 
 
 class Transformer(nn.Module):
@@ -162,7 +135,7 @@ class Transformer(nn.Module):
         self.encoder = TransformerEncoder(cfg, src_vocab_size)
         self.tgt_embed = self.encoder.embed if cfg.share_embeddings else TokenEmbedding(tgt_vocab_size, cfg.d_model)
         self.positions = make_positions(cfg.positions, cfg.d_model, cfg.max_len)
-        self.dropout = cfg.dropout
+        self.dropout = nn.Dropout(cfg.dropout)  # on embeddings + positions
         self.layers = nn.ModuleList(
             DecoderLayer(cfg.d_model, cfg.n_heads, cfg.d_ff, dropout=cfg.dropout,
                          attention_dropout=cfg.attention_dropout, activation_dropout=cfg.activation_dropout,
@@ -173,7 +146,13 @@ class Transformer(nn.Module):
         self.out_proj = nn.Linear(cfg.d_model, tgt_vocab_size, bias=False)
         if cfg.tie_output:
             self.out_proj.weight = self.tgt_embed.weight
+        self.state_type = TransformerState  # the engine's beam search shares the encoder side instead
         xavier_init_(self)
+
+    @property
+    def output_layer(self) -> nn.Linear:
+        """The projection to the vocabulary (tied to the target embedding by default)."""
+        return self.out_proj
 
     # -- teacher forcing ---------------------------------------------------------------
 
@@ -193,7 +172,7 @@ class Transformer(nn.Module):
         """
         T = tgt_in.size(1)
         self_mask = causal_mask(T, device=tgt_in.device)  # (T, T)
-        x = dropout(self.tgt_embed(tgt_in) + self.positions(T), self.dropout, self.training)
+        x = self.dropout(self.tgt_embed(tgt_in) + self.positions(T))  # (B, T, d_model)
         self_weights, cross = [], []
         for layer in self.layers:
             x, weights, _ = layer(x, memory, self_mask, memory_mask, need_weights=need_weights)
@@ -204,27 +183,22 @@ class Transformer(nn.Module):
             x = self.final_norm(x)
         return x, self_weights, cross
 
-    def features(self, src: Tensor, tgt_in: Tensor, positions: Tensor | None = None) -> Tensor:
-        """Teacher forcing up to the output layer: ``(B, T, d_model)``, or ``(N, d_model)`` at ``positions``."""
+    def features(self, src: Tensor, tgt_in: Tensor) -> Tensor:
+        """Teacher forcing up to the output layer: ``(B, T, d_model)``."""
         memory, memory_mask = self.encode(src)
-        hidden, _, _ = self.decode(tgt_in, memory, memory_mask)  # (B, T, d_model)
-        return hidden if positions is None else select_positions(hidden, positions)
+        hidden, _, _ = self.decode(tgt_in, memory, memory_mask)
+        return hidden
 
-    def forward(self, src: Tensor, tgt_in: Tensor, positions: Tensor | None = None, targets: Tensor | None = None,
-                label_smoothing: float = 0.0) -> Tensor:
+    def forward(self, src: Tensor, tgt_in: Tensor, positions: Tensor | None = None) -> Tensor:
         """Teacher forcing: ``src`` (B, S), ``tgt_in`` = ``<s> y_1 .. y_{T-1}`` (B, T) -> logits (B, T, V).
 
         With a boolean ``positions`` (B, T), only those positions are projected to the
         vocabulary: logits (N, V), N = positions.sum() (training skips padding this way).
-        With ``targets`` (N,), the tokens to predict there, returns instead the summed
-        label-smoothed cross-entropy, the output layer fused with the loss
-        (:func:`attnkit.loss.linear_cross_entropy`: no (N, V) logits are kept).
         """
-        hidden = self.features(src, tgt_in, positions)
-        if targets is None:
-            return self.out_proj(hidden)
-        return linear_cross_entropy(hidden, self.out_proj.weight, self.out_proj.bias, targets,
-                                    label_smoothing=label_smoothing)
+        hidden = self.features(src, tgt_in)  # (B, T, d_model)
+        if positions is not None:
+            hidden = hidden[positions]  # (N, d_model)
+        return self.out_proj(hidden)
 
     def cross_attention(self, src: Tensor, tgt_in: Tensor) -> list[Tensor]:
         """Per-layer cross-attention weights ``(B, H, T, S)`` under teacher forcing (for inspection)."""
@@ -245,7 +219,7 @@ class Transformer(nn.Module):
         memory, memory_mask = self.encode(src)
         caches = [(KVCache(), KVCache()) for _ in self.layers] if use_cache else None
         tokens = src.new_zeros(src.size(0), 0)
-        return TransformerState(memory, memory_mask, tokens, caches)
+        return self.state_type(memory, memory_mask, tokens, caches)
 
     def decode_step(self, prev: Tensor, state: TransformerState, need_weights: bool = False
                     ) -> tuple[Tensor, TransformerState, Tensor | None]:
@@ -259,8 +233,7 @@ class Transformer(nn.Module):
             hidden, _, cross = self.decode(tokens, state.memory, state.memory_mask, need_weights=need_weights)
             hidden, caches = hidden[:, -1:], None
         else:
-            x = self.tgt_embed(prev[:, None]) + self.positions(1, offset=t - 1)  # (B, 1, d_model)
-            x = dropout(x, self.dropout, self.training)
+            x = self.dropout(self.tgt_embed(prev[:, None]) + self.positions(1, offset=t - 1))  # (B, 1, d_model)
             caches, cross = [], []
             for layer, cache in zip(self.layers, state.caches, strict=True):
                 # one query at the newest position sees every cached key: no look-ahead mask needed
@@ -272,4 +245,4 @@ class Transformer(nn.Module):
             hidden = self.final_norm(x) if self.final_norm is not None else x
         logits = self.out_proj(hidden[:, 0])  # (B, V)
         attention = cross[-1][:, :, -1].mean(dim=1) if need_weights else None  # (B, H, T, S) -> (B, S)
-        return logits, TransformerState(state.memory, state.memory_mask, tokens, caches), attention
+        return logits, self.state_type(state.memory, state.memory_mask, tokens, caches), attention

@@ -7,9 +7,10 @@ For hidden states ``h_i`` (the decoder output at each real target position), the
 
 (Szegedy et al. 2016 label smoothing, as ``F.cross_entropy(..., label_smoothing=eps)``).
 
-A 4k-token batch over an 8k vocabulary has 32M logits; with their float32 log-softmax and
-gradient that is ~400 MB of memory traffic per update. :func:`linear_cross_entropy` never holds
-them at once: it walks the rows in chunks, and because the loss is a plain sum it computes each
+The reference (:class:`attnkit.tasks.Seq2SeqLoss`) computes every logit, then
+``F.cross_entropy``. A 4k-token batch over an 8k vocabulary has 32M logits, and their float32
+log-softmax and gradient dominate the memory traffic of an update. :func:`linear_cross_entropy`
+never holds them at once: it walks the rows in chunks, and because the loss is a plain sum it computes each
 chunk's gradients right away (``dL/dz = softmax(z) - q``, ``dL/dh = dL/dz W``,
 ``dL/dW = dL/dz^T h``); backward only scales them by the incoming gradient.
 
@@ -30,15 +31,15 @@ In bf16 the logits are rounded to bf16 as autocast's ``F.linear`` would round th
 from __future__ import annotations
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
-from .data import round_up
+from ..data import round_up
 
 #: Rows per chunk: 1024 x 8k logits at a time.
 CHUNK_ROWS = 1024
 #: The last chunk is padded to a multiple of this many rows. The number of scored tokens changes
-#: every batch, and oneDNN (bf16 matmuls on the CPU) builds and keeps a ~1 MB kernel per matrix
-#: shape: unpadded, every batch added three (peak RSS after 60 Multi30k updates: 1.93 vs 1.68 GB).
+#: every batch, and oneDNN (bf16 matmuls on the CPU) builds and keeps a kernel per matrix shape:
+#: unpadded, every batch would add three (benchmarks/README.md, "Memory").
 ROW_MULTIPLE = 128
 #: Below this a target's probability has lost precision (float32 / bfloat16 subnormals start at
 #: 1.2e-38), and its row's log-sum-exp is computed directly instead.
@@ -48,8 +49,8 @@ UNDERFLOW = 1e-30
 def select_positions(x: Tensor, positions: Tensor) -> Tensor:
     """``x`` ``(B, T, d)`` at the ``True`` entries of ``positions`` ``(B, T)`` -> ``(N, d)``, as ``x[positions]``.
 
-    Gathers with ``index_select``, whose backward is an ``index_add``: 1.1 ms for 4,800 x 256 here,
-    where boolean indexing's backward (an accumulating ``index_put``) takes 7.6 ms.
+    Gathers with ``index_select``, whose backward is an ``index_add``: on the CPU much cheaper than
+    boolean indexing's backward, an accumulating ``index_put``.
     """
     rows = positions.flatten().nonzero().squeeze(1)  # (N,)
     return x.flatten(0, 1).index_select(0, rows)  # (B*T, d) -> (N, d)
@@ -135,3 +136,21 @@ def linear_cross_entropy(hidden: Tensor, weight: Tensor, bias: Tensor | None, ta
     with_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (hidden, weight, bias))
     with torch.autocast(device, enabled=False):
         return _LinearCrossEntropy.apply(hidden, weight, bias, targets, label_smoothing, chunk, dtype, with_grad)
+
+
+class FusedSeq2SeqLoss(nn.Module):
+    """The engine's training objective for a sequence-to-sequence model: equals :class:`attnkit.tasks.Seq2SeqLoss`.
+
+    ``model.features`` up to the output layer, the scored positions gathered with
+    :func:`select_positions`, and the output layer fused with the loss (:func:`linear_cross_entropy`).
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, src: Tensor, tgt_in: Tensor, scored: Tensor, targets: Tensor,
+                label_smoothing: float = 0.0) -> Tensor:
+        hidden = select_positions(self.model.features(src, tgt_in), scored)  # (N, d)
+        out = self.model.output_layer
+        return linear_cross_entropy(hidden, out.weight, out.bias, targets, label_smoothing=label_smoothing)

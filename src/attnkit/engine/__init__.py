@@ -1,0 +1,62 @@
+"""The engine: every speed trick of attnkit, apart from the textbook code it replaces.
+
+The reference path (:mod:`attnkit.attention`, :mod:`~attnkit.multihead`, :mod:`~attnkit.layers`,
+:mod:`~attnkit.transformer`, the task's ``F.cross_entropy``) reads like the seeds and imports
+nothing from here. :func:`accelerate` swaps the fast paths into a built model, in place, without
+changing its parameters; training selects it with ``train.engine: fast | reference`` (default
+``fast``), and ``translate`` / ``evaluate`` / ``attention`` always decode with it.
+
+============================================  ============================================  =======================
+fast path                                     replaces (reference)                          module
+============================================  ============================================  =======================
+:func:`fast_attend`: fused SDPA, bf16         :func:`attnkit.attention.attend`              ``engine/attention.py``
+weights, grouped queries
+:class:`ByteDropout`: random bytes            ``nn.Dropout``                                ``engine/dropout.py``
+:class:`FusedSeq2SeqLoss`: output layer       :class:`attnkit.tasks.Seq2SeqLoss`: logits,   ``engine/loss.py``
+fused with label-smoothed cross-entropy,      then ``F.cross_entropy``
+``index_select`` of scored positions
+:class:`SharedMemoryState`: one memory row    :class:`attnkit.transformer.TransformerState` ``engine/decoding.py``
+per sentence in beam search
+============================================  ============================================  =======================
+
+Each has a test against its reference in ``tests/test_engine.py``.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from torch import nn
+
+from ..multihead import MultiHeadAttention
+from ..transformer import Transformer
+from .attention import fast_attend
+from .decoding import SharedMemoryState
+from .dropout import ByteDropout
+from .loss import FusedSeq2SeqLoss
+
+Engine = Literal["fast", "reference"]
+ENGINES: tuple[Engine, ...] = ("fast", "reference")
+
+__all__ = ["ENGINES", "ByteDropout", "Engine", "FusedSeq2SeqLoss", "SharedMemoryState", "accelerate",
+           "fast_attend"]
+
+
+def accelerate(model: nn.Module) -> nn.Module:
+    """Swap the engine's fast paths into ``model`` in place (parameters untouched); returns ``model``.
+
+    Every ``nn.Dropout`` becomes a :class:`ByteDropout` of the same rate, every
+    :class:`MultiHeadAttention` computes with :func:`fast_attend`, and a :class:`Transformer`
+    decodes with :class:`SharedMemoryState`.
+    """
+    for module in list(model.modules()):
+        for name, child in module.named_children():
+            if type(child) is nn.Dropout:
+                fast = ByteDropout(child.p)
+                fast.train(child.training)
+                setattr(module, name, fast)
+        if isinstance(module, MultiHeadAttention):
+            module.kernel = fast_attend
+        if isinstance(module, Transformer):
+            module.state_type = SharedMemoryState
+    return model
