@@ -220,3 +220,34 @@ def test_checkpoints_are_pruned_and_averaged(tmp_path):
         torch.testing.assert_close(avg[key], (w6[key].double() + w8[key].double()).div(2).float())
     lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
     assert len(lines) == 4
+
+
+def test_noam_needs_a_model_width():
+    from attnkit.errors import UserError
+    from attnkit.train import model_width
+
+    assert model_width(torch.nn.Linear(2, 2)) is None  # no silent default width
+    with pytest.raises(UserError, match="noam"):
+        learning_rate(10, TrainConfig(schedule="noam"), None)
+    assert learning_rate(10, TrainConfig(schedule="inverse_sqrt"), None) > 0
+
+
+def test_progress_without_a_terminal_prints_plain_lines(monkeypatch, capsys):
+    """A log file gets one line per interval and one at the end, never tqdm's carriage returns."""
+    import attnkit.progress as progress_module
+
+    monkeypatch.setattr(progress_module.sys.stderr, "isatty", lambda: False, raising=False)
+    clock = iter(float(t) for t in range(1000))
+    monkeypatch.setattr(progress_module.time, "perf_counter", lambda: next(clock))
+    bar = progress_module.progress(100, unit="update", every_seconds=10)
+    assert isinstance(bar, progress_module.LineProgress)
+    for _ in range(30):  # one clock tick per update: a line every 10 updates
+        bar.set_postfix(loss="1.500")
+        bar.update(1)
+    bar.close()
+    err = capsys.readouterr().err
+    assert "\r" not in err
+    lines = err.splitlines()
+    assert len(lines) == 4 and lines[0].startswith("update 10/100 (10%) loss 1.500")
+    assert lines[-1].startswith("update 30/100 (30%)")
+    assert isinstance(progress_module.progress(5, enabled=False), progress_module.tqdm)  # disabled: silent tqdm
