@@ -1,0 +1,89 @@
+"""Training throughput of two (or more) commits, measured alternately in one run.
+
+    python benchmarks/compare_commits.py ddca0a2 HEAD                       # bf16, 2 rounds of 60 s each
+    python benchmarks/compare_commits.py HEAD HEAD --set train.engine=reference --only 1 --rounds 2
+
+Each commit is checked out into a temporary git worktree and its own ``benchmarks/throughput.py
+--worker`` trains the ``small`` Transformer on Multi30k for ``--time`` seconds, in its own
+subprocess, one contender at a time; the contenders alternate (A B A B ...) so that a machine
+that speeds up or slows down during the run affects them alike. ``--set`` passes config
+overrides to the contenders listed by ``--only`` (1-based; default: all), e.g. the reference
+engine on the same commit. Writes ``benchmarks/results/compare-<name>.json`` with every run's
+target tokens/s and peak RSS, so both figures of every contender are reported, not the best.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from datetime import date
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from throughput import run_child  # noqa: E402
+
+
+def git(*args: str) -> str:
+    return subprocess.run(["git", *args], cwd=ROOT, check=True, capture_output=True, text=True).stdout.strip()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("commits", nargs="+", help="commits to compare (HEAD = the working tree as committed)")
+    p.add_argument("--precision", default="bf16", choices=["fp32", "bf16"])
+    p.add_argument("--time", type=float, default=60.0, help="measured seconds per run")
+    p.add_argument("--rounds", type=int, default=2, help="runs per contender, alternating")
+    p.add_argument("--max-tokens", type=int, default=4800, help="train.max_tokens (as throughput.py gives attnkit)")
+    p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="config overrides for --only contenders")
+    p.add_argument("--only", type=int, nargs="*", help="1-based contenders that get --set (default: all)")
+    p.add_argument("--name", default=None, help="results/compare-NAME.json (default: the commits joined)")
+    args = p.parse_args()
+
+    contenders = []
+    with tempfile.TemporaryDirectory(prefix="attnkit_cmp_") as tmp:
+        for i, commit in enumerate(args.commits, start=1):
+            sha = git("rev-parse", "--short", commit)
+            tree = Path(tmp) / f"{i}-{sha}"
+            git("worktree", "add", "--detach", "-q", str(tree), sha)
+            overrides = args.set if args.only is None or i in args.only else []
+            contenders.append({"label": f"{i}: {sha}" + (f" {' '.join(overrides)}" if overrides else ""),
+                               "commit": sha, "overrides": overrides, "tree": tree, "runs": []})
+        try:
+            for r in range(args.rounds):
+                for c in contenders:
+                    cmd = [sys.executable, str(c["tree"] / "benchmarks" / "throughput.py"), "--worker",
+                           args.precision, "--time", str(args.time), "--max-tokens", str(args.max_tokens),
+                           "--set", *c["overrides"]]
+                    result, rss, _ = run_child(cmd)
+                    c["runs"].append({"tgt_tok_per_s": result["tgt_tok_per_s"], "peak_rss_gb": round(rss, 2),
+                                      "updates": result["updates"], "tok_per_update": result["tok_per_update"]})
+                    print(f"round {r + 1} {c['label']:40s} {result['tgt_tok_per_s']:8.0f} tok/s  {rss:.2f} GB",
+                          flush=True)
+        finally:
+            for c in contenders:
+                git("worktree", "remove", "--force", str(c["tree"]))
+    base = statistics.mean(run["tgt_tok_per_s"] for run in contenders[0]["runs"])
+    rows = []
+    for c in contenders:
+        speeds = [run["tgt_tok_per_s"] for run in c["runs"]]
+        rows.append({"label": c["label"], "commit": c["commit"], "overrides": c["overrides"], "runs": c["runs"],
+                     "mean_tgt_tok_per_s": round(statistics.mean(speeds), 1),
+                     "ratio_to_first": round(statistics.mean(speeds) / base, 3)})
+        print(f"{c['label']:40s} " + " / ".join(f"{s:,.0f}" for s in speeds) + f" tok/s, x{rows[-1]['ratio_to_first']}")
+    name = args.name or "-".join(c["commit"] for c in contenders)
+    out = ROOT / "benchmarks" / "results" / f"compare-{name}.json"
+    out.write_text(json.dumps({"date": date.today().isoformat(), "commit": git("rev-parse", "--short", "HEAD"),
+                               "command": "python benchmarks/compare_commits.py " + " ".join(sys.argv[1:]),
+                               "precision": args.precision, "seconds_per_run": args.time, "rounds": args.rounds,
+                               "contenders": rows}, indent=2) + "\n")
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
