@@ -130,9 +130,9 @@ def weights(run: Path, step: int) -> dict[str, torch.Tensor]:
     return load_weights(run / "checkpoints" / f"step-{step:08d}" / "model.safetensors")[0]
 
 
-@pytest.mark.parametrize("dropout", [0.0, 0.1])
-def test_resume_is_bitwise_identical(tmp_path, capsys, dropout):
-    raw = raw_config(dropout=dropout)
+@pytest.mark.parametrize(("engine", "dropout"), [("fast", 0.0), ("fast", 0.1), ("reference", 0.1)])
+def test_resume_is_bitwise_identical(tmp_path, capsys, engine, dropout):
+    raw = raw_config(dropout=dropout, engine=engine)
     n_epoch = epoch_length(tmp_path, raw)
     n = n_epoch + n_epoch // 2 + 1  # resume mid-epoch, after a validation that ended an epoch
     assert n % n_epoch
