@@ -26,10 +26,10 @@ from matplotlib.figure import Figure
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from attnkit.checkpoint import atomic_write_text  # noqa: E402
 from attnkit.config import load_config  # noqa: E402
 from attnkit.data import pad_batch, read_parallel  # noqa: E402
 from attnkit.evaluate import translation_scores  # noqa: E402
+from attnkit.files import atomic_write_text  # noqa: E402
 from attnkit.plot import save_figure  # noqa: E402
 from attnkit.runconfig import RunConfig  # noqa: E402
 from attnkit.tasks import LoadedRun, load_run, translate_texts  # noqa: E402

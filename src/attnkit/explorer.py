@@ -20,8 +20,8 @@ from importlib.resources import files
 from pathlib import Path
 
 from .attention_maps import AttentionMaps, AttentionView
-from .checkpoint import atomic_write_text
 from .errors import UserError
+from .files import atomic_write_text
 
 __all__ = ["explorer_html", "write_explorer"]
 

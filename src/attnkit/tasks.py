@@ -30,11 +30,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from . import dates
-from .checkpoint import atomic_write_text, check_compatible, load_weights
+from .checkpoint import check_compatible, load_weights
 from .classifier import TransformerClassifier
 from .config import load_config
 from .data import filter_examples, make_batches, pad_batch, padding_fraction, read_labelled, read_parallel
 from .errors import UserError
+from .files import atomic_write_text
 from .rnn import RNNSeq2Seq
 from .runconfig import RunConfig
 from .search import MAX_LEN_A, MAX_LEN_B, beam_search, greedy_search

@@ -31,8 +31,8 @@ from pathlib import Path
 
 import sentencepiece as spm
 
-from attnkit.checkpoint import atomic_write, atomic_write_text
 from attnkit.errors import UserError
+from attnkit.files import atomic_write_bytes, atomic_write_text
 from attnkit.vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 __all__ = [
@@ -186,7 +186,7 @@ def train_tokenizer(
         protos = {_SRC_MODEL: _train_one(src_texts, what="source", **options),
                   _TGT_MODEL: _train_one(tgt_texts, what="target", **options)}
     for name, proto in protos.items():
-        atomic_write(out / name, lambda tmp, proto=proto: tmp.write_bytes(proto))
+        atomic_write_bytes(out / name, proto)
 
     sizes = {name: spm.SentencePieceProcessor(model_proto=proto).get_piece_size()
              for name, proto in protos.items()}

@@ -47,11 +47,9 @@ from tqdm import tqdm
 
 from . import distributed
 from .checkpoint import (
-    atomic_write_text,
     average_weights,
     capture_rng_state,
     check_compatible,
-    fsync_dir,
     load_training_state,
     load_weights,
     restore_rng_state,
@@ -60,6 +58,7 @@ from .checkpoint import (
 )
 from .config import dump_config, load_config
 from .errors import UserError
+from .files import atomic_write_text, fsync_dir
 from .runconfig import RunConfig, TrainConfig
 from .tasks import CLASSES_FILE, CONFIG_FILE, TOKENIZER_META, Task, make_task
 
