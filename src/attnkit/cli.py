@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .errors import UserError
+from .search import LENPEN, MAX_LEN_A, MAX_LEN_B
 
 EXAMPLES = """examples:
   attnkit demo                                   # train on generated dates (~3 min), print exact match
@@ -58,10 +59,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", help="output file (default: stdout)")
     p.add_argument("--beam", type=int, default=None, help="beam size; 1 = greedy (default: the run's decode_beam)")
     p.add_argument("--lenpen", type=float, default=None,
-                   help="GNMT length penalty alpha (default: the run's decode_lenpen, 0.6 unless configured)")
+                   help=f"GNMT length penalty alpha (default: the run's decode_lenpen, {LENPEN} unless configured)")
     p.add_argument("--n-best", type=int, default=1, help="hypotheses per sentence, tab-separated (default: 1)")
-    p.add_argument("--max-len-a", type=float, default=1.0, help="max output length = a * source length + b")
-    p.add_argument("--max-len-b", type=float, default=50, help="(default: a=1, b=50, as in the paper)")
+    p.add_argument("--max-len-a", type=float, default=MAX_LEN_A, help="max output length = a * source length + b")
+    p.add_argument("--max-len-b", type=float, default=MAX_LEN_B,
+                   help=f"(default: a={MAX_LEN_A:g}, b={MAX_LEN_B:g}, as in the paper)")
     p.add_argument("--batch-size", type=int, default=64, help="sentences per batch (default: 64)")
     p.add_argument("--attention-dir", metavar="DIR",
                    help="also save a cross-attention heatmap per input line (greedy decoding) as "
@@ -248,7 +250,7 @@ def cmd_attention(args: argparse.Namespace) -> None:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise UserError(f"{out}: cannot create the output directory ({e.strerror})") from None
-    print(f"{maps.source} -> {maps.output}" + (" (given)" if maps.forced else ""))
+    print(maps.heading())
     written = []
     if not args.no_png:
         written += [save_figure(fig, out / f"{stem}.png") for stem, fig in attention_figures(maps).items()]

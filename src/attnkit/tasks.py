@@ -38,7 +38,7 @@ from .errors import UserError
 from .files import atomic_write_text
 from .rnn import RNNSeq2Seq
 from .runconfig import RunConfig
-from .search import MAX_LEN_A, MAX_LEN_B, beam_search, greedy_search
+from .search import LENPEN, MAX_LEN_A, MAX_LEN_B, beam_search, greedy_search
 from .tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer, train_tokenizer
 from .transformer import Transformer
 
@@ -114,7 +114,7 @@ def output_budget(limit: int | None, src_len: int, max_len_a: float, max_len_b: 
     return max_len_a, max_len_b
 
 
-def translate_texts(model: nn.Module, tok: Tokenizer, texts: list[str], *, beam: int = 1, lenpen: float = 0.6,
+def translate_texts(model: nn.Module, tok: Tokenizer, texts: list[str], *, beam: int = 1, lenpen: float = LENPEN,
                     batch_size: int = 64, max_len_a: float = MAX_LEN_A, max_len_b: float = MAX_LEN_B,
                     n_best: int = 1, device: torch.device | None = None) -> list[list[str]]:
     """Translate ``texts`` (sorted by length into batches, returned in input order); n-best per sentence."""
