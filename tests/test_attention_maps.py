@@ -310,4 +310,4 @@ def test_heading_names_source_output_and_a_forced_target() -> None:
     maps = AttentionMaps("transformer", "Ein sehr langer Satz.", "A very long sentence.", False, ["x"])
     assert maps.heading() == "Ein sehr langer Satz. -> A very long sentence."
     forced = AttentionMaps("transformer", "Ein sehr langer Satz.", "A long one.", True, ["x"])
-    assert forced.heading(10) == "Ein sehr... -> A long one. (given)"
+    assert forced.heading(10) == "Ein seh... -> A long one. (given)"
