@@ -40,6 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--out-dir", default=".", help="where the run and the heatmap PNG go (default: .)")
     p.add_argument("--held-out", type=int, metavar="N",
                    help="how many held-out dates to score for exact match (default: 1000; fewer is quicker)")
+    p.add_argument("--json", metavar="PATH",
+                   help="also write exact match, minutes, updates, peak RSS, date and commit to PATH as JSON")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
                    help="config overrides, e.g. train.max_updates=200 (see configs/demo.yaml)")
 
@@ -150,9 +152,9 @@ def cmd_demo(args: argparse.Namespace) -> None:
     from .demo import run_demo
 
     if args.held_out is None:
-        run_demo(args.out_dir, args.overrides)
+        run_demo(args.out_dir, args.overrides, json_path=args.json)
     else:
-        run_demo(args.out_dir, args.overrides, held_out=args.held_out)
+        run_demo(args.out_dir, args.overrides, held_out=args.held_out, json_path=args.json)
 
 
 def cmd_train(args: argparse.Namespace) -> None:
