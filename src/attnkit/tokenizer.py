@@ -224,6 +224,15 @@ def _load_model(path: Path) -> spm.SentencePieceProcessor:
     return sp
 
 
+def _model_name(meta: dict, key: str, meta_path: Path) -> str:
+    """``meta[key]`` if it is a plain file name: a model file lives beside ``tokenizer.json``, never elsewhere."""
+    name = meta[key]
+    if not isinstance(name, str) or name in ("", ".", "..") or "/" in name or "\\" in name:
+        raise UserError(f"{meta_path}: {key} {name!r} must be a file name in that directory (no path, "
+                        f"no '..'); re-train the tokenizer")
+    return name
+
+
 class Tokenizer:
     """Source and target SentencePiece models behind one interface.
 
@@ -269,14 +278,14 @@ class Tokenizer:
             if key not in meta:
                 raise UserError(f"{meta_path}: missing key '{key}'; re-train the tokenizer")
         base = Path(directory)
-        src = _load_model(base / str(meta["src_model"]))
+        src = _load_model(base / _model_name(meta, "src_model", meta_path))
         tgt_name = meta["tgt_model"]
         if tgt_name is None:
             tgt = None
         elif tgt_name == meta["src_model"]:
             tgt = src
         else:
-            tgt = _load_model(base / str(tgt_name))
+            tgt = _load_model(base / _model_name(meta, "tgt_model", meta_path))
         return cls(src, tgt, joint=bool(meta["joint"]), model_type=str(meta["model_type"]))
 
     # -- properties -----------------------------------------------------------------
