@@ -39,7 +39,6 @@ a smaller one). For scale: one float32 ``(B, H, T, T)`` tensor is 2 MB at T=64, 
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import math
 import os
@@ -60,9 +59,11 @@ from torch import Tensor, nn
 
 try:
     from attnkit import MultiHeadAttention
+    from attnkit.measure import stamp
 except ModuleNotFoundError:  # a checkout without `pip install -e .`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
     from attnkit import MultiHeadAttention
+    from attnkit.measure import stamp
 
 BATCH = 16
 D_MODEL = 512
@@ -336,7 +337,7 @@ def main(argv: list[str] | None = None) -> None:
     report = {
         "benchmark": "attention fwd+bwd",
         "command": "python benchmarks/attention.py" + (" --quick" if args.quick else ""),
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        **stamp(),
         "machine": info,
         "config": {"batch": BATCH, "d_model": D_MODEL, "n_heads": N_HEADS, "reps_by_T": reps_by_T,
                    "warmup_steps": WARMUP_STEPS, "min_sample_s": MIN_SAMPLE_S, "reference": REFERENCE,

@@ -136,8 +136,10 @@ def main() -> None:
     import torch
 
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    from attnkit.measure import stamp
+
     Path(args.out).write_text(json.dumps({
-        "date": time.strftime("%Y-%m-%d %H:%M"), "torch": torch.__version__, "cpus": cpus,
+        **stamp(), "torch": torch.__version__, "cpus": cpus,
         "config": os.path.relpath(args.config, ROOT), "overrides": args.set, "measured_seconds": args.time,
         "warmup_updates": args.warmup_updates, "rows": rows, "note": note,
         "command": " ".join(["python", "benchmarks/ddp.py", *sys.argv[1:]])}, indent=2) + "\n")

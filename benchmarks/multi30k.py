@@ -29,7 +29,9 @@ sys.path.insert(0, str(ROOT / "src"))
 from attnkit.config import load_config  # noqa: E402
 from attnkit.data import read_parallel  # noqa: E402
 from attnkit.evaluate import translation_scores  # noqa: E402
+from attnkit.measure import stamp  # noqa: E402
 from attnkit.runconfig import RunConfig  # noqa: E402
+from attnkit.search import LENPEN  # noqa: E402
 from attnkit.tasks import load_run, translate_texts  # noqa: E402
 from attnkit.train import Trainer  # noqa: E402
 from attnkit.transformer import Transformer  # noqa: E402
@@ -66,7 +68,7 @@ def main() -> None:
     p.add_argument("--skip-train", action="store_true", help="decode and score an already trained run")
     p.add_argument("--resume", action="store_true", help="continue an interrupted training run")
     p.add_argument("--beam", type=int, default=4)
-    p.add_argument("--lenpen", type=float, default=0.6)
+    p.add_argument("--lenpen", type=float, default=LENPEN)
     p.add_argument("--no-cache-compare", action="store_true", help="skip decoding without the cache")
     p.add_argument("overrides", nargs="*", help="config overrides, e.g. train.max_minutes=30")
     args = p.parse_args()
@@ -101,7 +103,7 @@ def main() -> None:
     lines = (run_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
     metrics = [json.loads(line) for line in lines if line.strip()]
     result = {
-        "name": name, "config": str(Path(args.config).relative_to(ROOT) if Path(args.config).is_absolute()
+        **stamp(), "name": name, "config": str(Path(args.config).relative_to(ROOT) if Path(args.config).is_absolute()
                                     else args.config),
         "direction": f"{src_lang}->{tgt_lang}", "test": "test_2016_flickr", "weights": run.weights_path.name,
         "bleu": round(scores.bleu, 2), "bleu_lowercase": round(scores.bleu_lowercase, 2), "chrf": round(scores.chrf, 2),
@@ -111,7 +113,7 @@ def main() -> None:
         "valid_curve": [{k: m[k] for k in ("step", "minutes", "valid_bleu", "valid_loss") if k in m} for m in metrics],
         "decoding": decoding,
         "machine": {"torch": torch.__version__, "threads": torch.get_num_threads(), "cpu": platform.processor()
-                    or platform.machine(), "date": time.strftime("%Y-%m-%d")},
+                    or platform.machine()},
         "command": " ".join(["python", "benchmarks/multi30k.py", *sys.argv[1:]]),
     }
     out = ROOT / "benchmarks" / "results"

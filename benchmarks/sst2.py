@@ -27,6 +27,7 @@ sys.path.insert(0, str(ROOT / "src"))
 from attnkit.classify import evaluate_classifier  # noqa: E402
 from attnkit.config import load_config  # noqa: E402
 from attnkit.data import read_labelled  # noqa: E402
+from attnkit.measure import stamp  # noqa: E402
 from attnkit.runconfig import RunConfig  # noqa: E402
 from attnkit.tasks import load_run  # noqa: E402
 from attnkit.train import Trainer  # noqa: E402
@@ -91,7 +92,7 @@ def main() -> None:
         print(f"{r['config']:<26} {r['dev_accuracy']:>8.2f} {r['dev_macro_f1']:>9.2f} {r['minutes_total']:>8.1f} "
               f"{r['parameters'] / 1e6:>8.2f}M")
     Path(args.out).write_text(json.dumps({
-        "date": time.strftime("%Y-%m-%d %H:%M"), "torch": torch.__version__, "threads": torch.get_num_threads(),
+        **stamp(), "torch": torch.__version__, "threads": torch.get_num_threads(),
         "dev": "sst2/dev.tsv (872), evaluated once per config; selection on 2,000 held-out training rows",
         "results": results,
         "command": " ".join(["python", "benchmarks/sst2.py", *sys.argv[1:]]),

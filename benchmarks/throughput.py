@@ -123,9 +123,12 @@ def main() -> None:
               f"{r['ratio_to_reference_fp32'] or float('nan'):>10.2f} {r['peak_rss_gb']:>11.2f}")
     import torch
 
+    sys.path.insert(0, str(ROOT / "src"))
+    from attnkit.measure import stamp
+
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({
-        "date": time.strftime("%Y-%m-%d %H:%M"), "torch": torch.__version__, "threads": torch.get_num_threads(),
+        **stamp(), "torch": torch.__version__, "threads": torch.get_num_threads(),
         "measured_seconds": args.time, "max_tokens": args.max_tokens,
         "attnkit_max_tokens": args.attnkit_max_tokens, "rows": rows,
         "command": " ".join(["python", "benchmarks/throughput.py", *sys.argv[1:]]),

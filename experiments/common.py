@@ -30,6 +30,7 @@ from attnkit.config import load_config  # noqa: E402
 from attnkit.data import pad_batch, read_parallel  # noqa: E402
 from attnkit.evaluate import translation_scores  # noqa: E402
 from attnkit.files import atomic_write_text  # noqa: E402
+from attnkit.measure import stamp  # noqa: E402
 from attnkit.plot import save_figure  # noqa: E402
 from attnkit.runconfig import RunConfig  # noqa: E402
 from attnkit.tasks import LoadedRun, load_run, translate_texts  # noqa: E402
@@ -207,13 +208,13 @@ class Recorder:
         """``docs/figures/<name>.json``: the results, the command, run time, threads and machine."""
         seconds = time.perf_counter() - self.start
         record = {
+            **stamp(),
             "command": "python " + " ".join([os.path.relpath(sys.argv[0], ROOT), *sys.argv[1:]]),
             "run_seconds": round(seconds, 1),
             "torch_threads": torch.get_num_threads(),
             "cpu_count": os.cpu_count(),
             "torch": torch.__version__,
             "machine": platform.machine(),
-            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             **self.results,
         }
         path = FIGURES / f"{self.name}.json"
