@@ -57,6 +57,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from tables import markdown, measured
+
 try:
     from attnkit import MultiHeadAttention
     from attnkit.measure import stamp
@@ -259,6 +261,14 @@ def format_table(rows: list[dict]) -> str:
         lines.append(f"{r['T']:>5}  {r['precision']:<9}  {r['mask']:<7}  {r['contender']:<15}  "
                      f"{r['ms_median']:>10.2f}  {r['ratio_to_torch']:>7.2f}  {peak:>8}")
     return "\n".join(lines)
+
+
+def markdown_table(results: dict) -> str:
+    """README: attnkit's time over torch.nn.MultiheadAttention's per (T, precision), unmasked and padded."""
+    rows = [[str(t["T"]), t["precision"], f"{t['attnkit_ratio_no_mask']:.2f}x", f"{t['attnkit_ratio_padding']:.2f}x",
+             f"<= {t['target_ratio']:.2f}x", measured(results)] for t in results["targets"]]
+    return markdown(["T", "precision", "time / torch's, no mask", "with padding", "target", "measured"], rows,
+                    "rlrrll")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -29,6 +29,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from tables import markdown, measured, num
+
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data" / "multi30k"
 MULTI30K = ROOT / "configs" / "multi30k-de-en.yaml"
@@ -82,6 +84,14 @@ def run_contender(processes: int, args: argparse.Namespace, overrides: list[str]
     if proc.returncode != 0 or not lines:
         raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     return json.loads(lines[-1][7:])
+
+
+def markdown_table(results: dict) -> str:
+    """README: target tokens/s of each process layout at the same tokens per update."""
+    rows = [[f"{r['processes']} x {r['threads_per_process']}", str(r["accumulate"]), num(r["tokens_per_update"]),
+             num(r["tgt_tok_per_s"]), f"**{r['ratio_to_first']:.2f}x**", measured(results)] for r in results["rows"]]
+    return markdown(["processes x threads", "accumulate", "tokens per update", "target tok/s", "x the first",
+                     "measured"], rows, "lrrrrl")
 
 
 def main() -> None:

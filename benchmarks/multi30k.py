@@ -35,6 +35,7 @@ from attnkit.search import LENPEN  # noqa: E402
 from attnkit.tasks import load_run, translate_texts  # noqa: E402
 from attnkit.train import Trainer  # noqa: E402
 from attnkit.transformer import Transformer  # noqa: E402
+from tables import markdown, measured, num  # noqa: E402
 
 DATA = ROOT.parent / "shared" / "data" / "multi30k"
 
@@ -58,6 +59,42 @@ def timed_translate(model, tok, sources, beam, lenpen) -> tuple[list[str], float
     start = time.perf_counter()
     hyps = [h[0] for h in translate_texts(model, tok, sources, beam=beam, lenpen=lenpen)]
     return hyps, time.perf_counter() - start
+
+
+#: What each configuration is expected to reach (the README's target column).
+TARGETS = {"multi30k-de-en": ">= 40 in <= 60 min", "multi30k-en-de": ">= 38 in <= 60 min",
+           "multi30k-de-en-rnn-bahdanau": ">= 30", "multi30k-de-en-rnn-noattn": "report it (the tutorial: 13.8)"}
+
+
+def _runs(results: dict[str, dict]) -> list[tuple[str, dict]]:
+    """``(label, result)`` per run: by configuration as in :data:`TARGETS`, the newest run of each first."""
+    order = list(TARGETS)
+    runs = sorted(results.values(), key=lambda r: r["date"], reverse=True)
+    runs.sort(key=lambda r: (order.index(r["name"]) if r["name"] in order else len(order), r["name"]))
+    return [(f"`{r['config']}` ({r['direction']}, {r['machine']['threads']} "
+             f"thread{'s' if r['machine']['threads'] > 1 else ''})", r) for r in runs]
+
+
+def markdown_table(results: dict[str, dict]) -> str:
+    """README: test BLEU of every run in ``benchmarks/results/`` (``{path: result JSON}``), newest run first."""
+    rows = [[label, f"**{r['bleu']:.2f}**", f"{r['bleu_lowercase']:.2f}", f"{r['chrf']:.2f}",
+             f"{r['train_minutes']:.1f}", num(r["updates"]), measured(r), TARGETS.get(r["name"], "")]
+            for label, r in _runs(results)]
+    return markdown(["run", "BLEU", "lowercased", "chrF", "training min", "updates", "measured", "target"], rows,
+                    "lrrrrrll")
+
+
+def markdown_decoding(results: dict[str, dict]) -> str:
+    """README: decoding speed of test_2016_flickr with and without the key/value cache, where it was measured."""
+    rows = []
+    for label, r in _runs(results):
+        d = r["decoding"]
+        if "cache_speedup" in d:
+            rows.append([label, f"{d['beam']}", f"{d['cached_sent_per_s']:.1f}", f"{d['uncached_sent_per_s']:.1f}",
+                         f"**{d['cache_speedup']:.2f}x**", "yes" if d["uncached_identical"] else "**no**",
+                         measured(r), ">= 3x"])
+    return markdown(["run", "beam", "sentences/s, cache", "without", "speed-up", "same output", "measured",
+                     "target"], rows, "lrrrrlll")
 
 
 def main() -> None:

@@ -31,6 +31,7 @@ from attnkit.measure import stamp  # noqa: E402
 from attnkit.runconfig import RunConfig  # noqa: E402
 from attnkit.tasks import load_run  # noqa: E402
 from attnkit.train import Trainer  # noqa: E402
+from tables import markdown, measured, num  # noqa: E402
 
 DATA = ROOT.parent / "shared" / "data" / "sst2"
 HELD_OUT = 2000
@@ -48,6 +49,17 @@ def split_train(out_dir: Path, seed: int = 1) -> tuple[Path, Path]:
     train.write_text("\n".join([header] + [r for i, r in enumerate(rows) if i not in held]) + "\n", encoding="utf-8")
     valid.write_text("\n".join([header] + [r for i, r in enumerate(rows) if i in held]) + "\n", encoding="utf-8")
     return train, valid
+
+
+def markdown_table(results: dict) -> str:
+    """README: dev accuracy of each configuration in ``benchmarks/results/sst2.json``."""
+    target = results["targets"]
+    rows = [[f"`{r['config']}`", f"**{r['dev_accuracy']:.1f}**", f"{r['dev_macro_f1']:.1f}",
+             f"{r['minutes_total']:.1f}", num(r["updates"]), f"{r['parameters'] / 1e6:.2f}M", r["precision"],
+             measured(results),
+             f">= {target['dev_accuracy']:g} in <= {target['minutes']:g} min"] for r in results["results"]]
+    return markdown(["config", "dev accuracy %", "macro-F1", "minutes", "updates", "parameters", "precision",
+                     "measured", "target"], rows, "lrrrrrlll")
 
 
 def main() -> None:
