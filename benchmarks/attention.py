@@ -39,7 +39,6 @@ a smaller one). For scale: one float32 ``(B, H, T, T)`` tensor is 2 MB at T=64, 
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import math
 import os
@@ -58,11 +57,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from tables import markdown, measured
+
 try:
     from attnkit import MultiHeadAttention
+    from attnkit.measure import stamp
 except ModuleNotFoundError:  # a checkout without `pip install -e .`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
     from attnkit import MultiHeadAttention
+    from attnkit.measure import stamp
 
 BATCH = 16
 D_MODEL = 512
@@ -260,6 +263,14 @@ def format_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def markdown_table(results: dict) -> str:
+    """README: attnkit's time over torch.nn.MultiheadAttention's per (T, precision), unmasked and padded."""
+    rows = [[str(t["T"]), t["precision"], f"{t['attnkit_ratio_no_mask']:.2f}x", f"{t['attnkit_ratio_padding']:.2f}x",
+             f"<= {t['target_ratio']:.2f}x", measured(results)] for t in results["targets"]]
+    return markdown(["T", "precision", "time / torch's, no mask", "with padding", "target", "measured"], rows,
+                    "rlrrll")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smoke test: T in {64, 256}, few repetitions")
@@ -336,7 +347,7 @@ def main(argv: list[str] | None = None) -> None:
     report = {
         "benchmark": "attention fwd+bwd",
         "command": "python benchmarks/attention.py" + (" --quick" if args.quick else ""),
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        **stamp(),
         "machine": info,
         "config": {"batch": BATCH, "d_model": D_MODEL, "n_heads": N_HEADS, "reps_by_T": reps_by_T,
                    "warmup_steps": WARMUP_STEPS, "min_sample_s": MIN_SAMPLE_S, "reference": REFERENCE,

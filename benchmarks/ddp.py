@@ -29,6 +29,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from tables import markdown, measured, num
+
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data" / "multi30k"
 MULTI30K = ROOT / "configs" / "multi30k-de-en.yaml"
@@ -84,6 +86,14 @@ def run_contender(processes: int, args: argparse.Namespace, overrides: list[str]
     return json.loads(lines[-1][7:])
 
 
+def markdown_table(results: dict) -> str:
+    """README: target tokens/s of each process layout at the same tokens per update."""
+    rows = [[f"{r['processes']} x {r['threads_per_process']}", str(r["accumulate"]), num(r["tokens_per_update"]),
+             num(r["tgt_tok_per_s"]), f"**{r['ratio_to_first']:.2f}x**", measured(results)] for r in results["rows"]]
+    return markdown(["processes x threads", "accumulate", "tokens per update", "target tok/s", "x the first",
+                     "measured"], rows, "lrrrrl")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--time", type=float, default=120.0, help="measured seconds per contender")
@@ -136,8 +146,10 @@ def main() -> None:
     import torch
 
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    from attnkit.measure import stamp
+
     Path(args.out).write_text(json.dumps({
-        "date": time.strftime("%Y-%m-%d %H:%M"), "torch": torch.__version__, "cpus": cpus,
+        **stamp(), "torch": torch.__version__, "cpus": cpus,
         "config": os.path.relpath(args.config, ROOT), "overrides": args.set, "measured_seconds": args.time,
         "warmup_updates": args.warmup_updates, "rows": rows, "note": note,
         "command": " ".join(["python", "benchmarks/ddp.py", *sys.argv[1:]])}, indent=2) + "\n")

@@ -29,10 +29,13 @@ sys.path.insert(0, str(ROOT / "src"))
 from attnkit.config import load_config  # noqa: E402
 from attnkit.data import read_parallel  # noqa: E402
 from attnkit.evaluate import translation_scores  # noqa: E402
+from attnkit.measure import stamp  # noqa: E402
 from attnkit.runconfig import RunConfig  # noqa: E402
+from attnkit.search import LENPEN  # noqa: E402
 from attnkit.tasks import load_run, translate_texts  # noqa: E402
 from attnkit.train import Trainer  # noqa: E402
 from attnkit.transformer import Transformer  # noqa: E402
+from tables import markdown, measured, num  # noqa: E402
 
 DATA = ROOT.parent / "shared" / "data" / "multi30k"
 
@@ -58,6 +61,42 @@ def timed_translate(model, tok, sources, beam, lenpen) -> tuple[list[str], float
     return hyps, time.perf_counter() - start
 
 
+#: What each configuration is expected to reach (the README's target column).
+TARGETS = {"multi30k-de-en": ">= 40 in <= 60 min", "multi30k-en-de": ">= 38 in <= 60 min",
+           "multi30k-de-en-rnn-bahdanau": ">= 30", "multi30k-de-en-rnn-noattn": "report it (the tutorial: 13.8)"}
+
+
+def _runs(results: dict[str, dict]) -> list[tuple[str, dict]]:
+    """``(label, result)`` per run: by configuration as in :data:`TARGETS`, the newest run of each first."""
+    order = list(TARGETS)
+    runs = sorted(results.values(), key=lambda r: r["date"], reverse=True)
+    runs.sort(key=lambda r: (order.index(r["name"]) if r["name"] in order else len(order), r["name"]))
+    return [(f"`{r['config']}` ({r['direction']}, {r['machine']['threads']} "
+             f"thread{'s' if r['machine']['threads'] > 1 else ''})", r) for r in runs]
+
+
+def markdown_table(results: dict[str, dict]) -> str:
+    """README: test BLEU of every run in ``benchmarks/results/`` (``{path: result JSON}``), newest run first."""
+    rows = [[label, f"**{r['bleu']:.2f}**", f"{r['bleu_lowercase']:.2f}", f"{r['chrf']:.2f}",
+             f"{r['train_minutes']:.1f}", num(r["updates"]), measured(r), TARGETS.get(r["name"], "")]
+            for label, r in _runs(results)]
+    return markdown(["run", "BLEU", "lowercased", "chrF", "training min", "updates", "measured", "target"], rows,
+                    "lrrrrrll")
+
+
+def markdown_decoding(results: dict[str, dict]) -> str:
+    """README: decoding speed of test_2016_flickr with and without the key/value cache, where it was measured."""
+    rows = []
+    for label, r in _runs(results):
+        d = r["decoding"]
+        if "cache_speedup" in d:
+            rows.append([label, f"{d['beam']}", f"{d['cached_sent_per_s']:.1f}", f"{d['uncached_sent_per_s']:.1f}",
+                         f"**{d['cache_speedup']:.2f}x**", "yes" if d["uncached_identical"] else "**no**",
+                         measured(r), ">= 3x"])
+    return markdown(["run", "beam", "sentences/s, cache", "without", "speed-up", "same output", "measured",
+                     "target"], rows, "lrrrrlll")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", default=str(ROOT / "configs" / "multi30k-de-en.yaml"))
@@ -66,7 +105,7 @@ def main() -> None:
     p.add_argument("--skip-train", action="store_true", help="decode and score an already trained run")
     p.add_argument("--resume", action="store_true", help="continue an interrupted training run")
     p.add_argument("--beam", type=int, default=4)
-    p.add_argument("--lenpen", type=float, default=0.6)
+    p.add_argument("--lenpen", type=float, default=LENPEN)
     p.add_argument("--no-cache-compare", action="store_true", help="skip decoding without the cache")
     p.add_argument("overrides", nargs="*", help="config overrides, e.g. train.max_minutes=30")
     args = p.parse_args()
@@ -101,7 +140,7 @@ def main() -> None:
     lines = (run_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
     metrics = [json.loads(line) for line in lines if line.strip()]
     result = {
-        "name": name, "config": str(Path(args.config).relative_to(ROOT) if Path(args.config).is_absolute()
+        **stamp(), "name": name, "config": str(Path(args.config).relative_to(ROOT) if Path(args.config).is_absolute()
                                     else args.config),
         "direction": f"{src_lang}->{tgt_lang}", "test": "test_2016_flickr", "weights": run.weights_path.name,
         "bleu": round(scores.bleu, 2), "bleu_lowercase": round(scores.bleu_lowercase, 2), "chrf": round(scores.chrf, 2),
@@ -111,7 +150,7 @@ def main() -> None:
         "valid_curve": [{k: m[k] for k in ("step", "minutes", "valid_bleu", "valid_loss") if k in m} for m in metrics],
         "decoding": decoding,
         "machine": {"torch": torch.__version__, "threads": torch.get_num_threads(), "cpu": platform.processor()
-                    or platform.machine(), "date": time.strftime("%Y-%m-%d")},
+                    or platform.machine()},
         "command": " ".join(["python", "benchmarks/multi30k.py", *sys.argv[1:]]),
     }
     out = ROOT / "benchmarks" / "results"

@@ -27,9 +27,11 @@ sys.path.insert(0, str(ROOT / "src"))
 from attnkit.classify import evaluate_classifier  # noqa: E402
 from attnkit.config import load_config  # noqa: E402
 from attnkit.data import read_labelled  # noqa: E402
+from attnkit.measure import stamp  # noqa: E402
 from attnkit.runconfig import RunConfig  # noqa: E402
 from attnkit.tasks import load_run  # noqa: E402
 from attnkit.train import Trainer  # noqa: E402
+from tables import markdown, measured, num  # noqa: E402
 
 DATA = ROOT.parent / "shared" / "data" / "sst2"
 HELD_OUT = 2000
@@ -47,6 +49,17 @@ def split_train(out_dir: Path, seed: int = 1) -> tuple[Path, Path]:
     train.write_text("\n".join([header] + [r for i, r in enumerate(rows) if i not in held]) + "\n", encoding="utf-8")
     valid.write_text("\n".join([header] + [r for i, r in enumerate(rows) if i in held]) + "\n", encoding="utf-8")
     return train, valid
+
+
+def markdown_table(results: dict) -> str:
+    """README: dev accuracy of each configuration in ``benchmarks/results/sst2.json``."""
+    target = results["targets"]
+    rows = [[f"`{r['config']}`", f"**{r['dev_accuracy']:.1f}**", f"{r['dev_macro_f1']:.1f}",
+             f"{r['minutes_total']:.1f}", num(r["updates"]), f"{r['parameters'] / 1e6:.2f}M", r["precision"],
+             measured(results),
+             f">= {target['dev_accuracy']:g} in <= {target['minutes']:g} min"] for r in results["results"]]
+    return markdown(["config", "dev accuracy %", "macro-F1", "minutes", "updates", "parameters", "precision",
+                     "measured", "target"], rows, "lrrrrrlll")
 
 
 def main() -> None:
@@ -91,7 +104,7 @@ def main() -> None:
         print(f"{r['config']:<26} {r['dev_accuracy']:>8.2f} {r['dev_macro_f1']:>9.2f} {r['minutes_total']:>8.1f} "
               f"{r['parameters'] / 1e6:>8.2f}M")
     Path(args.out).write_text(json.dumps({
-        "date": time.strftime("%Y-%m-%d %H:%M"), "torch": torch.__version__, "threads": torch.get_num_threads(),
+        **stamp(), "torch": torch.__version__, "threads": torch.get_num_threads(),
         "dev": "sst2/dev.tsv (872), evaluated once per config; selection on 2,000 held-out training rows",
         "results": results,
         "command": " ".join(["python", "benchmarks/sst2.py", *sys.argv[1:]]),

@@ -30,6 +30,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from tables import markdown, measured, num
+
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
 REFERENCE = SHARED / "bench" / "torch_reference.py"
@@ -81,6 +83,23 @@ def run_child(cmd: list[str]) -> tuple[dict, float, str]:
     return json.loads(lines[-1][7:]), usage.ru_maxrss / 1024 / 1024, out
 
 
+def markdown_table(results: dict[str, dict]) -> str:
+    """README: every run in ``benchmarks/results/`` (``{path: result JSON}``), newest first, one row per contender."""
+    rows = []
+    for run in sorted(results.values(), key=lambda r: r["date"], reverse=True):
+        targets = run["targets"]
+        for r in run["rows"]:
+            ours_bf16 = r["contender"] == "attnkit" and r["precision"] == "bf16"
+            bold = (lambda text: f"**{text}**") if ours_bf16 else (lambda text: text)
+            target = (f">= {targets['tok_per_s_ratio_to_reference_fp32']:g}x, <= {targets['peak_rss_gb_bf16']:g} GB"
+                      if ours_bf16 else "")
+            rows.append([measured(run), r["contender"], r["precision"], num(r["tgt_tok_per_s"]),
+                         bold(f"{r['ratio_to_reference_fp32']:.2f}x"), bold(f"{r['peak_rss_gb']:.2f}"),
+                         f"{run['measured_seconds']:g} s, ~{num(r['tok_per_update'])}", target])
+    return markdown(["measured", "contender", "precision", "target tok/s", "x reference fp32", "peak RSS GB",
+                     "timed, target tokens per update", "target"], rows, "lllrrrll")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--time", type=float, default=120.0, help="measured seconds per contender")
@@ -123,9 +142,12 @@ def main() -> None:
               f"{r['ratio_to_reference_fp32'] or float('nan'):>10.2f} {r['peak_rss_gb']:>11.2f}")
     import torch
 
+    sys.path.insert(0, str(ROOT / "src"))
+    from attnkit.measure import stamp
+
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({
-        "date": time.strftime("%Y-%m-%d %H:%M"), "torch": torch.__version__, "threads": torch.get_num_threads(),
+        **stamp(), "torch": torch.__version__, "threads": torch.get_num_threads(),
         "measured_seconds": args.time, "max_tokens": args.max_tokens,
         "attnkit_max_tokens": args.attnkit_max_tokens, "rows": rows,
         "command": " ".join(["python", "benchmarks/throughput.py", *sys.argv[1:]]),

@@ -32,7 +32,10 @@ from common import (
     ROOT,
     TRANSFORMER_CONFIG,
     bleu,
+    caption,
     describe_run,
+    markdown,
+    num,
     parser,
     require_run,
     score_run,
@@ -82,6 +85,22 @@ def figure(models: list[dict]) -> Figure:
     ax.grid(True, alpha=0.3)
     ax.legend()
     return fig
+
+
+def markdown_table(results: dict) -> str:
+    """docs/experiments.md section 1: BLEU per source-length bucket (each model's best in bold), then how far
+    below its best bucket each model falls."""
+    buckets = results["models"][0]["by_length"]
+    header = ["source words (sentences)", *[f"{b['bucket']} ({b['sentences']})" for b in buckets], "all"]
+    rows, drops = [], []
+    for m in results["models"]:
+        best = max(b["bleu"] for b in m["by_length"])
+        cells = [f"**{b['bleu']:.2f}**" if b["bleu"] == best else f"{b['bleu']:.2f}" for b in m["by_length"]]
+        label = f"{m['label']} ({m['parameters'] / 1e6:.1f}M parameters, {num(m['updates'])} updates)"
+        rows.append([label, *cells, f"{m['bleu']:.2f}"])
+        drops.append([f"{m['label']}: below its best bucket",
+                      *[f"{100 * (1 - b['bleu'] / best):.0f}%" for b in m["by_length"]], ""])
+    return markdown(header, rows + drops, "l" + "r" * (len(buckets) + 1)) + "\n\n" + caption(results)
 
 
 def main() -> None:

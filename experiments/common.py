@@ -25,17 +25,20 @@ from matplotlib.figure import Figure
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "benchmarks"))  # tables: the markdown helpers report.py's tables share
 
-from attnkit.checkpoint import atomic_write_text  # noqa: E402
 from attnkit.config import load_config  # noqa: E402
 from attnkit.data import pad_batch, read_parallel  # noqa: E402
 from attnkit.evaluate import translation_scores  # noqa: E402
+from attnkit.files import atomic_write_text  # noqa: E402
+from attnkit.measure import stamp  # noqa: E402
 from attnkit.plot import save_figure  # noqa: E402
 from attnkit.runconfig import RunConfig  # noqa: E402
 from attnkit.tasks import LoadedRun, load_run, translate_texts  # noqa: E402
 from attnkit.tokenizer import EOS_ID, PAD_ID  # noqa: E402
 from attnkit.train import Trainer  # noqa: E402
 from attnkit.transformer import Transformer  # noqa: E402
+from tables import caption, markdown, num  # noqa: E402, F401  (re-exported for the experiments' tables)
 
 DATA = ROOT.parent / "shared" / "data" / "multi30k"
 FIGURES = ROOT / "docs" / "figures"
@@ -43,7 +46,8 @@ CONFIGS = ROOT / "configs"
 TRANSFORMER_CONFIG = CONFIGS / "multi30k-de-en.yaml"
 RNN_ATTENTION_CONFIG = CONFIGS / "multi30k-de-en-rnn-bahdanau.yaml"
 RNN_NO_ATTENTION_CONFIG = CONFIGS / "multi30k-de-en-rnn-noattn.yaml"
-#: The Transformer trained for the translation benchmark (60 min, test BLEU 40.86); local, not in git.
+#: The Transformer of the first 60-minute translation benchmark run (``benchmarks/multi30k.py``; its test BLEU is in
+#: ``docs/figures/bottleneck.json``); local, not in git.
 BENCHMARK_TRANSFORMER = ROOT / "runs" / "multi30k-de-en"
 BENCHMARK_RNN_ATTENTION = ROOT / "runs" / "multi30k-de-en-rnn-bahdanau"
 #: Written into a run directory by :func:`train_for` when its training has ended.
@@ -207,13 +211,13 @@ class Recorder:
         """``docs/figures/<name>.json``: the results, the command, run time, threads and machine."""
         seconds = time.perf_counter() - self.start
         record = {
+            **stamp(),
             "command": "python " + " ".join([os.path.relpath(sys.argv[0], ROOT), *sys.argv[1:]]),
             "run_seconds": round(seconds, 1),
             "torch_threads": torch.get_num_threads(),
             "cpu_count": os.cpu_count(),
             "torch": torch.__version__,
             "machine": platform.machine(),
-            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             **self.results,
         }
         path = FIGURES / f"{self.name}.json"

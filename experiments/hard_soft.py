@@ -28,6 +28,8 @@ from common import (
     BENCHMARK_RNN_ATTENTION,
     BENCHMARK_TRANSFORMER,
     bleu,
+    caption,
+    markdown,
     parser,
     require_run,
     start,
@@ -89,6 +91,23 @@ def figure(models: list[dict], n: int) -> Figure:
     ax.grid(True, alpha=0.3)
     ax.legend()
     return fig
+
+
+def markdown_table(results: dict) -> str:
+    """docs/experiments.md 5: test BLEU of each model with every attention at another temperature, or hard."""
+    models = results["models"]
+    settings = [r["setting"] for r in models[0]["results"]]
+    rows = []
+    for i, setting in enumerate(settings):
+        trained = setting == "soft, beta x 1"
+        cells = [f"{m['results'][i]['bleu']:.2f}" for m in models]
+        label = setting + (" (as trained)" if trained else "")
+        rows.append([f"**{label}**", *[f"**{c}**" for c in cells]] if trained else [label, *cells])
+    rows.append(["*as trained: mean largest weight per output token (and head), share above 0.9*",
+                 *[f"*{m['trained_attention']['mean_max_weight']:.2f}, "
+                   f"{100 * m['trained_attention']['share_above_0.9']:.0f}%*" for m in models]])
+    header = ["attention at inference", *[f"{m['name']}, test BLEU" for m in models]]
+    return markdown(header, rows, "l" + "r" * len(models)) + "\n\n" + caption(results)
 
 
 def main() -> None:

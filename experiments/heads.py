@@ -30,6 +30,9 @@ from common import (
     ROOT,
     TRANSFORMER_CONFIG,
     Recorder,
+    caption,
+    markdown,
+    num,
     parser,
     score_run,
     start,
@@ -136,6 +139,27 @@ def train_and_score(args: argparse.Namespace, rec: Recorder) -> list[dict]:
         print(f"{h} heads: BLEU {score:.2f}, {run.updates} updates in {run.minutes:.1f} min")
     rec.figure(training_figure(models, args.minutes))
     return models
+
+
+RELATIONS = ("previous", "self", "next", "</s>", "elsewhere")
+
+
+def markdown_profile(results: dict) -> str:
+    """docs/experiments.md 3: where each encoder self-attention head puts its largest weight."""
+    rows = [[f"{r['layer']}.{r['head']}", *[f"{r[k]:.2f}" for k in RELATIONS], f"{r['entropy_nats']:.2f}"]
+            for r in results["encoder_head_profile"]]
+    header = ["layer.head", "previous", "itself", "next", "`</s>`", "elsewhere", "entropy (nats)"]
+    return markdown(header, rows, "l" + "r" * 6) + "\n\n" + caption(results)
+
+
+def markdown_table(results: dict) -> str:
+    """docs/experiments.md 3: 1, 4 and 8 heads trained for the same minutes."""
+    rows = [[f"{m['n_heads']} ({m['d_k']})", num(m["updates"]), f"{m['updates_per_minute']:.1f}",
+             f"{m['final_valid_bleu']:.2f}", f"{m['bleu']:.2f}", f"{m['parameters'] / 1e6:.2f}M"]
+            for m in results["models"]]
+    header = ["heads (d_k)", f"updates in {results['minutes_budget']:g} min", "updates / min", "dev BLEU, end",
+              f"test BLEU (beam {results['beam']})", "parameters"]
+    return markdown(header, rows, "lrrrrr") + "\n\n" + caption(results)
 
 
 def main() -> None:

@@ -25,7 +25,7 @@ no_projection.png and no_projection-example.png.
 from __future__ import annotations
 
 import torch
-from common import BENCHMARK_TRANSFORMER, parser, start, transformer_on_dev
+from common import BENCHMARK_TRANSFORMER, caption, markdown, parser, start, transformer_on_dev
 from matplotlib.figure import Figure
 from torch import Tensor
 
@@ -103,6 +103,24 @@ def example_figure(model: Transformer, src: Tensor, pieces: list[str], sentence:
     for ax, name in zip(fig.axes, ("raw Q = K = V = X (scaled)", "learned layer 1 (mean of heads)"), strict=False):
         ax.set_title(name)  # the grid titles panels "head h"; these panels are two settings
     return fig
+
+
+#: How docs/experiments.md names each setting of ``results``.
+LABELS = {"raw, scaled": "raw, `softmax(X X^T / sqrt(d)) X`", "raw, unscaled": "raw, unscaled `softmax(X X^T) X`",
+          "raw, embeddings only": "raw, embeddings only (no positions), scaled",
+          "learned (layer 1, mean of heads)": "**learned W^Q, W^K, W^V, layer 1, mean of heads**",
+          "uniform (1 / length)": "uniform (1 / sentence length)"}
+
+
+def markdown_table(results: dict) -> str:
+    """docs/experiments.md 6: the weight each piece puts on itself, raw X against the learned projections."""
+    rows = []
+    for name, r in results["results"].items():
+        share = r.get("self_is_argmax_share")
+        rows.append([LABELS.get(name, name), f"{r['mean_weight_on_self']:.3f}",
+                     "" if share is None else f"{100 * share:.2f}%"])
+    header = ["self-attention on X", "mean weight on itself", "share where itself is the largest weight"]
+    return markdown(header, rows, "lrr") + "\n\n" + caption(results)
 
 
 def main() -> None:

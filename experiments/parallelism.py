@@ -39,6 +39,9 @@ import torch
 from common import (
     RNN_ATTENTION_CONFIG,
     TRANSFORMER_CONFIG,
+    caption,
+    markdown,
+    num,
     parser,
     start,
 )
@@ -142,6 +145,27 @@ def figure(models: dict, layers: list[dict], d: int, batch: int) -> Figure:
     ax_layer.legend()
     fig.suptitle("Parallelism: recurrent vs self-attention on the CPU")
     return fig
+
+
+def markdown_table(results: dict) -> str:
+    """docs/experiments.md 4: training throughput of the RNN and the Transformer on the same batches."""
+    rows = [[m["label"], f"{m['parameters'] / 1e6:.2f}M", num(m["target_tokens_per_second"]),
+             f"{m['epoch_minutes']:.2f} min", f"{m['sequential_steps_per_update']:g}"]
+            for m in results["models"].values()]
+    header = ["model", "parameters", "target tok/s", "epoch", "steps in sequence per update"]
+    return markdown(header, rows, "lrrrr") + "\n\n" + caption(results)
+
+
+def markdown_layers(results: dict) -> str:
+    """docs/experiments.md 4: one GRU layer against one self-attention layer, forward + backward, per length."""
+    timing = results["layer_timing"]
+    rows = timing["rows"]
+    table = [["GRU layer, ms", *[f"{r['gru_ms']:.2f}" for r in rows]],
+             ["self-attention layer, ms", *[f"{r['self_attention_ms']:.2f}" for r in rows]],
+             ["GRU / self-attention", *[f"{r['gru_ms'] / r['self_attention_ms']:.1f}x" for r in rows]],
+             ["Table 1's arithmetic ratio n^2 d / (n d^2) = n / d", *[f"{r['n'] / timing['d']:.2g}" for r in rows]]]
+    header = ["n (tokens)", *[str(r["n"]) for r in rows]]
+    return markdown(header, table, "l" + "r" * len(rows)) + "\n\n" + caption(results)
 
 
 def main() -> None:

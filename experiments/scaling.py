@@ -22,7 +22,7 @@ import math
 from pathlib import Path
 
 import torch
-from common import ROOT, TRANSFORMER_CONFIG, Recorder, TrainedRun, parser, start, train_for
+from common import ROOT, TRANSFORMER_CONFIG, Recorder, TrainedRun, caption, markdown, num, parser, start, train_for
 from matplotlib.figure import Figure
 
 from attnkit import dot_score, scaled_dot_score, soft_attention
@@ -136,6 +136,35 @@ def run_training(args: argparse.Namespace, rec: Recorder) -> None:
     }
     rec.figure(curves_figure(runs, args.minutes))
     rec.write()
+
+
+def markdown_table(results: dict) -> str:
+    """docs/experiments.md 2(a)+(b): variance of q.k and softmax statistics per d_k, unscaled and scaled."""
+    rows = []
+    for d_k, var in results["variance"].items():
+        dot, scaled = results["softmax"][d_k]["dot"], results["softmax"][d_k]["scaled_dot"]
+        rows.append([d_k, f"{var['dot']:.2f}", var["theory"], f"{var['scaled_dot']:.4f}",
+                     f"{dot['logit_std']:.1f}", f"{dot['mean_max_weight']:.3f}", f"{scaled['mean_max_weight']:.3f}",
+                     f"{100 * dot['saturated_share']:.1f}%",
+                     f"{dot['mean_entropy_nats']:.2f} / {scaled['mean_entropy_nats']:.2f}",
+                     f"{dot['mean_logit_grad_norm']:.3f} / {scaled['mean_logit_grad_norm']:.3f}"])
+    header = ["d_k", "var(q.k) measured", "theory", "var(q.k/sqrt(d_k))", "logit std, unscaled",
+              "largest weight, unscaled", "largest weight, scaled", "saturated (> 0.99), unscaled",
+              f"entropy unscaled / scaled (nats; max ln {results['keys']} = {results['max_entropy_nats']:.2f})",
+              "gradient norm at the logits, unscaled / scaled"]
+    return markdown(header, rows, "r" * len(header)) + "\n\n" + caption(results)
+
+
+def markdown_training(results: dict) -> str:
+    """docs/experiments.md 2(c): the same Transformer trained with and without the 1/sqrt(d_k) scale."""
+    formula = {"scaled_dot": "softmax(QK^T / sqrt(d_k))", "dot": "softmax(QK^T)"}
+    rows = []
+    for run in results["runs"]:
+        score = run["name"].split("=")[1]
+        rows.append([f"`{score}`: {formula.get(score, '')}", num(run["updates"]), f"{run['train_minutes']:.1f}",
+                     f"{run['final_valid_loss']:.2f}", f"{run['final_valid_bleu']:.2f}"])
+    header = ["attention score", "updates", "minutes", "dev loss", "dev BLEU (greedy, first dev sentences)"]
+    return markdown(header, rows, "lrrrr") + "\n\n" + caption(results)
 
 
 def main() -> None:

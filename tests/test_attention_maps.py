@@ -304,3 +304,10 @@ def test_readme_python_api_example_runs(transformer_run, tmp_path, monkeypatch, 
     for name in ("cross.png", "cross-heads.png"):
         png_size(tmp_path / name)
     assert (tmp_path / "attention.html").stat().st_size > 1000
+
+
+def test_heading_names_source_output_and_a_forced_target() -> None:
+    maps = AttentionMaps("transformer", "Ein sehr langer Satz.", "A very long sentence.", False, ["x"])
+    assert maps.heading() == "Ein sehr langer Satz. -> A very long sentence."
+    forced = AttentionMaps("transformer", "Ein sehr langer Satz.", "A long one.", True, ["x"])
+    assert forced.heading(10) == "Ein seh... -> A long one. (given)"

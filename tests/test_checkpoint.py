@@ -1,4 +1,4 @@
-"""Tests for attnkit.checkpoint: atomic writes, safetensors weights with ties, safe training state."""
+"""Tests for attnkit.checkpoint: safetensors weights with ties, safe training state."""
 
 from __future__ import annotations
 
@@ -10,8 +10,6 @@ import torch
 
 from attnkit.checkpoint import (
     ALIASES_KEY,
-    atomic_write,
-    atomic_write_text,
     average_weights,
     capture_rng_state,
     check_compatible,
@@ -76,28 +74,6 @@ def test_tied_module_loads_into_model(tmp_path: Path) -> None:
 def test_reserved_metadata_key_rejected(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="reserved"):
         save_weights(tmp_path / "x.safetensors", {"a": torch.ones(1)}, {ALIASES_KEY: "{}"})
-
-
-def test_atomic_write_failure_leaves_target_untouched(tmp_path: Path) -> None:
-    target = tmp_path / "ckpt.safetensors"
-    atomic_write_text(target, "old")
-
-    def failing(tmp: Path) -> None:
-        tmp.write_bytes(b"partial")
-        raise RuntimeError("disk full")
-
-    with pytest.raises(RuntimeError, match="disk full"):
-        atomic_write(target, failing)
-    assert target.read_text() == "old"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt.safetensors"]
-
-
-def test_atomic_write_replaces_and_creates_parents(tmp_path: Path) -> None:
-    target = tmp_path / "a" / "b" / "notes.txt"
-    atomic_write_text(target, "one")
-    atomic_write_text(target, "two")
-    assert target.read_text() == "two"
-    assert [p.name for p in target.parent.iterdir()] == ["notes.txt"]
 
 
 @pytest.mark.parametrize("kind", ["random", "truncated", "pickle", "empty"])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import re
@@ -18,14 +19,14 @@ from attnkit import dates
 from attnkit.classify import predict
 from attnkit.cli import main
 from attnkit.config import load_config
-from attnkit.demo import HELD_OUT
+from attnkit.demo import HELD_OUT, demo_config
 from attnkit.runconfig import RunConfig
 from attnkit.tasks import load_run
 from attnkit.train import Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
 SUBCOMMANDS = {
-    "demo": ["--out-dir", "--held-out", "KEY=VALUE"],
+    "demo": ["--out-dir", "--held-out", "--json", "KEY=VALUE"],
     "train": ["--run-dir", "--resume", "KEY=VALUE"],
     "translate": ["--attention-dir", "--input", "--output", "--beam", "--lenpen", "--n-best"],
     "evaluate": ["--src", "--ref", "--data", "--beam", "--hyp-out"],
@@ -157,18 +158,40 @@ def test_top_level_help_lists_commands_and_demo_default_matches(capsys):
 # -- demo ------------------------------------------------------------------------------
 
 
+DEMO_TINY = ("data.generate_train=300", "data.generate_valid=20", "train.max_updates=20",
+             "train.valid_every=10", "train.progress=false", "train.threads=1",
+             "model.transformer.d_model=32", "model.transformer.d_ff=64", "train.max_tokens=500",
+             "data.tokenizer.vocab_size=100", "train.valid_bleu_sentences=20", "train.precision=fp32")
+
+
 def test_demo_end_to_end(tmp_path, capsys):
-    code, out, err = cli(capsys, "demo", "-o", str(tmp_path), "--held-out", "30",
-                         "data.generate_train=300", "data.generate_valid=20", "train.max_updates=20",
-                         "train.valid_every=10", "train.progress=false", "train.threads=1",
-                         "model.transformer.d_model=32", "model.transformer.d_ff=64", "train.max_tokens=500",
-                         "data.tokenizer.vocab_size=100", "train.valid_bleu_sentences=20", "train.precision=fp32")
+    code, out, err = cli(capsys, "demo", "-o", str(tmp_path), "--held-out", "30", "--json", str(tmp_path / "d.json"),
+                         *DEMO_TINY)
     assert code == 0, err
     assert re.search(r"^exact match: \d+\.\d%$", out, flags=re.M)
     assert "held-out dates" in out
     png = tmp_path / "attnkit-demo-attention.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (tmp_path / "attnkit-demo-run" / "config.yaml").exists()
+    figures = json.loads((tmp_path / "d.json").read_text())
+    printed = float(re.search(r"^exact match: (\d+\.\d)%$", out, flags=re.M)[1])
+    assert round(figures["exact_match"], 1) == printed and figures["held_out"] == 30
+    assert figures["updates"] == 20 and figures["overrides"] == list(DEMO_TINY)
+    assert 0 < figures["train_minutes"] <= figures["minutes"] and 0 < figures["peak_rss_gb"] < 64
+    assert {"date", "commit"} <= figures.keys()
+
+    # run again: the demo deletes its own earlier run and trains afresh
+    (tmp_path / "attnkit-demo-run" / "stale.txt").write_text("from the first run")
+    assert cli(capsys, "demo", "-o", str(tmp_path), "--held-out", "5", *DEMO_TINY)[0] == 0
+    assert not (tmp_path / "attnkit-demo-run" / "stale.txt").exists()
+
+
+def test_demo_refuses_to_delete_a_run_it_did_not_write(tmp_path, capsys):
+    other = tmp_path / "attnkit-demo-run"
+    Trainer(demo_config([*DEMO_TINY, "train.max_updates=1"]), other, log=lambda msg: None).run()
+    before = sorted(p.relative_to(other) for p in other.rglob("*"))
+    assert_one_line_error(*cli(capsys, "demo", "-o", str(tmp_path), *DEMO_TINY)[::2], "not written by attnkit demo")
+    assert sorted(p.relative_to(other) for p in other.rglob("*")) == before
 
 
 def test_demo_rejects_bad_overrides(tmp_path, capsys):

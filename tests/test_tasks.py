@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import re
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ import torch.nn.functional as F
 from attnkit import dates
 from attnkit.config import load_config
 from attnkit.data import pad_batch, padding_fraction
-from attnkit.demo import DEMO_CONFIG
+from attnkit.demo import demo_config
 from attnkit.errors import UserError
 from attnkit.evaluate import classification_scores, translation_scores
 from attnkit.runconfig import RunConfig
@@ -23,7 +24,8 @@ from attnkit.tokenizer import EOS_ID, PAD_ID
 from attnkit.train import Trainer
 from attnkit.transformer import Transformer, TransformerConfig
 
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = ROOT / "configs"
 
 
 def tiny_config(**train) -> RunConfig:
@@ -210,8 +212,19 @@ def test_translation_scores_match_sacrebleu():
 # -- configs ---------------------------------------------------------------------------
 
 
-def test_demo_yaml_equals_demo_config():
-    assert load_config(RunConfig, CONFIGS / "demo.yaml") == load_config(RunConfig, DEMO_CONFIG)
+def test_demo_config_is_the_packaged_yaml_which_configs_links_to():
+    assert (CONFIGS / "demo.yaml").resolve() == (ROOT / "src" / "attnkit" / "demo.yaml").resolve()
+    assert load_config(RunConfig, CONFIGS / "demo.yaml") == demo_config()
+
+
+def test_every_file_the_package_reads_is_shipped_as_package_data():
+    """A plain ``pip install .`` copies only the package data pyproject.toml lists besides the code."""
+    tomllib = pytest.importorskip("tomllib", reason="tomllib is Python 3.11+")
+    shipped = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["attnkit"]
+    read = {name for source in (ROOT / "src" / "attnkit").glob("*.py")
+            for name in re.findall(r'files\("attnkit"\)\.joinpath\("([^"]+)"\)', source.read_text())}
+    assert read == {"demo.yaml", "explorer.html"}  # the regex still finds them
+    assert read <= set(shipped)
 
 
 @pytest.mark.parametrize("path", sorted(CONFIGS.glob("*.yaml")), ids=lambda p: p.name)

@@ -210,3 +210,25 @@ def test_multi30k_round_trip(tmp_path: Path) -> None:
     tok = train_tokenizer(lines, None, tmp_path, vocab_size=1000)
     sample = [" ".join(line.split()) for line in lines[:50]]  # SentencePiece collapses spaces
     assert tok.decode_src(tok.encode_src(sample)) == sample
+
+
+@pytest.mark.parametrize("key", ["src_model", "tgt_model"])
+@pytest.mark.parametrize("where", ["absolute", "parent", "subdir"])
+def test_load_refuses_model_names_that_are_paths(
+    tmp_path: Path, separate_tok: tuple[Tokenizer, Path], key: str, where: str
+) -> None:
+    """tokenizer.json names its model files; a name that reaches elsewhere is refused, even if that file exists."""
+    _, good = separate_tok
+    run = tmp_path / "run"
+    shutil.copytree(good, run)
+    (run / "sub").mkdir()
+    shutil.copy(good / "src.model", run / "sub" / "src.model")
+    name = {"absolute": str(good / "src.model"), "parent": f"../{good.name}/src.model", "subdir": "sub/src.model"}
+    shutil.copytree(good, tmp_path / good.name, dirs_exist_ok=True)  # so "../<name>/src.model" exists too
+    meta = json.loads((run / TOKENIZER_FILE).read_text(encoding="utf-8"))
+    meta[key] = name[where]
+    assert (run / name[where]).is_file()  # the path resolves: only the check can refuse it
+    (run / TOKENIZER_FILE).write_text(json.dumps(meta), encoding="utf-8")
+    with pytest.raises(UserError, match=rf"tokenizer\.json: {key} .* must be a file name in that directory") as err:
+        Tokenizer.load(run)
+    assert "\n" not in str(err.value)

@@ -39,7 +39,7 @@ from .classifier import TransformerClassifier
 from .errors import UserError
 from .plot import attention_grid, attention_heatmap
 from .rnn import RNNSeq2Seq
-from .search import MAX_LEN_A, MAX_LEN_B, beam_search, greedy_search
+from .search import LENPEN, MAX_LEN_A, MAX_LEN_B, beam_search, greedy_search
 from .tasks import LoadedRun, check_source_lengths, classifier_inputs, output_budget
 from .tokenizer import BOS_ID, EOS_ID
 from .transformer import Transformer
@@ -99,6 +99,17 @@ class AttentionMaps:
     cross: list[Tensor] = field(default_factory=list)
     pooling: Tensor | None = None
 
+    def heading(self, max_chars: int | None = None) -> str:
+        """``"source -> output"`` (``" (given)"`` when the target was forced): the title of every
+        figure, of the explorer page and of ``attnkit attention``'s output line.
+
+        :param max_chars: cut a longer source to this many characters, ending in ``"..."``.
+        """
+        source = self.source
+        if max_chars is not None and len(source) > max_chars:
+            source = source[: max_chars - 3] + "..."
+        return f"{source} -> {self.output}" + (" (given)" if self.forced else "")
+
     def views(self) -> list[AttentionView]:
         """The kinds this model has, each with its axis labels (see the module docstring)."""
         views = []
@@ -151,7 +162,7 @@ def _classifier_maps(run: LoadedRun, source: str) -> AttentionMaps:
 
 
 def attention_maps(run: LoadedRun, source: str, target: str | None = None, *, beam: int = 1,
-                   lenpen: float = 0.6) -> AttentionMaps:
+                   lenpen: float = LENPEN) -> AttentionMaps:
     """Every attention weight the model computes for ``source`` (see the module docstring).
 
     :param run: a trained run, :func:`attnkit.tasks.load_run`.
@@ -198,11 +209,6 @@ def attention_maps(run: LoadedRun, source: str, target: str | None = None, *, be
 # --------------------------------------------------------------------------------------
 
 
-def _heading(maps: AttentionMaps) -> str:
-    source = maps.source if len(maps.source) <= _TITLE_CHARS else maps.source[: _TITLE_CHARS - 3] + "..."
-    return f"{source} -> {maps.output}" + (" (given)" if maps.forced else "")
-
-
 def attention_figures(maps: AttentionMaps) -> dict[str, Figure]:
     """Heatmaps of every kind: file stem -> figure (the caller saves them, :func:`attnkit.plot.save_figure`).
 
@@ -211,7 +217,7 @@ def attention_figures(maps: AttentionMaps) -> dict[str, Figure]:
     when there are several layers). A kind with one layer drops the ``-layer0`` (``alignment``).
     """
     figures: dict[str, Figure] = {}
-    heading = _heading(maps)
+    heading = maps.heading(_TITLE_CHARS)
     for view in maps.views():
         stem = view.kind.replace("_", "-")
         many = len(view.layers) > 1
@@ -238,7 +244,7 @@ def summary_figure(maps: AttentionMaps) -> Figure:
     detail = ", last layer, mean over heads" if view.kind == "cross" else ""
     return attention_heatmap(view.layers[-1].mean(dim=0), view.keys, view.queries,  # (H, T_q, T_k) -> (T_q, T_k)
                              axis_names=(view.key_name, view.query_name),
-                             title=f"{_heading(maps)}\n({view.title}{detail})")
+                             title=f"{maps.heading(_TITLE_CHARS)}\n({view.title}{detail})")
 
 
 def attention_figure(run: LoadedRun, text: str) -> Figure:

@@ -2,8 +2,7 @@
 
 Two rules hold everywhere in this module:
 
-1. **Atomic writes.** A file is written to a temporary sibling, flushed and fsynced, then
-   moved onto the target with ``os.replace``. A crash or ^C mid-write leaves either the old
+1. **Atomic writes** (:mod:`attnkit.files`): a crash or ^C mid-write leaves either the old
    file or the new one, never half of one.
 2. **Never unpickle untrusted data.** Weights are safetensors (a JSON header plus raw
    bytes); training state goes through ``torch.load(..., weights_only=True)``, which only
@@ -15,9 +14,8 @@ A bad or mismatched file is the user's to fix, so it raises :class:`UserError` n
 from __future__ import annotations
 
 import json
-import os
 import random
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -26,57 +24,12 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from attnkit.errors import UserError
+from attnkit.files import atomic_write
 
 ALIASES_KEY = "attnkit.aliases"
 """Metadata key holding ``{"alias": "canonical"}`` for tensors that share storage (tied weights)."""
 
 _MAX_LISTED = 5  # how many offending keys an error message lists before "..."
-
-
-# --------------------------------------------------------------------------- atomic writes
-
-
-def atomic_write(path: str | Path, write: Callable[[Path], None]) -> None:
-    """Write ``path`` atomically: ``write(tmp)`` fills a temporary sibling that replaces ``path``.
-
-    :param path: the target file; its parent directory is created if needed.
-    :param write: called with the temporary path; must create and close that file.
-    If ``write`` raises, the target is untouched and the temporary file is removed.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        write(tmp)
-        fd = os.open(tmp, os.O_RDONLY)  # the writer closed its handle; fsync through a new one
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    fsync_dir(path.parent)
-
-
-def fsync_dir(directory: Path) -> None:
-    """Persist the directory entry of a rename (a no-op where directories cannot be opened)."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def atomic_write_text(path: str | Path, text: str) -> None:
-    """Write ``text`` (UTF-8) to ``path`` atomically."""
-    atomic_write(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
 
 
 # --------------------------------------------------------------------------- weights

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .errors import UserError
+from .search import LENPEN, MAX_LEN_A, MAX_LEN_B
 
 EXAMPLES = """examples:
   attnkit demo                                   # train on generated dates (~3 min), print exact match
@@ -39,6 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--out-dir", default=".", help="where the run and the heatmap PNG go (default: .)")
     p.add_argument("--held-out", type=int, metavar="N",
                    help="how many held-out dates to score for exact match (default: 1000; fewer is quicker)")
+    p.add_argument("--json", metavar="PATH",
+                   help="also write exact match, minutes, updates, peak RSS, date and commit to PATH as JSON")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
                    help="config overrides, e.g. train.max_updates=200 (see configs/demo.yaml)")
 
@@ -58,10 +61,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", help="output file (default: stdout)")
     p.add_argument("--beam", type=int, default=None, help="beam size; 1 = greedy (default: the run's decode_beam)")
     p.add_argument("--lenpen", type=float, default=None,
-                   help="GNMT length penalty alpha (default: the run's decode_lenpen, 0.6 unless configured)")
+                   help=f"GNMT length penalty alpha (default: the run's decode_lenpen, {LENPEN} unless configured)")
     p.add_argument("--n-best", type=int, default=1, help="hypotheses per sentence, tab-separated (default: 1)")
-    p.add_argument("--max-len-a", type=float, default=1.0, help="max output length = a * source length + b")
-    p.add_argument("--max-len-b", type=float, default=50, help="(default: a=1, b=50, as in the paper)")
+    p.add_argument("--max-len-a", type=float, default=MAX_LEN_A, help="max output length = a * source length + b")
+    p.add_argument("--max-len-b", type=float, default=MAX_LEN_B,
+                   help=f"(default: a={MAX_LEN_A:g}, b={MAX_LEN_B:g}, as in the paper)")
     p.add_argument("--batch-size", type=int, default=64, help="sentences per batch (default: 64)")
     p.add_argument("--attention-dir", metavar="DIR",
                    help="also save a cross-attention heatmap per input line (greedy decoding) as "
@@ -148,9 +152,9 @@ def cmd_demo(args: argparse.Namespace) -> None:
     from .demo import run_demo
 
     if args.held_out is None:
-        run_demo(args.out_dir, args.overrides)
+        run_demo(args.out_dir, args.overrides, json_path=args.json)
     else:
-        run_demo(args.out_dir, args.overrides, held_out=args.held_out)
+        run_demo(args.out_dir, args.overrides, held_out=args.held_out, json_path=args.json)
 
 
 def cmd_train(args: argparse.Namespace) -> None:
@@ -248,7 +252,7 @@ def cmd_attention(args: argparse.Namespace) -> None:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise UserError(f"{out}: cannot create the output directory ({e.strerror})") from None
-    print(f"{maps.source} -> {maps.output}" + (" (given)" if maps.forced else ""))
+    print(maps.heading())
     written = []
     if not args.no_png:
         written += [save_figure(fig, out / f"{stem}.png") for stem, fig in attention_figures(maps).items()]

@@ -28,8 +28,8 @@ from typing import Any, Literal, TypeVar, Union
 
 import yaml
 
-from attnkit.checkpoint import atomic_write_text
 from attnkit.errors import UserError
+from attnkit.files import atomic_write_text
 
 T = TypeVar("T")
 

@@ -8,54 +8,80 @@ the year digits attend to the year, the month digits to the month name, and so o
 
 from __future__ import annotations
 
+import json
 import shutil
 import time
+from dataclasses import asdict, dataclass
+from importlib.resources import as_file, files
 from pathlib import Path
 
 from . import dates
 from .attention_maps import attention_figure
 from .config import load_config
 from .errors import UserError
+from .files import atomic_write_text
+from .measure import peak_rss_gb, process_seconds, stamp
 from .plot import save_figure
 from .runconfig import RunConfig
-from .tasks import CONFIG_FILE, load_run, translate_texts
+from .tasks import load_run, translate_texts
 from .train import Trainer
 
-# The demo's configuration (configs/demo.yaml is the same, commented; a test keeps them equal).
-DEMO_CONFIG: dict = {
-    "task": "translate",
-    "data": {"generate": "dates", "generate_train": 40000, "generate_valid": 300, "max_len": 64,
-             "tokenizer": {"vocab_size": 300, "model_type": "char", "joint": True}},
-    "model": {"arch": "transformer",
-              "transformer": {"d_model": 128, "n_heads": 4, "d_ff": 256, "encoder_layers": 2,
-                              "decoder_layers": 2, "dropout": 0.0, "norm_first": True, "max_len": 128}},
-    "train": {"max_tokens": 2500, "max_updates": 3000, "lr": 3e-3, "schedule": "linear", "warmup": 200,
-              "label_smoothing": 0.0, "precision": "fp32", "valid_every": 250, "valid_bleu_sentences": 300,
-              "keep_checkpoints": 3, "average_last": 1, "max_minutes": 2.3},
-    "decode_beam": 1,
-}
+#: The demo's configuration, shipped inside the package (``configs/demo.yaml`` links to it).
+DEMO_YAML = files("attnkit").joinpath("demo.yaml")
 HELD_OUT = 1000
+RUN_NAME = "attnkit-demo-run"
+#: Written into the run directory before training: only a directory holding it is the demo's to delete.
+MARKER = ".attnkit-demo"
+
+
+@dataclass
+class DemoResult:
+    """What ``attnkit demo --json`` writes (with :func:`attnkit.measure.stamp`'s date and commit)."""
+
+    exact_match: float  # % of ``held_out`` unseen dates rewritten exactly
+    held_out: int
+    updates: int
+    train_minutes: float  # tokenizer, model and training loop
+    minutes: float  # the whole command, interpreter start-up included
+    peak_rss_gb: float
+    overrides: list[str]
 
 
 def demo_config(overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
-    return load_config(RunConfig, DEMO_CONFIG, overrides)
+    with as_file(DEMO_YAML) as path:
+        return load_config(RunConfig, path, overrides)
+
+
+def _clear_run_dir(run_dir: Path) -> None:
+    """Delete the demo's run from an earlier time; refuse anything the demo did not write."""
+    if not run_dir.exists():
+        return
+    if not (run_dir / MARKER).exists():
+        if run_dir.is_dir() and not any(run_dir.iterdir()):
+            return
+        raise UserError(f"{run_dir} exists but was not written by attnkit demo (no {MARKER} in it); "
+                        f"move it away or choose another --out-dir")
+    shutil.rmtree(run_dir)
 
 
 def run_demo(out_dir: str | Path = ".", overrides: list[str] | tuple[str, ...] = (), *, examples: int = 8,
-             held_out: int = HELD_OUT, log=print) -> float:
-    """Train, evaluate on ``held_out`` unseen dates, print translations, save a heatmap; returns exact match in %."""
+             held_out: int = HELD_OUT, json_path: str | Path | None = None, log=print) -> DemoResult:
+    """Train, evaluate on ``held_out`` unseen dates, print translations, save a heatmap.
+
+    :param json_path: also write the :class:`DemoResult` there, with the date and commit.
+    """
     if held_out < 1:
         raise UserError(f"--held-out must be at least 1, got {held_out}")
     cfg = demo_config(overrides)
     out = Path(out_dir)
-    run_dir = out / "attnkit-demo-run"
-    if run_dir.exists():
-        if not (run_dir / CONFIG_FILE).exists():
-            raise UserError(f"{run_dir} exists and is not an attnkit run; move it away or choose another -o")
-        shutil.rmtree(run_dir)  # the demo's own run from an earlier time
+    run_dir = out / RUN_NAME
+    _clear_run_dir(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / MARKER).write_text("written by attnkit demo, which deletes this directory when run again\n")
     t0 = time.perf_counter()
-    Trainer(cfg, run_dir).run()
-    minutes = (time.perf_counter() - t0) / 60
+    trainer = Trainer(cfg, run_dir)
+    trainer.run()
+    train_minutes = (time.perf_counter() - t0) / 60
 
     run = load_run(run_dir)
     test = dates.generate_pairs(held_out, seed=cfg.train.seed + 1, split="test")
@@ -68,6 +94,13 @@ def run_demo(out_dir: str | Path = ".", overrides: list[str] | tuple[str, ...] =
         log(f"  {src:<34} -> {hyp:<12} {'ok' if ok else 'expected ' + ref}")
     figure_path = save_figure(attention_figure(run, "Sonntag, 3. März 2024"), out / "attnkit-demo-attention.png")
     log(f"\ncross-attention heatmap: {figure_path}")
-    log(f"training took {minutes:.1f} min; model and tokenizer in {run_dir}")
+    log(f"training took {train_minutes:.1f} min; model and tokenizer in {run_dir}")
     log(f"exact match: {exact:.1f}%")
-    return exact
+    result = DemoResult(exact_match=round(exact, 2), held_out=held_out, updates=trainer.step,
+                        train_minutes=round(train_minutes, 2), minutes=round(process_seconds() / 60, 2),
+                        peak_rss_gb=round(peak_rss_gb(), 2), overrides=list(overrides))
+    if json_path is not None:
+        record = {**stamp(), "command": "attnkit demo", **asdict(result)}
+        atomic_write_text(json_path, json.dumps(record, indent=2) + "\n")
+        log(f"figures written to {json_path}")
+    return result

@@ -20,8 +20,8 @@ from importlib.resources import files
 from pathlib import Path
 
 from .attention_maps import AttentionMaps, AttentionView
-from .checkpoint import atomic_write_text
 from .errors import UserError
+from .files import atomic_write_text
 
 __all__ = ["explorer_html", "write_explorer"]
 
@@ -48,7 +48,7 @@ def explorer_html(maps: AttentionMaps) -> str:
     The weights are embedded as JSON with ``<`` escaped (``\\u003c``), so no token text can
     close the script element or inject markup; the script inserts tokens as text, never HTML.
     """
-    title = f"{maps.source} -> {maps.output}" + (" (given)" if maps.forced else "")
+    title = maps.heading()
     data = {"title": title, "views": [_view_json(v) for v in maps.views()]}
     payload = json.dumps(data, ensure_ascii=False, separators=(",", ":")).replace("<", "\\u003c")
     template = files("attnkit").joinpath("explorer.html").read_text(encoding="utf-8")

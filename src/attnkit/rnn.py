@@ -88,10 +88,10 @@ class RNNSeq2Seq(nn.Module):
         enc_out = H * (2 if cfg.bidirectional else 1)
         self.enc_to_values = nn.Linear(enc_out, H) if cfg.bidirectional else nn.Identity()
         self.bridge = nn.Linear(enc_out, H)  # final encoder state -> initial decoder state
-        bahdanau = cfg.attention == "additive"
         self.decoder = rnn(E + H, H, L, batch_first=True, dropout=drop_between)  # input: [y_{t-1}; s~_{t-1} or a_t]
         self.scorer = None if cfg.attention == "none" else make_scorer(cfg.attention, H)
-        self.bahdanau = bahdanau
+        # Bahdanau (additive): attend with s_{t-1}, then step the RNN on [y; a_t]. Luong: step first, attend with s_t.
+        self.attend_before_step = cfg.attention == "additive"
         self.W_c = nn.Linear(2 * H, H)  # s~_t = tanh(W_c [a_t; s_t] + b_c)
         self.W_y = nn.Linear(H, tgt_vocab_size)  # y^_t = softmax(W_y s~_t + b_y)
         self.dropout = nn.Dropout(cfg.dropout)  # on embeddings and on s~_t
@@ -139,7 +139,7 @@ class RNNSeq2Seq(nn.Module):
     def _step(self, prev: Tensor, state: RNNDecoderState) -> tuple[Tensor, RNNDecoderState, Tensor | None]:
         """One decoder step up to the output layer: ``(dropout(s~_t) (B, H), new state, alpha^t (B, S) | None)``."""
         y = self.dropout(self.tgt_embed(prev))  # (B, E)
-        if self.bahdanau:
+        if self.attend_before_step:
             s_prev = (state.hidden[0] if isinstance(state.hidden, tuple) else state.hidden)[-1]  # (B, H)
             context, weights = self._attend(s_prev, state)
             out, hidden = self.decoder(torch.cat([y, context], dim=-1).unsqueeze(1), state.hidden)

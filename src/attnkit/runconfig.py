@@ -12,6 +12,7 @@ from typing import Literal
 from .data import round_up
 from .errors import UserError
 from .rnn import RNNConfig
+from .search import LENPEN
 from .transformer import TransformerConfig
 
 
@@ -122,7 +123,7 @@ class RunConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     decode_beam: int = 4  # defaults for `attnkit translate` / `evaluate`
-    decode_lenpen: float = 0.6
+    decode_lenpen: float = LENPEN
 
     def validate(self) -> None:
         if self.data.max_len < 1:

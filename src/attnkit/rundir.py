@@ -23,17 +23,10 @@ from pathlib import Path
 
 from torch import Tensor
 
-from .checkpoint import (
-    atomic_write_text,
-    average_weights,
-    fsync_dir,
-    load_training_state,
-    load_weights,
-    save_training_state,
-    save_weights,
-)
+from .checkpoint import average_weights, load_training_state, load_weights, save_training_state, save_weights
 from .config import dump_config, load_config
 from .errors import UserError
+from .files import atomic_write_text, fsync_dir
 from .runconfig import RunConfig
 from .tasks import CLASSES_FILE, CONFIG_FILE, TOKENIZER_META
 

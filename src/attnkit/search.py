@@ -86,6 +86,9 @@ class Hypothesis:
 #: Default output budget ``a * src_len + b``: "input length + 50" (Vaswani et al. 2017, sec. 6.1).
 MAX_LEN_A, MAX_LEN_B = 1.0, 50.0
 
+#: Default GNMT length penalty alpha (the value Vaswani et al. 2017, sec. 6.1, decode with).
+LENPEN = 0.6
+
 
 def length_penalty(length: int, alpha: float) -> float:
     """GNMT length penalty ``((5 + length) / 6) ** alpha``; 1 when alpha = 0.
@@ -95,7 +98,7 @@ def length_penalty(length: int, alpha: float) -> float:
     return ((5 + length) / 6) ** alpha
 
 
-def max_lengths(src: torch.Tensor, pad_id: int, a: float = 1.0, b: float = 50) -> torch.Tensor:
+def max_lengths(src: torch.Tensor, pad_id: int, a: float = MAX_LEN_A, b: float = MAX_LEN_B) -> torch.Tensor:
     """Per-sentence output budget ``floor(a * src_len + b)``, at least 1.
 
     :param src: shape (B, S) long, padded with ``pad_id``.
@@ -182,7 +185,7 @@ def greedy_search(
 
 
 def beam_search(
-    model: StepDecoder, src: torch.Tensor, *, beam_size: int = 4, lenpen: float = 0.6, n_best: int = 1,
+    model: StepDecoder, src: torch.Tensor, *, beam_size: int = 4, lenpen: float = LENPEN, n_best: int = 1,
     max_len_a: float = MAX_LEN_A, max_len_b: float = MAX_LEN_B, need_weights: bool = False,
 ) -> list[list[Hypothesis]]:
     """Beam search with GNMT length penalty, batched over B sentences x K beams (B*K rows).

@@ -30,15 +30,16 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from . import dates
-from .checkpoint import atomic_write_text, check_compatible, load_weights
+from .checkpoint import check_compatible, load_weights
 from .classifier import TransformerClassifier
 from .config import load_config
 from .data import filter_examples, make_batches, pad_batch, padding_fraction, read_labelled, read_parallel
 from .engine import FusedSeq2SeqLoss, accelerate
 from .errors import UserError
+from .files import atomic_write_text
 from .rnn import RNNSeq2Seq
 from .runconfig import RunConfig
-from .search import MAX_LEN_A, MAX_LEN_B, beam_search, greedy_search
+from .search import LENPEN, MAX_LEN_A, MAX_LEN_B, beam_search, greedy_search
 from .tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer, train_tokenizer
 from .transformer import Transformer
 
@@ -157,7 +158,7 @@ def output_budget(limit: int | None, src_len: int, max_len_a: float, max_len_b: 
     return max_len_a, max_len_b
 
 
-def translate_texts(model: nn.Module, tok: Tokenizer, texts: list[str], *, beam: int = 1, lenpen: float = 0.6,
+def translate_texts(model: nn.Module, tok: Tokenizer, texts: list[str], *, beam: int = 1, lenpen: float = LENPEN,
                     batch_size: int = 64, max_len_a: float = MAX_LEN_A, max_len_b: float = MAX_LEN_B,
                     n_best: int = 1, device: torch.device | None = None) -> list[list[str]]:
     """Translate ``texts`` (sorted by length into batches, returned in input order); n-best per sentence."""

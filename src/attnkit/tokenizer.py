@@ -31,8 +31,8 @@ from pathlib import Path
 
 import sentencepiece as spm
 
-from attnkit.checkpoint import atomic_write, atomic_write_text
 from attnkit.errors import UserError
+from attnkit.files import atomic_write_bytes, atomic_write_text
 from attnkit.vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 __all__ = [
@@ -186,7 +186,7 @@ def train_tokenizer(
         protos = {_SRC_MODEL: _train_one(src_texts, what="source", **options),
                   _TGT_MODEL: _train_one(tgt_texts, what="target", **options)}
     for name, proto in protos.items():
-        atomic_write(out / name, lambda tmp, proto=proto: tmp.write_bytes(proto))
+        atomic_write_bytes(out / name, proto)
 
     sizes = {name: spm.SentencePieceProcessor(model_proto=proto).get_piece_size()
              for name, proto in protos.items()}
@@ -222,6 +222,15 @@ def _load_model(path: Path) -> spm.SentencePieceProcessor:
         raise UserError(f"{path}: special ids (pad, unk, bos, eos) are {ids}, expected "
                         f"{(PAD_ID, UNK_ID, BOS_ID, EOS_ID)}; re-train it with attnkit")
     return sp
+
+
+def _model_name(meta: dict, key: str, meta_path: Path) -> str:
+    """``meta[key]`` if it is a plain file name: a model file lives beside ``tokenizer.json``, never elsewhere."""
+    name = meta[key]
+    if not isinstance(name, str) or name in ("", ".", "..") or "/" in name or "\\" in name:
+        raise UserError(f"{meta_path}: {key} {name!r} must be a file name in that directory (no path, "
+                        f"no '..'); re-train the tokenizer")
+    return name
 
 
 class Tokenizer:
@@ -269,14 +278,14 @@ class Tokenizer:
             if key not in meta:
                 raise UserError(f"{meta_path}: missing key '{key}'; re-train the tokenizer")
         base = Path(directory)
-        src = _load_model(base / str(meta["src_model"]))
+        src = _load_model(base / _model_name(meta, "src_model", meta_path))
         tgt_name = meta["tgt_model"]
         if tgt_name is None:
             tgt = None
         elif tgt_name == meta["src_model"]:
             tgt = src
         else:
-            tgt = _load_model(base / str(tgt_name))
+            tgt = _load_model(base / _model_name(meta, "tgt_model", meta_path))
         return cls(src, tgt, joint=bool(meta["joint"]), model_type=str(meta["model_type"]))
 
     # -- properties -----------------------------------------------------------------
