@@ -15,7 +15,7 @@ from .errors import UserError
 from .search import LENPEN, MAX_LEN_A, MAX_LEN_B
 
 EXAMPLES = """examples:
-  attnkit demo                                   # train on generated dates (~3 min), print exact match
+  attnkit demo                                   # train on generated dates (a few minutes), print exact match
   attnkit train configs/multi30k-de-en.yaml --run-dir runs/de-en
   attnkit train configs/multi30k-de-en.yaml --run-dir runs/de-en --resume train.max_updates=30000
   torchrun --standalone --nproc_per_node=2 -m attnkit train configs/multi30k-de-en.yaml --run-dir runs/de-en
