@@ -149,12 +149,10 @@ def _beam(given: int | None, default: int) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> None:
-    from .demo import run_demo
+    from .demo import HELD_OUT, run_demo
 
-    if args.held_out is None:
-        run_demo(args.out_dir, args.overrides, json_path=args.json)
-    else:
-        run_demo(args.out_dir, args.overrides, held_out=args.held_out, json_path=args.json)
+    held_out = HELD_OUT if args.held_out is None else args.held_out
+    run_demo(args.out_dir, args.overrides, held_out=held_out, json_path=args.json)
 
 
 def cmd_train(args: argparse.Namespace) -> None:
