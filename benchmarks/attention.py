@@ -2,7 +2,7 @@
 
 Run from the repository root (2 cores are shared: run nothing else timed at the same time)::
 
-    python benchmarks/attention.py            # full run, ~5 min, writes benchmarks/results/attention.json
+    python benchmarks/attention.py            # full run, writes benchmarks/results/attention.json
     python benchmarks/attention.py --quick    # smoke test: T in {64, 256}, few repetitions
 
 Contenders, all with B=16, d_model=512, h=8 (d_k=64), dropout 0, modules in training mode:

@@ -21,8 +21,9 @@ def markdown(header: Sequence[str], rows: Sequence[Sequence[object]], align: str
 
 
 def measured(data: dict) -> str:
-    """``2026-11-22, b73c08f``: the day and the commit a result JSON says it was measured at."""
-    return f"{data['date'][:10]}, `{data['commit']}`"
+    """``2026-11-22, b73c08f``: the day and the commit a result JSON says it was measured at (``+ changes``
+    when the checkout measured differed from that commit)."""
+    return f"{data['date'][:10]}, `{data['commit']}`" + (" + changes" if data.get("uncommitted_changes") else "")
 
 
 def num(value: float, digits: int = 0) -> str:

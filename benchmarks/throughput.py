@@ -5,13 +5,13 @@
 
 Both train the `small` Transformer (d_model 256, 4 heads, ff 1024, 3+3 layers, joint 8k
 SentencePiece unigram vocabulary, tied embeddings) on Multi30k de->en with length-bucketed
-batches of ~4,000 real target tokens, label smoothing 0.1 and Adam. The two budgets count
+batches of about 4,000 real target tokens, label smoothing 0.1 and Adam. The two budgets count
 differently: the reference's ``--max-tokens`` (4096) counts padded *target* positions and its
-batches are sorted by target length alone (~4,020 real target tokens each); attnkit's
-``train.max_tokens`` counts padded positions of the *longer* side (rounded to
-``train.pad_multiple``), as fairseq does, so ``--attnkit-max-tokens 4800`` gives it about as many
-target tokens per update (~3,980; the table prints both). With the 4096 of
-``configs/multi30k-de-en.yaml`` its batches hold ~3,430 target tokens. Each contender runs in its own
+batches are sorted by target length alone; attnkit's ``train.max_tokens`` counts padded positions
+of the *longer* side (rounded to ``train.pad_multiple``), as fairseq does, so
+``--attnkit-max-tokens 4800`` gives it about as many target tokens per update (the table and the
+JSON give both contenders' ``tok_per_update``); the 4096 of ``configs/multi30k-de-en.yaml`` gives
+it fewer. Each contender runs in its own
 subprocess, one after the other (never concurrently), so the peak RSS (from ``wait4``) is its
 own. Target tokens/s are counted after ``--warmup-updates`` untimed updates; the ratio is
 attnkit over the reference's fp32 figure measured in the same run.

@@ -15,7 +15,7 @@ Each is decoded on test_2016_flickr (beam ``--beam``), and BLEU is computed per 
 length in words. ``--run-dir NAME=PATH`` uses an existing run instead of training one (its own
 training time is then reported, which may differ from the budget: say so when comparing).
 
-    python experiments/bottleneck.py                                   # 3 x 15 min training + ~5 min decoding
+    python experiments/bottleneck.py                                   # 3 x 15 min training, then decoding
     python experiments/bottleneck.py --run-dir transformer=runs/multi30k-de-en \\
         --run-dir rnn-attention=runs/multi30k-de-en-rnn-bahdanau          # reuse the 60-min benchmark runs
 

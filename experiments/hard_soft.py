@@ -14,8 +14,7 @@ test_2016_flickr, plus how peaked the soft cross-attention/alignment is as train
 
     python experiments/hard_soft.py                     # Transformer (+ RNN when its run is finished)
 
-Run time (1 thread, on 2 cores shared with a training run): 1.5 min for the Transformer on all
-1,000 sentences; the RNN adds a few minutes. Writes docs/figures/hard_soft.{json,png}.
+Writes docs/figures/hard_soft.{json,png}, with the run time.
 """
 
 from __future__ import annotations

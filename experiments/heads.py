@@ -12,8 +12,8 @@ in parallel, each free to look at a different relation; the paper (Table 3, row 
    last layer), and a profile of every encoder head over dev sentences: where its largest
    weight falls (previous piece, itself, next piece, elsewhere) and its mean entropy.
 
-    python experiments/heads.py --skip-training     # 2. only: ~30 s
-    python experiments/heads.py                     # 1. + 2.: 3 x 15 min training + ~5 min decoding
+    python experiments/heads.py --skip-training     # 2. only: no training
+    python experiments/heads.py                     # 1. + 2.: 3 x 15 min training, then decoding
 
 Writes docs/figures/heads.json, heads-profile.png, heads-encoder-self.png, heads-cross.png and,
 with training, heads.png.

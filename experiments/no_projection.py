@@ -18,7 +18,7 @@ averaged over real tokens (``</s>`` included), for
 
     python experiments/no_projection.py
 
-Run time: ~20 s (1 thread, on 2 cores shared with a training run). Writes docs/figures/no_projection.json,
+Writes docs/figures/no_projection.json (with the run time),
 no_projection.png and no_projection-example.png.
 """
 

@@ -23,7 +23,7 @@ Measured here, on the machine's cores:
 
 Timing needs the machine to itself: run it when nothing else is training.
 
-    python experiments/parallelism.py                 # one epoch per model + layer timing: ~5 min
+    python experiments/parallelism.py                 # one epoch per model + layer timing
 
 Writes docs/figures/parallelism.{json,png}.
 """

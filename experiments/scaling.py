@@ -9,8 +9,8 @@
     ``model.transformer.attention_score`` scaled_dot and dot, the same ``--minutes`` each:
     dev BLEU / loss curves.
 
-    python experiments/scaling.py                      # (a) + (b): ~35 s (1 thread, 2 busy cores)
-    python experiments/scaling.py --train              # (c): 2 x 15 min of training, ~35 min in all
+    python experiments/scaling.py                      # (a) + (b): random vectors, no training
+    python experiments/scaling.py --train              # (c): 2 x 15 min of training
 
 Writes docs/figures/scaling.{json,png} ((a)+(b)) and docs/figures/scaling-training.{json,png} ((c)).
 """

@@ -86,9 +86,16 @@ def test_batches_respect_budget_and_bucketing_keeps_padding_low(task):
     assert bucketed < unbucketed / 2
 
 
-def test_batch_order_changes_with_epoch_but_is_reproducible(task):
-    assert task.batches(1) == task.batches(1)
-    assert task.batches(0) != task.batches(1)
+def test_batch_order_is_a_function_of_seed_and_epoch_alone(task, tmp_path):
+    """Resume and DDP rely on it: a new process must rebuild an epoch's batches without replaying earlier ones."""
+    later = [task.batches(epoch) for epoch in (0, 1, 2)][1]  # epoch 1 after epoch 0 was drawn in this process
+    random.seed(123)
+    torch.manual_seed(123)  # other global random states than the fixture's
+    fresh = TranslationTask(tiny_config(), tmp_path / "fresh", log=lambda msg: None)
+    assert fresh.batches(1) == later  # drawn first here
+    assert fresh.batches(0) != fresh.batches(1)
+    other_seed = TranslationTask(tiny_config(seed=7), tmp_path / "seed7", log=lambda msg: None)
+    assert other_seed.batches(1) != later
 
 
 # -- loss ------------------------------------------------------------------------------

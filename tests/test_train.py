@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -147,6 +148,8 @@ def test_resume_is_bitwise_identical(tmp_path, capsys, engine, dropout):
         junk = resumed / "checkpoints" / f".tmp-step-{n + 1:08d}-99999"
         junk.mkdir()
         (junk / "model.safetensors").write_bytes(b"\x00garbage")
+        with open(resumed / "metrics.jsonl", "a") as log:  # ... after logging a validation past the checkpoint
+            log.write(json.dumps({"step": n + 1, "epoch": 9, "minutes": 0.0, "valid_loss": 99.0}) + "\n")
     assert main(["train", str(config), "--run-dir", str(resumed), "--resume",
                  f"train.max_updates={total}"]) == 0
     capsys.readouterr()
@@ -161,8 +164,18 @@ def test_resume_is_bitwise_identical(tmp_path, capsys, engine, dropout):
     assert torch.equal(sa["rng"]["torch"], sb["rng"]["torch"])
     for key, state in sa["optimizer"]["state"].items():
         assert torch.equal(state["exp_avg_sq"], sb["optimizer"]["state"][key]["exp_avg_sq"])
-    steps = [line for line in (resumed / "metrics.jsonl").read_text().splitlines()]
-    assert len(steps) == len(set(steps))  # no validation logged twice
+    # the resumed log holds the straight run's validations plus the one that ended the first session, each once
+    # and with the same values (only the clock differs)
+    def logged(run: Path) -> dict[int, dict]:
+        lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        by_step = {m["step"]: {k: v for k, v in m.items() if k != "minutes"} for m in lines}
+        assert len(by_step) == len(lines) and sorted(by_step) == list(by_step), f"{run}: steps logged {lines}"
+        return by_step
+
+    straight_log, resumed_log = logged(straight), logged(resumed)
+    assert sorted(straight_log) == [*range(n_epoch, total + 1, n_epoch), *[total] * bool(total % n_epoch)]
+    assert sorted(resumed_log) == sorted({*straight_log, n})
+    assert all(resumed_log[step] == straight_log[step] for step in straight_log)
 
 
 def test_resume_without_progress_left_does_nothing(tmp_path, capsys):

@@ -15,7 +15,7 @@ from .errors import UserError
 from .search import LENPEN, MAX_LEN_A, MAX_LEN_B
 
 EXAMPLES = """examples:
-  attnkit demo                                   # train on generated dates (~3 min), print exact match
+  attnkit demo                                   # train on generated dates (a few minutes), print exact match
   attnkit train configs/multi30k-de-en.yaml --run-dir runs/de-en
   attnkit train configs/multi30k-de-en.yaml --run-dir runs/de-en --resume train.max_updates=30000
   torchrun --standalone --nproc_per_node=2 -m attnkit train configs/multi30k-de-en.yaml --run-dir runs/de-en
@@ -149,12 +149,10 @@ def _beam(given: int | None, default: int) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> None:
-    from .demo import run_demo
+    from .demo import HELD_OUT, run_demo
 
-    if args.held_out is None:
-        run_demo(args.out_dir, args.overrides, json_path=args.json)
-    else:
-        run_demo(args.out_dir, args.overrides, held_out=args.held_out, json_path=args.json)
+    held_out = HELD_OUT if args.held_out is None else args.held_out
+    run_demo(args.out_dir, args.overrides, held_out=held_out, json_path=args.json)
 
 
 def cmd_train(args: argparse.Namespace) -> None:
