@@ -47,6 +47,7 @@ def main() -> None:
 
     contenders = []
     with tempfile.TemporaryDirectory(prefix="attnkit_cmp_") as tmp:
+        (Path(tmp) / "shared").symlink_to(ROOT.parent / "shared")  # each checkout reads ../shared
         for i, commit in enumerate(args.commits, start=1):
             sha = git("rev-parse", "--short", commit)
             tree = Path(tmp) / f"{i}-{sha}"
