@@ -117,6 +117,14 @@ def test_cli_export_and_translate(exported, tmp_path, capsys):
     assert main(["translate", str(out), "-i", str(src), "--n-best", "2"]) == 0  # beam 3 from the manifest
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 8 and all(line.count("\t") == 1 for line in lines)
+    ref = tmp_path / "ref.txt"
+    ref.write_text("".join(t + "\n" for _, t in dates.generate_pairs(120, seed=7, split="test")[:6]) + "\n\n",
+                   encoding="utf-8")
+    scores = []
+    for model in (run_dir, tmp_path / "f32"):
+        assert main(["evaluate", str(model), "--src", str(src), "--ref", str(ref), "--beam", "1"]) == 0
+        scores.append(capsys.readouterr().out)
+    assert scores[0] == scores[1] and scores[0].startswith("BLEU ")
 
 
 def test_overlong_input_is_cut_as_attnkit_cuts_it(exported, caplog):

@@ -18,7 +18,7 @@ from attnkit.demo import DEMO_CONFIG
 from attnkit.errors import UserError
 from attnkit.evaluate import classification_scores, translation_scores
 from attnkit.runconfig import RunConfig
-from attnkit.search import beam_search
+from attnkit.search import Uncached, beam_search
 from attnkit.tasks import TranslationTask, check_source_lengths, translate_texts
 from attnkit.tokenizer import EOS_ID, PAD_ID
 from attnkit.train import Trainer
@@ -143,6 +143,13 @@ def test_translate_texts_keeps_input_order_and_n_best(trained):
     single = [translate_texts(model, tok, [t], beam=3, n_best=2)[0] for t in texts]
     assert out == single
     assert translate_texts(model, tok, [], beam=2) == []
+
+
+def test_uncached_decoding_equals_cached(trained):
+    model, tok = trained.model, trained.task.tok
+    texts = [s for s, _ in dates.generate_pairs(8, seed=9, split="test")]
+    for beam in (1, 3):
+        assert translate_texts(Uncached(model), tok, texts, beam=beam) == translate_texts(model, tok, texts, beam=beam)
 
 
 class NeverEnds(Transformer):

@@ -13,8 +13,12 @@ import math
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .errors import UserError
+
+if TYPE_CHECKING:
+    from .tasks import LoadedRun
 
 EXAMPLES = """examples:
   attnkit demo                                   # train on generated dates (~3 min), print exact match
@@ -216,25 +220,30 @@ def cmd_train(args: argparse.Namespace) -> None:
         print(" ".join(f"{k} {v}" for k, v in metrics.items()))
 
 
-def cmd_translate(args: argparse.Namespace) -> None:
+def _translation_model(path: str) -> tuple[Callable[..., list[list[str]]], int, float, LoadedRun | None]:
+    """``(translate(texts, **options), decode_beam, decode_lenpen, run)`` for a run (or checkpoint) or an
+    exported directory (``run`` is None then); ``options`` are those of :func:`attnkit.tasks.translate_texts`."""
     from .export import ExportedTranslator, is_exported
     from .tasks import load_run, translate_texts
 
-    if is_exported(args.model):
-        if args.attention_dir:
-            raise UserError(f"{args.model}: an exported model gives no attention weights; use --attention-dir "
-                            f"with the run directory it was exported from")
-        exported = ExportedTranslator(args.model)
-        translate, beam, lenpen = exported.translate, exported.decode.beam, exported.decode.lenpen
-    else:
-        run = load_run(args.model)
-        if run.cfg.task != "translate":
-            raise UserError(f"{args.model} is a {run.cfg.task} model; use `attnkit classify`")
-        beam, lenpen = run.cfg.decode_beam, run.cfg.decode_lenpen
+    if is_exported(path):
+        exported = ExportedTranslator(path)
+        return exported.translate, exported.decode.beam, exported.decode.lenpen, None
+    run = load_run(path)
 
-        def translate(texts: list[str], **options) -> list[list[str]]:
-            return translate_texts(run.model, run.tok, texts, **options)
+    def translate(texts: list[str], **options) -> list[list[str]]:
+        return translate_texts(run.model, run.tok, texts, **options)
 
+    return translate, run.cfg.decode_beam, run.cfg.decode_lenpen, run
+
+
+def cmd_translate(args: argparse.Namespace) -> None:
+    translate, beam, lenpen, run = _translation_model(args.model)
+    if run is None and args.attention_dir:
+        raise UserError(f"{args.model}: an exported model gives no attention weights; use --attention-dir "
+                        f"with the run directory it was exported from")
+    if run is not None and run.cfg.task != "translate":
+        raise UserError(f"{args.model} is a {run.cfg.task} model; use `attnkit classify`")
     beam = _beam(args.beam, beam)
     if not 1 <= args.n_best <= beam:
         raise UserError(f"--n-best {args.n_best} must be between 1 and --beam {beam}")
@@ -254,10 +263,9 @@ def cmd_translate(args: argparse.Namespace) -> None:
 def cmd_evaluate(args: argparse.Namespace) -> None:
     from .data import read_labelled, read_parallel
     from .evaluate import translation_scores
-    from .tasks import load_run, translate_texts
 
-    run = load_run(args.model)
-    if run.cfg.task == "classify":
+    translate, beam, lenpen, run = _translation_model(args.model)
+    if run is not None and run.cfg.task == "classify":
         if not args.data:
             raise UserError("evaluating a classifier needs --data FILE (a labelled .tsv/.csv)")
         from .classify import evaluate_classifier
@@ -270,10 +278,10 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
         return
     if not (args.src and args.ref):
         raise UserError("evaluating a translation model needs --src FILE and --ref FILE")
-    beam = _beam(args.beam, run.cfg.decode_beam)
+    beam = _beam(args.beam, beam)
     pairs = read_parallel(args.src, args.ref)
-    lenpen = run.cfg.decode_lenpen if args.lenpen is None else args.lenpen
-    hyps = [h[0] for h in translate_texts(run.model, run.tok, [s for s, _ in pairs], beam=beam, lenpen=lenpen)]
+    lenpen = lenpen if args.lenpen is None else args.lenpen
+    hyps = [h[0] for h in translate([s for s, _ in pairs], beam=beam, lenpen=lenpen)]
     if args.hyp_out:
         _write_output(args.hyp_out, hyps)
     print(translation_scores(hyps, [t for _, t in pairs]))
