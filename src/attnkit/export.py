@@ -59,6 +59,16 @@ QUANTIZATIONS = ("float32", "int8", "int8_float32", "bfloat16")
 LAYER_NORM_EPS = 1e-5  # torch.nn.LayerNorm's default, which every attnkit norm uses
 
 
+def _ctranslate2():
+    """The ``ctranslate2`` module, or a one-line error saying how to install it."""
+    try:
+        import ctranslate2
+        import ctranslate2.specs  # noqa: F401
+    except ImportError:
+        raise UserError("CTranslate2 is not installed; `pip install ctranslate2` (an attnkit dependency)") from None
+    return ctranslate2
+
+
 def _array(t: Tensor) -> np.ndarray:
     return t.detach().float().cpu().numpy()
 
@@ -100,8 +110,8 @@ def _ffn(spec, ff: nn.Module, norm: nn.LayerNorm) -> None:
 
 def transformer_spec(model: Transformer, tok: Tokenizer):
     """A validated ``ctranslate2.specs.TransformerSpec`` holding ``model``'s weights and ``tok``'s pieces."""
-    from ctranslate2.specs import TransformerSpec, common_spec
-
+    specs = _ctranslate2().specs
+    TransformerSpec, common_spec = specs.TransformerSpec, specs.common_spec
     cfg = model.cfg
     spec = TransformerSpec.from_config((cfg.encoder_layers, cfg.decoder_layers), cfg.n_heads,
                                        pre_norm=cfg.norm_first, activation=common_spec.Activation.RELU)
@@ -183,6 +193,9 @@ def export_ctranslate2(run_path: str | Path, out: str | Path, *, quantization: s
         if out.exists():
             shutil.rmtree(out)
         tmp.rename(out)
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise UserError(f"{out}: cannot write the export ({e.strerror or e}); check the directory") from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -252,8 +265,7 @@ class ExportedTranslator:
     """
 
     def __init__(self, path: str | Path, *, threads: int = 0) -> None:
-        import ctranslate2
-
+        ctranslate2 = _ctranslate2()
         self.path = Path(path)
         manifest = _read_manifest(self.path)
         self.name = str(manifest.get("name") or self.path.name)
