@@ -125,7 +125,9 @@ def run_worker(name: str, direction: str, model: Path, args: argparse.Namespace)
         result["hyps"] = json.loads(hyps_file.read_text(encoding="utf-8"))
         result["peak_rss_gb"] = round(usage.ru_maxrss / 1024 ** 2, 2)  # ru_maxrss is in KB on Linux
         result["date"] = time.strftime("%Y-%m-%dT%H:%M:%S")
-        print(f"  {name} {direction}: {result['seconds']:.1f} s, peak RSS {result['peak_rss_gb']} GB", flush=True)
+        result["load_average_1min"] = round(os.getloadavg()[0], 2)  # other sessions' jobs share the 2 cores
+        print(f"  {name} {direction}: {result['seconds']:.1f} s, peak RSS {result['peak_rss_gb']} GB, "
+              f"load average {result['load_average_1min']}", flush=True)
         return result
 
 
@@ -148,6 +150,7 @@ def race(args: argparse.Namespace) -> dict:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
                             text=True).stdout.strip()
     results: dict = {"date": time.strftime("%Y-%m-%dT%H:%M:%S"), "commit": commit,
+                     "load_average_1min_at_start": round(os.getloadavg()[0], 2),
                      "test": TEST, "sentences": args.sentences, "beam": args.beam, "batch_size": args.batch_size,
                      "threads": args.threads, "command": " ".join(["python", "benchmarks/decode.py", *sys.argv[1:]]),
                      "contenders": {}, "cache": {}}
