@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from pathlib import Path
 
 import pytest
@@ -193,3 +194,13 @@ def test_corrupt_foreign_and_existing_exports(exported, tmp_path, capsys):
     assert "does not match" in one_line_error(capsys, "translate", str(broken), "-i", "/dev/null")
     assert "attention" in one_line_error(capsys, "translate", str(out), "-i", "/dev/null", "--attention-dir",
                                          str(tmp_path / "a"))
+
+
+def test_readme_export_example_runs(exported, capsys):
+    """The README's ExportedTranslator example (a ```python3 block: test_readme.py runs only ```python ones)."""
+    _, out = exported
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    (block,) = re.findall(r"```python3\n(.*?)```", readme, flags=re.S)
+    exec(compile(block.replace('"runs/de-en-int8"', repr(str(out))), "README.md", "exec"), {})
+    printed = capsys.readouterr().out
+    assert printed == f"{ExportedTranslator(out).translate(['Ein Hund rennt über die Wiese.'], beam=4, lenpen=0.6)}\n"
