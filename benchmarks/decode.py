@@ -197,9 +197,11 @@ def _gb(x: float) -> str:
 def markdown_table(results: dict) -> str:
     """The README table of one race (``benchmarks/results/decode.json``)."""
     c = results["contenders"]
+    loads = [r["load_average_1min"] for r in c.values() if "load_average_1min" in r]
+    shared = f"; 1-min load average {min(loads):.1f}-{max(loads):.1f} on the 2 cores while it ran" if loads else ""
     lines = [f"de->en `small`, {results['test']} ({results['sentences']:,} sentences), beam {results['beam']}, "
              f"batches of {results['batch_size']}, {results['threads']} threads (measured {results['date'][:10]}, "
-             f"commit {results['commit']}):",
+             f"commit {results['commit']}{shared}):",
              "",
              "| decoder | target tokens/s | sentences/s | BLEU | peak RSS |",
              "|---|---|---|---|---|"]
