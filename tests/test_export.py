@@ -22,13 +22,22 @@ from attnkit.tokenizer import PAD_ID
 pytest.importorskip("ctranslate2")
 
 
-def tiny_config(norm_first: bool, arch: str = "transformer", updates: int = 150) -> dict:
+#: the fixture's variants: the paper's post-norm; pre-norm; and separate vocabularies, untied output, learned
+#: positions, unscaled dot-product scores and unequal depths (every other branch of the spec mapping)
+VARIANTS = {"post-norm": {}, "pre-norm": {"norm_first": True},
+            "separate": {"share_embeddings": False, "tie_output": False, "positions": "learned",
+                         "attention_score": "dot", "encoder_layers": 1}}
+
+
+def tiny_config(norm_first: bool, arch: str = "transformer", updates: int = 150, **model) -> dict:
+    joint = model.get("share_embeddings", True)
     return {"task": "translate",
             "data": {"generate": "dates", "generate_train": 2000, "generate_valid": 20, "max_len": 64,
-                     "tokenizer": {"vocab_size": 80}},
+                     "tokenizer": {"vocab_size": 80, "joint": joint}},
             "model": {"arch": arch,
                       "transformer": {"d_model": 32, "n_heads": 2, "d_ff": 64, "encoder_layers": 2,
-                                      "decoder_layers": 2, "dropout": 0.0, "max_len": 96, "norm_first": norm_first},
+                                      "decoder_layers": 2, "dropout": 0.0, "max_len": 96, "norm_first": norm_first,
+                                      **model},
                       "rnn": {"embed_dim": 16, "hidden_size": 16, "dropout": 0.0}},
             "train": {"max_tokens": 1000, "max_updates": updates, "valid_every": 1000, "progress": False,
                       "precision": "fp32", "threads": 1, "warmup": 20, "lr": 5e-3, "valid_bleu_sentences": 0,
@@ -44,12 +53,13 @@ def train(tmp: Path, raw: dict) -> Path:
     return tmp / "run"
 
 
-@pytest.fixture(scope="module", params=["post-norm", "pre-norm"])
+@pytest.fixture(scope="module", params=list(VARIANTS))
 def exported(request, tmp_path_factory) -> tuple[Path, Path]:
     """``(run, export)``: a tiny date-normalising Transformer trained 150 updates, exported in float32."""
     torch.set_num_threads(1)
     tmp = tmp_path_factory.mktemp(request.param)
-    run = train(tmp, tiny_config(norm_first=request.param == "pre-norm"))
+    variant = dict(VARIANTS[request.param])
+    run = train(tmp, tiny_config(norm_first=variant.pop("norm_first", False), **variant))
     return run, export_ctranslate2(run, tmp / "ct2")
 
 
@@ -98,7 +108,8 @@ def test_manifest_and_attributes(exported):
     assert is_exported(out) and not is_exported(run_dir)
     assert (ct2.task, ct2.quantization, ct2.decode.beam, ct2.decode.lenpen) == ("translate", "float32", 3, 0.6)
     assert ct2.parameters == sum(p.numel() for p in run.model.parameters())
-    assert (out / "spm.model").read_bytes() == (run_dir / "spm.model").read_bytes()
+    models = sorted(run_dir.glob("*.model"))
+    assert models and all((out / m.name).read_bytes() == m.read_bytes() for m in models)
 
 
 def test_cli_export_and_translate(exported, tmp_path, capsys):
@@ -189,8 +200,9 @@ def test_corrupt_foreign_and_existing_exports(exported, tmp_path, capsys):
     (broken / MANIFEST).write_text(json.dumps({"format": "something-else"}), encoding="utf-8")
     assert "not an attnkit CTranslate2 export" in one_line_error(capsys, "translate", str(broken), "-i", "/dev/null")
     broken = copy("vocabulary")
-    vocab = json.loads((out / "shared_vocabulary.json").read_text(encoding="utf-8"))
-    (broken / "shared_vocabulary.json").write_text(json.dumps(vocab[::-1]), encoding="utf-8")
+    name = next(n for n in ("shared_vocabulary.json", "target_vocabulary.json") if (out / n).exists())
+    vocab = json.loads((out / name).read_text(encoding="utf-8"))
+    (broken / name).write_text(json.dumps(vocab[::-1]), encoding="utf-8")
     assert "does not match" in one_line_error(capsys, "translate", str(broken), "-i", "/dev/null")
     assert "attention" in one_line_error(capsys, "translate", str(out), "-i", "/dev/null", "--attention-dir",
                                          str(tmp_path / "a"))

@@ -324,7 +324,7 @@ class ExportedTranslator:
             budgets = [budget(i) for i in chunk]
             results = self.translator.translate_batch(
                 [self.tok.src_pieces_from_ids(ids[i]) for i in chunk], beam_size=beam,
-                num_hypotheses=beam if beam > 1 else 1, length_penalty=0.0, return_scores=True,
+                num_hypotheses=beam, length_penalty=0.0, return_scores=True,
                 return_end_token=True, max_decoding_length=max(budgets), min_decoding_length=0,
                 max_input_length=0)
             for i, cap, result in zip(chunk, budgets, results, strict=True):
@@ -334,7 +334,7 @@ class ExportedTranslator:
                     tokens = [self._target_ids.get(p, UNK_ID) for p in (pieces[:-1] if ended else pieces)]
                     if len(tokens) + ended > cap:  # past this sentence's own budget: cut there, without </s>
                         tokens, ended = tokens[:cap], False
-                    ranked.append((score / length_penalty(len(tokens) + ended, lenpen if beam > 1 else 0.0), tokens))
+                    ranked.append((score / length_penalty(len(tokens) + ended, lenpen), tokens))
                 ranked.sort(key=lambda r: r[0], reverse=True)
                 out[i] = self.tok.decode_tgt([tokens + [EOS_ID] for _, tokens in ranked[:n_best]])
         return out
