@@ -178,6 +178,9 @@ def test_rnn_runs_and_classifiers_are_refused(tmp_path, capsys):
 def test_corrupt_foreign_and_existing_exports(exported, tmp_path, capsys):
     run_dir, out = exported
     assert "already exists" in one_line_error(capsys, "export", str(run_dir), "--to", "ctranslate2", "-o", str(out))
+    assert "not a CTranslate2 export" in one_line_error(capsys, "export", str(run_dir), "--to", "ctranslate2", "-o",
+                                                        str(run_dir), "--force")  # never deletes a run
+    assert (run_dir / "config.yaml").exists()
     assert "choose from" in one_line_error(capsys, "export", str(run_dir), "--to", "onnx", "-o", str(tmp_path))
 
     def copy(name: str) -> Path:

@@ -169,6 +169,8 @@ def export_ctranslate2(run_path: str | Path, out: str | Path, *, quantization: s
     out = Path(out)
     if out.exists() and not force:
         raise UserError(f"{out} already exists; choose a new directory or pass --force to replace it")
+    if out.exists() and not (is_exported(out) or (out.is_dir() and not any(out.iterdir()))):
+        raise UserError(f"{out} exists and is not a CTranslate2 export; --force replaces only an earlier export")
     spec = transformer_spec(run.model, run.tok)
     spec.optimize(quantization=quantization)
     tmp = out.with_name(f".{out.name}.tmp-export")
