@@ -31,28 +31,13 @@ from attnkit.data import read_parallel  # noqa: E402
 from attnkit.evaluate import translation_scores  # noqa: E402
 from attnkit.measure import stamp  # noqa: E402
 from attnkit.runconfig import RunConfig  # noqa: E402
-from attnkit.search import LENPEN  # noqa: E402
+from attnkit.search import LENPEN, Uncached  # noqa: E402
 from attnkit.tasks import load_run, translate_texts  # noqa: E402
 from attnkit.train import Trainer  # noqa: E402
 from attnkit.transformer import Transformer  # noqa: E402
 from tables import markdown, measured, num  # noqa: E402
 
 DATA = ROOT.parent / "shared" / "data" / "multi30k"
-
-
-class Uncached(torch.nn.Module):
-    """The same Transformer decoded without the key/value cache (recomputes the prefix every step)."""
-
-    def __init__(self, model: Transformer) -> None:
-        super().__init__()
-        self.model = model
-        self.pad_id, self.bos_id, self.eos_id = model.pad_id, model.bos_id, model.eos_id
-
-    def init_decoder(self, src: torch.Tensor):
-        return self.model.init_decoder(src, use_cache=False)
-
-    def decode_step(self, prev, state, need_weights=False):
-        return self.model.decode_step(prev, state, need_weights)
 
 
 def timed_translate(model, tok, sources, beam, lenpen) -> tuple[list[str], float]:

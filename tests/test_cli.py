@@ -31,6 +31,7 @@ SUBCOMMANDS = {
     "translate": ["--attention-dir", "--input", "--output", "--beam", "--lenpen", "--n-best"],
     "evaluate": ["--src", "--ref", "--data", "--beam", "--hyp-out"],
     "classify": ["--input", "--with-attention"],
+    "export": ["--to", "--output", "--quantization", "--force"],
 }
 TINY_MODEL = {"d_model": 32, "n_heads": 2, "d_ff": 64, "encoder_layers": 1, "decoder_layers": 1, "dropout": 0.0,
               "max_len": 128}
@@ -228,6 +229,33 @@ def test_translate_bad_flags(translation_run, capsys):
     assert_one_line_error(*cli(capsys, "evaluate", str(translation_run), "--src", "a", "--ref", "b",
                                "--beam", "0")[::2], "--beam")
     assert_one_line_error(*cli(capsys, "classify", str(translation_run))[::2], "attnkit translate")
+
+
+@pytest.mark.parametrize("argv", [
+    ["translate", "RUN", "--lenpen", "nan"], ["translate", "RUN", "--lenpen", "inf"],
+    ["translate", "RUN", "--max-len-a", "-1"], ["translate", "RUN", "--max-len-a", "NaN"],
+    ["translate", "RUN", "--max-len-b", "inf"], ["translate", "RUN", "--batch-size", "0"],
+    ["translate", "RUN", "--n-best", "nan"], ["translate", "RUN", "--beam", "2.5"],
+    ["evaluate", "RUN", "--lenpen", "inf"], ["evaluate", "RUN", "--beam", "inf"],
+    ["attention", "RUN", "--src", "x", "--lenpen", "nan"], ["demo", "--held-out", "0"],
+])
+def test_numeric_options_are_finite_and_in_range(translation_run, capsys, argv):
+    argv = [str(translation_run) if a == "RUN" else a for a in argv]
+    line = assert_one_line_error(*cli(capsys, *argv)[::2], f"argument {argv[-2]}", repr(argv[-1]))
+    assert f"attnkit {argv[0]} --help" in line
+
+
+def test_translate_cuts_an_overlong_line_and_keeps_blank_lines_blank(translation_run, tmp_path, capsys):
+    long = " ".join(["3. März 2021"] * 60)
+    src = write_lines(tmp_path / "in.txt", ["May 1, 1999", long, "", "  ", "3. März 2021"])
+    code, out, err = cli(capsys, "translate", str(translation_run), "-i", str(src), "--beam", "1")
+    assert code == 0, err
+    warnings = [line for line in err.splitlines() if line.startswith("attnkit: warning:")]
+    assert len(warnings) == 1 and warnings[0].startswith("attnkit: warning: input line 2 is ")
+    lines = out.split("\n")
+    assert len(lines) == 6 and lines[2:4] == ["", ""] and lines[5] == ""
+    code, out, _ = cli(capsys, "translate", str(translation_run), "-i", str(src), "--beam", "2", "--n-best", "2")
+    assert out.split("\n")[2:4] == ["\t", "\t"]
 
 
 def test_unknown_config_key(tmp_path, capsys):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import random
 import re
 from pathlib import Path
@@ -18,8 +19,8 @@ from attnkit.demo import demo_config
 from attnkit.errors import UserError
 from attnkit.evaluate import classification_scores, translation_scores
 from attnkit.runconfig import RunConfig
-from attnkit.search import beam_search
-from attnkit.tasks import TranslationTask, translate_texts
+from attnkit.search import Uncached, beam_search
+from attnkit.tasks import TranslationTask, check_source_lengths, translate_texts
 from attnkit.tokenizer import EOS_ID, PAD_ID
 from attnkit.train import Trainer
 from attnkit.transformer import Transformer, TransformerConfig
@@ -152,6 +153,13 @@ def test_translate_texts_keeps_input_order_and_n_best(trained):
     assert translate_texts(model, tok, [], beam=2) == []
 
 
+def test_uncached_decoding_equals_cached(trained):
+    model, tok = trained.model, trained.task.tok
+    texts = [s for s, _ in dates.generate_pairs(8, seed=9, split="test")]
+    for beam in (1, 3):
+        assert translate_texts(Uncached(model), tok, texts, beam=beam) == translate_texts(model, tok, texts, beam=beam)
+
+
 class NeverEnds(Transformer):
     """A Transformer that never emits </s>: every output runs to its length budget."""
 
@@ -177,8 +185,44 @@ def test_translate_texts_stays_within_the_models_positions(trained):
         model.longest = 0
         translate_texts(model, tok, texts, beam=beam, max_len_a=0.0, max_len_b=5)  # within the limit
         assert model.longest == 5
-    with pytest.raises(UserError, match=r"input line 2 .* at most 24"):
-        translate_texts(model, tok, ["1 May 1999", " ".join(["Sonntag, 3. März 2024"] * 4)])
+    assert check_source_lengths(model, [[5] * 24]) == 24
+    with pytest.raises(UserError, match=r"the source text .* at most 24"):  # attention plots: the whole text or nothing
+        check_source_lengths(model, [[5] * 25], "the source text")
+
+
+def test_an_overlong_line_is_cut_with_one_warning_and_the_output_stays_aligned(trained, caplog):
+    model, tok = trained.model, trained.task.tok
+    limit = model.cfg.max_len
+    long = " ".join(["Sonntag, 3. März 2024"] * 30)
+    texts = ["1 May 1999", long, "2. Mai 2001", long]
+    assert len(tok.encode_src([long])[0]) + 1 > limit
+    with caplog.at_level(logging.WARNING, logger="attnkit"):
+        out = translate_texts(model, tok, texts, beam=2)
+    warned = [r.getMessage() for r in caplog.records]
+    assert len(warned) == 2 and warned[0].startswith("input line 2 is ") and warned[1].startswith("input line 4 is ")
+    assert f"first {limit - 1} subwords" in warned[0]
+    assert len(out) == 4 and out[1] == out[3] and out[0] == translate_texts(model, tok, texts[:1], beam=2)[0]
+    cut = tok.encode_src([long])[0][: limit - 1] + [EOS_ID]  # what the model reads of it
+    with torch.inference_mode():
+        expect = beam_search(model, pad_batch([cut], PAD_ID), beam_size=2, lenpen=0.6, max_len_a=0.0,
+                             max_len_b=limit)
+    assert out[1] == tok.decode_tgt([expect[0][0].tokens])
+
+
+def test_blank_lines_translate_to_empty_lines(trained):
+    model, tok = trained.model, trained.task.tok
+    texts = ["", "1 May 1999", "   ", "\t"]
+    for beam, n_best in ((1, 1), (3, 2)):
+        out = translate_texts(model, tok, texts, beam=beam, n_best=n_best)
+        assert out[0] == out[2] == out[3] == [""] * n_best
+        assert out[1] == translate_texts(model, tok, texts[1:2], beam=beam, n_best=n_best)[0] and out[1][0]
+
+
+@pytest.mark.parametrize("option", ["lenpen", "max_len_a", "max_len_b"])
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
+def test_non_finite_decoding_options_are_refused(trained, option, value):
+    with pytest.raises(UserError, match=f"{option} must be a finite number"):
+        translate_texts(trained.model, trained.task.tok, ["1 May 1999"], beam=2, **{option: value})
 
 
 # -- evaluation ------------------------------------------------------------------------

@@ -1,18 +1,25 @@
-"""Command line: ``attnkit {demo,train,translate,evaluate,classify,attention}``.
+"""Command line: ``attnkit {demo,train,translate,evaluate,classify,attention,export}``.
 
-User errors (:class:`~attnkit.errors.UserError`) print one line ``attnkit: error: ...`` and
-exit with status 2, without a traceback.
+User errors (:class:`~attnkit.errors.UserError`), bad options included, print one line
+``attnkit: error: ...`` and exit with status 2, without a traceback. Warnings (an input line
+cut to the model's length) print ``attnkit: warning: ...`` on standard error.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
+import math
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .errors import UserError
 from .search import LENPEN, MAX_LEN_A, MAX_LEN_B
+
+if TYPE_CHECKING:
+    from .tasks import LoadedRun
 
 EXAMPLES = """examples:
   attnkit demo                                   # train on generated dates (a few minutes), print exact match
@@ -23,11 +30,41 @@ EXAMPLES = """examples:
   attnkit evaluate runs/de-en --src test.de --ref test.en
   attnkit classify runs/sst2 -i reviews.txt --with-attention
   attnkit attention runs/de-en --src "Ein Hund rennt." -o attn/ --html
+  attnkit export runs/de-en --to ctranslate2 -o runs/de-en-ct2 --quantization int8
+  attnkit translate runs/de-en-ct2 -i test.de -o test.hyp.en
 """
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with its errors as :class:`UserError`: one line, exit status 2, like every other user error."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UserError(f"{message} (see `{self.prog} --help`)")
+
+
+def number(kind: type[int] | type[float], at_least: float | None = None) -> Callable[[str], int | float]:
+    """An argparse ``type`` for a finite ``int`` / ``float`` option, optionally with a lower bound."""
+
+    def parse(text: str) -> int | float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {'a whole' if kind is int else 'a'} number, got {text!r}") \
+                from None
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
+        if at_least is not None and value < at_least:
+            raise argparse.ArgumentTypeError(f"must be at least {at_least:g}, got {text!r}")
+        return value
+
+    return parse
+
+
+POSITIVE_INT, FINITE, NON_NEGATIVE = number(int, 1), number(float), number(float, 0)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="attnkit", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EXAMPLES,
         description="Attention and the Transformer: train translation and classification models on a CPU, "
                     "translate with beam search, score with sacreBLEU, and look at what attention learned.")
@@ -38,7 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "languages as ISO 8601, report exact match on held-out dates and save a "
                                    "cross-attention heatmap. No download needed.")
     p.add_argument("-o", "--out-dir", default=".", help="where the run and the heatmap PNG go (default: .)")
-    p.add_argument("--held-out", type=int, metavar="N",
+    p.add_argument("--held-out", type=POSITIVE_INT, metavar="N",
                    help="how many held-out dates to score for exact match (default: 1000; fewer is quicker)")
     p.add_argument("--json", metavar="PATH",
                    help="also write exact match, minutes, updates, peak RSS, date and commit to PATH as JSON")
@@ -55,18 +92,24 @@ def build_parser() -> argparse.ArgumentParser:
                    help="continue from the newest checkpoint in --run-dir (exactly where it stopped)")
 
     p = sub.add_parser("translate", help="translate text with a trained model",
-                       description="Translate one sentence per line (stdin by default) with beam search.")
-    p.add_argument("model", help="run directory or a .safetensors checkpoint inside one")
+                       description="Translate one sentence per line (stdin by default) with beam search. A line "
+                                   "longer than the model reads is cut to it (with a warning); a blank line "
+                                   "gives an empty one.")
+    p.add_argument("model", help="run directory, a .safetensors checkpoint inside one, or a directory written "
+                                 "by `attnkit export`")
     p.add_argument("-i", "--input", help="input file (default: stdin)")
     p.add_argument("-o", "--output", help="output file (default: stdout)")
-    p.add_argument("--beam", type=int, default=None, help="beam size; 1 = greedy (default: the run's decode_beam)")
-    p.add_argument("--lenpen", type=float, default=None,
+    p.add_argument("--beam", type=POSITIVE_INT, default=None,
+                   help="beam size; 1 = greedy (default: the run's decode_beam)")
+    p.add_argument("--lenpen", type=FINITE, default=None,
                    help=f"GNMT length penalty alpha (default: the run's decode_lenpen, {LENPEN} unless configured)")
-    p.add_argument("--n-best", type=int, default=1, help="hypotheses per sentence, tab-separated (default: 1)")
-    p.add_argument("--max-len-a", type=float, default=MAX_LEN_A, help="max output length = a * source length + b")
-    p.add_argument("--max-len-b", type=float, default=MAX_LEN_B,
+    p.add_argument("--n-best", type=POSITIVE_INT, default=1,
+                   help="hypotheses per sentence, tab-separated (default: 1)")
+    p.add_argument("--max-len-a", type=NON_NEGATIVE, default=MAX_LEN_A,
+                   help="max output length = a * source length + b")
+    p.add_argument("--max-len-b", type=FINITE, default=MAX_LEN_B,
                    help=f"(default: a={MAX_LEN_A:g}, b={MAX_LEN_B:g}, as in the paper)")
-    p.add_argument("--batch-size", type=int, default=64, help="sentences per batch (default: 64)")
+    p.add_argument("--batch-size", type=POSITIVE_INT, default=64, help="sentences per batch (default: 64)")
     p.add_argument("--attention-dir", metavar="DIR",
                    help="also save a cross-attention heatmap per input line (greedy decoding) as "
                         "DIR/attention-0001.png, ...")
@@ -78,8 +121,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--src", help="translation: source file")
     p.add_argument("--ref", help="translation: reference file (line-aligned with --src)")
     p.add_argument("--data", help="classification: labelled .tsv/.csv with a header")
-    p.add_argument("--beam", type=int, default=None, help="beam size (default: the run's decode_beam)")
-    p.add_argument("--lenpen", type=float, default=None, help="length penalty alpha (default: the run's)")
+    p.add_argument("--beam", type=POSITIVE_INT, default=None, help="beam size (default: the run's decode_beam)")
+    p.add_argument("--lenpen", type=FINITE, default=None, help="length penalty alpha (default: the run's)")
     p.add_argument("--hyp-out", help="also write the hypotheses / predictions to this file")
 
     p = sub.add_parser("classify", help="classify text with a trained classifier",
@@ -113,10 +156,21 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also write OUT_DIR/attention.html: one self-contained page (no network) to pick the "
                         "kind, layer and head and hover or click a token to see its attention")
     p.add_argument("--no-png", action="store_true", help="skip the PNG heatmaps (with --html: only the page)")
-    p.add_argument("--beam", type=int, default=1, help="beam size for the model's own translation (default: 1, "
-                                                       "greedy)")
-    p.add_argument("--lenpen", type=float, default=None,
+    p.add_argument("--beam", type=POSITIVE_INT, default=1,
+                   help="beam size for the model's own translation (default: 1, greedy)")
+    p.add_argument("--lenpen", type=FINITE, default=None,
                    help="length penalty alpha with --beam > 1 (default: the run's decode_lenpen)")
+
+    p = sub.add_parser("export", help="export a Transformer translation run to CTranslate2",
+                       description="Write a CTranslate2 model directory (model.bin, vocabulary, the SentencePiece "
+                                   "model(s) and attnkit-export.json) from a Transformer translation run; "
+                                   "`attnkit translate OUT` reads it. RNN runs and classifiers cannot be exported.")
+    p.add_argument("model", help="run directory or a .safetensors checkpoint inside one")
+    p.add_argument("--to", required=True, choices=["ctranslate2"], help="the inference engine (ctranslate2)")
+    p.add_argument("-o", "--output", required=True, metavar="OUT", help="the directory to write")
+    p.add_argument("--quantization", default="float32", choices=["float32", "int8", "int8_float32", "bfloat16"],
+                   help="weight type in the export (default: float32)")
+    p.add_argument("--force", action="store_true", help="replace OUT if it exists")
     return parser
 
 
@@ -141,11 +195,8 @@ def _write_output(path: str | None, lines: list[str]) -> None:
 
 
 def _beam(given: int | None, default: int) -> int:
-    """``--beam``, or the run's ``decode_beam`` when not given; at least 1."""
-    beam = default if given is None else given
-    if beam < 1:
-        raise UserError(f"--beam must be at least 1 (1 = greedy), got {beam}")
-    return beam
+    """``--beam``, or the run's ``decode_beam`` when not given."""
+    return default if given is None else given
 
 
 def cmd_demo(args: argparse.Namespace) -> None:
@@ -172,22 +223,37 @@ def cmd_train(args: argparse.Namespace) -> None:
         print(" ".join(f"{k} {v}" for k, v in metrics.items()))
 
 
-def cmd_translate(args: argparse.Namespace) -> None:
+def _translation_model(path: str) -> tuple[Callable[..., list[list[str]]], int, float, LoadedRun | None]:
+    """``(translate(texts, **options), decode_beam, decode_lenpen, run)`` for a run (or checkpoint) or an
+    exported directory (``run`` is None then); ``options`` are those of :func:`attnkit.tasks.translate_texts`."""
+    from .export import ExportedTranslator, is_exported
     from .tasks import load_run, translate_texts
 
-    run = load_run(args.model)
-    if run.cfg.task != "translate":
+    if is_exported(path):
+        exported = ExportedTranslator(path)
+        return exported.translate, exported.decode.beam, exported.decode.lenpen, None
+    run = load_run(path)
+
+    def translate(texts: list[str], **options) -> list[list[str]]:
+        return translate_texts(run.model, run.tok, texts, **options)
+
+    return translate, run.cfg.decode_beam, run.cfg.decode_lenpen, run
+
+
+def cmd_translate(args: argparse.Namespace) -> None:
+    translate, beam, lenpen, run = _translation_model(args.model)
+    if run is None and args.attention_dir:
+        raise UserError(f"{args.model}: an exported model gives no attention weights; use --attention-dir "
+                        f"with the run directory it was exported from")
+    if run is not None and run.cfg.task != "translate":
         raise UserError(f"{args.model} is a {run.cfg.task} model; use `attnkit classify`")
-    beam = _beam(args.beam, run.cfg.decode_beam)
-    if args.batch_size < 1:
-        raise UserError(f"--batch-size must be at least 1, got {args.batch_size}")
+    beam = _beam(args.beam, beam)
     if not 1 <= args.n_best <= beam:
         raise UserError(f"--n-best {args.n_best} must be between 1 and --beam {beam}")
-    lenpen = run.cfg.decode_lenpen if args.lenpen is None else args.lenpen
+    lenpen = lenpen if args.lenpen is None else args.lenpen
+    lengths = {k: v for k, v in (("max_len_a", args.max_len_a), ("max_len_b", args.max_len_b)) if v is not None}
     texts = _read_input(args.input)
-    hyps = translate_texts(run.model, run.tok, texts, beam=beam, lenpen=lenpen,
-                           n_best=args.n_best, batch_size=args.batch_size, max_len_a=args.max_len_a,
-                           max_len_b=args.max_len_b)
+    hyps = translate(texts, beam=beam, lenpen=lenpen, n_best=args.n_best, batch_size=args.batch_size, **lengths)
     _write_output(args.output, ["\t".join(h) for h in hyps])
     if args.attention_dir:
         from .attention_maps import attention_figure
@@ -200,10 +266,9 @@ def cmd_translate(args: argparse.Namespace) -> None:
 def cmd_evaluate(args: argparse.Namespace) -> None:
     from .data import read_labelled, read_parallel
     from .evaluate import translation_scores
-    from .tasks import load_run, translate_texts
 
-    run = load_run(args.model)
-    if run.cfg.task == "classify":
+    translate, beam, lenpen, run = _translation_model(args.model)
+    if run is not None and run.cfg.task == "classify":
         if not args.data:
             raise UserError("evaluating a classifier needs --data FILE (a labelled .tsv/.csv)")
         from .classify import evaluate_classifier
@@ -216,10 +281,10 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
         return
     if not (args.src and args.ref):
         raise UserError("evaluating a translation model needs --src FILE and --ref FILE")
-    beam = _beam(args.beam, run.cfg.decode_beam)
+    beam = _beam(args.beam, beam)
     pairs = read_parallel(args.src, args.ref)
-    lenpen = run.cfg.decode_lenpen if args.lenpen is None else args.lenpen
-    hyps = [h[0] for h in translate_texts(run.model, run.tok, [s for s, _ in pairs], beam=beam, lenpen=lenpen)]
+    lenpen = lenpen if args.lenpen is None else args.lenpen
+    hyps = [h[0] for h in translate([s for s, _ in pairs], beam=beam, lenpen=lenpen)]
     if args.hyp_out:
         _write_output(args.hyp_out, hyps)
     print(translation_scores(hyps, [t for _, t in pairs]))
@@ -262,21 +327,37 @@ def cmd_attention(args: argparse.Namespace) -> None:
         print(path)
 
 
+def cmd_export(args: argparse.Namespace) -> None:
+    from .export import export_ctranslate2
+
+    print(export_ctranslate2(args.model, args.output, quantization=args.quantization, force=args.force))
+
+
 COMMANDS = {"demo": cmd_demo, "train": cmd_train, "translate": cmd_translate, "evaluate": cmd_evaluate,
-            "classify": cmd_classify, "attention": cmd_attention}
+            "classify": cmd_classify, "attention": cmd_attention, "export": cmd_export}
+
+
+class _WarningLine(logging.Handler):
+    """attnkit's warnings as ``attnkit: warning: ...`` lines on the current standard error."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        print(f"attnkit: warning: {record.getMessage()}", file=sys.stderr)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    # KEY=VALUE overrides may also follow options (`train c.yaml --run-dir r --resume train.lr=1e-3`),
-    # which argparse alone rejects once the positional list has been consumed before the options.
-    args, extra = parser.parse_known_args(argv)
-    if extra:
-        if hasattr(args, "overrides") and all("=" in e and not e.startswith("-") for e in extra):
-            args.overrides += extra
-        else:
-            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    logger = logging.getLogger("attnkit")
+    if not any(isinstance(h, _WarningLine) for h in logger.handlers):
+        logger.addHandler(_WarningLine(logging.WARNING))
     try:
+        # KEY=VALUE overrides may also follow options (`train c.yaml --run-dir r --resume train.lr=1e-3`),
+        # which argparse alone rejects once the positional list has been consumed before the options.
+        args, extra = parser.parse_known_args(argv)
+        if extra:
+            if hasattr(args, "overrides") and all("=" in e and not e.startswith("-") for e in extra):
+                args.overrides += extra
+            else:
+                parser.error(f"unrecognized arguments: {' '.join(extra)}")
         COMMANDS[args.command](args)
     except UserError as e:
         print(f"attnkit: error: {e}", file=sys.stderr)

@@ -83,6 +83,27 @@ class Hypothesis:
     ended_with_eos: bool = True
 
 
+class Uncached(torch.nn.Module):
+    """``model`` decoded without its key/value cache: every step recomputes the whole prefix.
+
+    The baseline the cache is measured against (``benchmarks/``); outputs equal the cached
+    model's. ``model`` must accept ``init_decoder(src, use_cache=False)`` (the Transformer does).
+    """
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+        self.pad_id, self.bos_id, self.eos_id = model.pad_id, model.bos_id, model.eos_id
+        self.cfg = model.cfg  # the same position limit (attnkit.tasks.source_limit)
+
+    def init_decoder(self, src: torch.Tensor) -> DecoderState:
+        return self.model.init_decoder(src, use_cache=False)
+
+    def decode_step(self, prev: torch.Tensor, state: DecoderState, need_weights: bool = False
+                    ) -> tuple[torch.Tensor, DecoderState, torch.Tensor | None]:
+        return self.model.decode_step(prev, state, need_weights)
+
+
 #: Default output budget ``a * src_len + b``: "input length + 50" (Vaswani et al. 2017, sec. 6.1).
 MAX_LEN_A, MAX_LEN_B = 1.0, 50.0
 

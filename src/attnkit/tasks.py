@@ -19,6 +19,7 @@ Run directory layout (written by ``attnkit train``, read by every other command)
 from __future__ import annotations
 
 import json
+import logging
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +45,7 @@ from .tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer, train_tokenizer
 from .transformer import Transformer
 
 CONFIG_FILE, CLASSES_FILE, TOKENIZER_META = "config.yaml", "classes.json", "tokenizer.json"
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -136,18 +138,56 @@ def build_translation_model(cfg: RunConfig, tok: Tokenizer) -> nn.Module:
     return Transformer(tcfg, V_src, V_tgt)
 
 
+def source_limit(model: nn.Module) -> int | None:
+    """How many source positions (``</s>`` included) the model reads: ``max_len`` for a Transformer, None for an RNN."""
+    return getattr(getattr(model, "cfg", None), "max_len", None)
+
+
+def _too_long(what: str, length: int, limit: int) -> str:
+    return (f"{what} is {length} subwords long (with </s>) but the model reads at most {limit} "
+            f"(model.transformer.max_len)")
+
+
 def check_source_lengths(model: nn.Module, ids: list[list[int]], what: str | None = None) -> int | None:
     """The model's position limit (None for an RNN), after checking every source ``ids`` (with ``</s>``) fits it.
 
     A Transformer has positions for ``max_len`` tokens: longer inputs are a :class:`UserError`
-    naming ``input line N``, or ``what`` when given.
+    naming ``input line N``, or ``what`` when given (the attention plots, which must show the whole text).
     """
-    limit = getattr(getattr(model, "cfg", None), "max_len", None)
+    limit = source_limit(model)
     for i, s in enumerate(ids if limit else []):
         if len(s) > limit:
-            raise UserError(f"{what or f'input line {i + 1}'} is {len(s)} subwords long (with </s>) but the model "
-                            f"reads at most {limit} (model.transformer.max_len); split the line")
+            raise UserError(f"{_too_long(what or f'input line {i + 1}', len(s), limit)}; split the line")
     return limit
+
+
+def encode_sources(tok: Tokenizer, texts: list[str], limit: int | None) -> list[list[int]]:
+    """Source ids with ``</s>``, each cut to the model's ``limit`` positions (None: no limit).
+
+    A cut text logs one warning naming its line (1-based), so a long file still translates
+    line for line. A blank text gives ``[</s>]`` alone (see :func:`translate_texts`).
+    """
+    ids = [s + [EOS_ID] for s in tok.encode_src(texts)]
+    for i, s in enumerate(ids if limit else []):
+        if len(s) > limit:
+            log.warning("%s; translated its first %d subwords", _too_long(f"input line {i + 1}", len(s), limit),
+                        limit - 1)
+            ids[i] = s[: limit - 1] + [EOS_ID]
+    return ids
+
+
+def check_decode_options(*, beam: int, n_best: int, lenpen: float, max_len_a: float, max_len_b: float,
+                         batch_size: int) -> None:
+    """Reject decoding options no search can use (non-finite numbers included), naming the option."""
+    for name, value in (("lenpen", lenpen), ("max_len_a", max_len_a), ("max_len_b", max_len_b)):
+        if not math.isfinite(value):
+            raise UserError(f"{name} must be a finite number, got {value}")
+    if beam < 1 or batch_size < 1:
+        raise UserError(f"beam ({beam}) and batch_size ({batch_size}) must be at least 1")
+    if not 1 <= n_best <= beam:
+        raise UserError(f"n_best {n_best} must be between 1 and beam {beam}")
+    if max_len_a < 0:
+        raise UserError(f"max_len_a must be at least 0, got {max_len_a}")
 
 
 def output_budget(limit: int | None, src_len: int, max_len_a: float, max_len_b: float) -> tuple[float, float]:
@@ -158,19 +198,29 @@ def output_budget(limit: int | None, src_len: int, max_len_a: float, max_len_b: 
     return max_len_a, max_len_b
 
 
+def translation_order(ids: list[list[int]], batch_size: int) -> list[list[int]]:
+    """Batches of indices into ``ids``, shortest sources first; blank sources (``</s>`` alone) are left out."""
+    order = sorted((i for i, s in enumerate(ids) if len(s) > 1), key=lambda i: len(ids[i]))
+    return [order[start: start + batch_size] for start in range(0, len(order), batch_size)]
+
+
 def translate_texts(model: nn.Module, tok: Tokenizer, texts: list[str], *, beam: int = 1, lenpen: float = LENPEN,
                     batch_size: int = 64, max_len_a: float = MAX_LEN_A, max_len_b: float = MAX_LEN_B,
                     n_best: int = 1, device: torch.device | None = None) -> list[list[str]]:
-    """Translate ``texts`` (sorted by length into batches, returned in input order); n-best per sentence."""
+    """Translate ``texts`` (sorted by length into batches, returned in input order); n-best per sentence.
+
+    A text longer than the model's positions is cut to them (one warning each); a blank text
+    gives ``n_best`` empty translations instead of whatever the model says about nothing.
+    """
+    check_decode_options(beam=beam, n_best=n_best, lenpen=lenpen, max_len_a=max_len_a, max_len_b=max_len_b,
+                         batch_size=batch_size)
     device = device or next(model.parameters()).device
-    ids = [s + [EOS_ID] for s in tok.encode_src(texts)]
-    limit = check_source_lengths(model, ids)
-    order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
-    out: list[list[str]] = [[] for _ in texts]
+    limit = source_limit(model)
+    ids = encode_sources(tok, texts, limit)
+    out: list[list[str]] = [[""] * n_best for _ in texts]
     model.eval()
     with torch.inference_mode():
-        for start in range(0, len(order), batch_size):
-            chunk = order[start: start + batch_size]
+        for chunk in translation_order(ids, batch_size):
             given = (max_len_a, max_len_b)
             capped = [i for i in chunk if output_budget(limit, len(ids[i]), *given) != given]
             parts = [([i for i in chunk if i not in capped], max_len_a, max_len_b), (capped, 0.0, limit)]

@@ -1,0 +1,261 @@
+"""The decoding race: attnkit's own beam search against CTranslate2 on the same trained model.
+
+    python benchmarks/decode.py --de-en runs/de-en --en-de runs/en-de      # the whole race (a few minutes)
+    python benchmarks/decode.py --de-en runs/de-en                          # without the en->de cache rows
+
+On test_2016_flickr (1,000 sentences), beam 4 (length penalty: the run's decode_lenpen), batches
+of 32 sentences, 2 threads, the de->en model is decoded by
+
+* attnkit float32 and attnkit bf16 (``torch.autocast``), through ``attnkit.tasks.translate_texts``;
+* CTranslate2 float32 and int8, through ``attnkit.export.ExportedTranslator`` (the run exported by
+  ``attnkit export`` beforehand, untimed);
+* attnkit float32 without the key/value cache (``attnkit.search.Uncached``), and the same cached /
+  uncached pair for the en->de model when ``--en-de`` is given.
+
+Each contender runs in its own subprocess, one after the other, so its peak RSS (``wait4``) is its
+own; a worker translates one batch untimed first, then the whole test set timed (tokenization
+included, for both engines). Target tokens are the SentencePiece pieces of the outputs. Two
+untimed workers decode greedily in float32 with attnkit and with CTranslate2 for the agreement
+rate. BLEU is sacreBLEU (cased, 13a) via ``attnkit.evaluate``.
+
+Writes ``benchmarks/results/decode.json``; :func:`markdown_table` renders the README table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT.parent / "shared" / "data" / "multi30k"
+RESULTS = ROOT / "benchmarks" / "results" / "decode.json"
+TEST = "test_2016_flickr"
+
+# contender -> (engine, precision, cache); "greedy-*" workers decode with beam 1, untimed
+CONTENDERS = {
+    "attnkit-fp32": ("attnkit", "fp32", True),
+    "attnkit-bf16": ("attnkit", "bf16", True),
+    "ct2-float32": ("ctranslate2", "float32", True),
+    "ct2-int8": ("ctranslate2", "int8", True),
+    "attnkit-fp32-uncached": ("attnkit", "fp32", False),
+}
+LABELS = {"attnkit-fp32": "attnkit float32", "attnkit-bf16": "attnkit bf16 (autocast)",
+          "ct2-float32": "CTranslate2 float32", "ct2-int8": "CTranslate2 int8",
+          "attnkit-fp32-uncached": "attnkit float32, no key/value cache"}
+
+
+def read_test(direction: str) -> tuple[list[str], list[str]]:
+    sys.path.insert(0, str(ROOT / "src"))
+    from attnkit.data import read_parallel
+
+    src, tgt = direction.split("-")
+    pairs = read_parallel(DATA / f"{TEST}.{src}.gz", DATA / f"{TEST}.{tgt}.gz")
+    return [s for s, _ in pairs], [t for _, t in pairs]
+
+
+def rss_mb() -> float:
+    """Current resident set size of this process (MB), from /proc."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def worker(args: argparse.Namespace) -> None:
+    """Runs in the child: load one contender, translate one batch untimed, then the test set timed."""
+    import torch
+
+    sys.path.insert(0, str(ROOT / "src"))
+    from attnkit.export import ExportedTranslator
+    from attnkit.search import Uncached
+    from attnkit.tasks import load_run, translate_texts
+
+    torch.set_num_threads(args.threads)
+    engine, precision, cache = CONTENDERS[args.worker] if args.worker in CONTENDERS else ("attnkit", "fp32", True)
+    if args.worker == "greedy-ct2":
+        engine = "ctranslate2"
+    beam = 1 if args.worker.startswith("greedy") else args.beam
+    sources, _ = read_test(args.direction)
+    sources = sources[: args.sentences]
+    imported_mb = rss_mb()
+    if engine == "ctranslate2":
+        model = ExportedTranslator(args.model, threads=args.threads)
+        lenpen = model.decode.lenpen
+
+        def translate(texts: list[str]) -> list[list[str]]:
+            return model.translate(texts, beam=beam, lenpen=lenpen, batch_size=args.batch_size)
+    else:
+        run = load_run(args.model)
+        lenpen = run.cfg.decode_lenpen
+        decoder = run.model if cache else Uncached(run.model)
+
+        def translate(texts: list[str]) -> list[list[str]]:
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+                return translate_texts(decoder, run.tok, texts, beam=beam, lenpen=lenpen,
+                                       batch_size=args.batch_size)
+    translate(sources[: args.batch_size])  # warm-up: one batch, untimed
+    start = time.perf_counter()
+    hyps = [h[0] for h in translate(sources)]
+    seconds = time.perf_counter() - start
+    Path(args.hyps_out).write_text(json.dumps(hyps, ensure_ascii=False), encoding="utf-8")
+    print("RESULT " + json.dumps({"seconds": seconds, "lenpen": lenpen, "rss_after_import_mb": round(imported_mb)}),
+          flush=True)
+
+
+def run_worker(name: str, direction: str, model: Path, args: argparse.Namespace) -> dict:
+    """Run one contender in a subprocess; its result with hypotheses and peak RSS (GB, from ``wait4``)."""
+    with tempfile.TemporaryDirectory(prefix="attnkit-decode-") as tmp:
+        hyps_file = Path(tmp) / "hyps.json"
+        cmd = [sys.executable, __file__, "--worker", name, "--direction", direction, "--model", str(model),
+               "--hyps-out", str(hyps_file), "--beam", str(args.beam), "--batch-size", str(args.batch_size),
+               "--threads", str(args.threads), "--sentences", str(args.sentences)]
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+        out = proc.stdout.read() if proc.stdout else ""
+        _, status, usage = os.wait4(proc.pid, 0)
+        lines = [ln for ln in out.splitlines() if ln.startswith("RESULT ")]
+        if os.waitstatus_to_exitcode(status) != 0 or not lines:
+            raise SystemExit(f"{' '.join(cmd)} failed:\n{out[-3000:]}")
+        result = json.loads(lines[-1].removeprefix("RESULT "))
+        result["hyps"] = json.loads(hyps_file.read_text(encoding="utf-8"))
+        result["peak_rss_gb"] = round(usage.ru_maxrss / 1024 ** 2, 2)  # ru_maxrss is in KB on Linux
+        result["date"] = time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime())
+        result["load_average_1min"] = round(os.getloadavg()[0], 2)  # other sessions' jobs share the 2 cores
+        print(f"  {name} {direction}: {result['seconds']:.1f} s, peak RSS {result['peak_rss_gb']} GB, "
+              f"load average {result['load_average_1min']}", flush=True)
+        return result
+
+
+def score(result: dict, refs: list[str], tok) -> dict:
+    """tokens/s, sentences/s and BLEU of one worker's result (its hypotheses dropped)."""
+    from attnkit.evaluate import translation_scores
+
+    hyps, seconds = result.pop("hyps"), result["seconds"]
+    tokens = sum(len(ids) for ids in tok.encode_tgt(hyps))
+    return {**result, "seconds": round(seconds, 2), "target_tokens": tokens,
+            "tokens_per_s": round(tokens / seconds, 1), "sentences_per_s": round(len(hyps) / seconds, 1),
+            "bleu": round(translation_scores(hyps, refs[: len(hyps)]).bleu, 2)}
+
+
+def race(args: argparse.Namespace) -> dict:
+    sys.path.insert(0, str(ROOT / "src"))
+    from attnkit.export import export_ctranslate2
+    from attnkit.measure import stamp
+    from attnkit.tokenizer import Tokenizer
+
+    results: dict = {**stamp(),
+                     "load_average_1min_at_start": round(os.getloadavg()[0], 2),
+                     "test": TEST, "sentences": args.sentences, "beam": args.beam, "batch_size": args.batch_size,
+                     "threads": args.threads, "command": " ".join(["python", "benchmarks/decode.py", *sys.argv[1:]]),
+                     "contenders": {}, "cache": {}}
+    with tempfile.TemporaryDirectory(prefix="attnkit-export-") as tmp:
+        exports = {q: export_ctranslate2(args.de_en, Path(tmp) / q, quantization=q) for q in ("float32", "int8")}
+        _, refs = read_test("de-en")
+        tok = Tokenizer.load(exports["float32"])
+        raw = {}
+        for name, (engine, precision, _) in CONTENDERS.items():
+            model = exports[precision] if engine == "ctranslate2" else args.de_en
+            raw[name] = run_worker(name, "de-en", model, args)
+        greedy = {name: run_worker(name, "de-en", model, args)["hyps"]
+                  for name, model in (("greedy-attnkit", args.de_en), ("greedy-ct2", exports["float32"]))}
+    identical = [a == b for a, b in zip(raw["attnkit-fp32"]["hyps"], raw["attnkit-fp32-uncached"]["hyps"],
+                                        strict=True)]
+    results["cache"]["de-en"] = {"identical": all(identical)}
+    for name, result in raw.items():
+        results["contenders"][name] = score(result, refs, tok)
+    agree = sum(a == b for a, b in zip(greedy["greedy-attnkit"], greedy["greedy-ct2"], strict=True))
+    results["greedy_float32_agreement"] = round(agree / len(greedy["greedy-attnkit"]), 4)
+    c = results["contenders"]
+    results["int8_minus_float32_bleu"] = round(c["ct2-int8"]["bleu"] - c["ct2-float32"]["bleu"], 2)
+    results["attnkit_over_ct2_int8_tokens"] = {
+        name: round(c[name]["tokens_per_s"] / c["ct2-int8"]["tokens_per_s"], 3)
+        for name in ("attnkit-fp32", "attnkit-bf16")}
+    results["cache"]["de-en"].update(cached=c["attnkit-fp32"], uncached=c["attnkit-fp32-uncached"],
+                                     speedup=round(c["attnkit-fp32-uncached"]["seconds"] / c["attnkit-fp32"]["seconds"],
+                                                   2))
+    if args.en_de:
+        _, refs_en_de = read_test("en-de")
+        tok_en_de = Tokenizer.load(args.en_de)
+        pair = {name: run_worker(name, "en-de", args.en_de, args) for name in ("attnkit-fp32", "attnkit-fp32-uncached")}
+        same = pair["attnkit-fp32"]["hyps"] == pair["attnkit-fp32-uncached"]["hyps"]
+        cached, uncached = (score(pair[n], refs_en_de, tok_en_de) for n in ("attnkit-fp32", "attnkit-fp32-uncached"))
+        results["cache"]["en-de"] = {"identical": same, "cached": cached, "uncached": uncached,
+                                     "speedup": round(uncached["seconds"] / cached["seconds"], 2)}
+    return results
+
+
+def _gb(x: float) -> str:
+    return f"{x:.2f} GB"
+
+
+def markdown_table(results: dict) -> str:
+    """The README table of one race (``benchmarks/results/decode.json``)."""
+    c = results["contenders"]
+    loads = [r["load_average_1min"] for r in c.values() if "load_average_1min" in r]
+    shared = f"; 1-min load average {min(loads):.1f}-{max(loads):.1f} on the 2 cores while it ran" if loads else ""
+    lines = [f"de->en `small`, {results['test']} ({results['sentences']:,} sentences), beam {results['beam']}, "
+             f"batches of {results['batch_size']}, {results['threads']} threads (measured {results['date'][:10]}, "
+             f"commit {results['commit']}{shared}):",
+             "",
+             "| decoder | target tokens/s | sentences/s | BLEU | peak RSS |",
+             "|---|---|---|---|---|"]
+    for name, label in LABELS.items():
+        r = c[name]
+        lines.append(f"| {label} | {r['tokens_per_s']:,.0f} | {r['sentences_per_s']:.1f} | {r['bleu']:.2f} | "
+                     f"{_gb(r['peak_rss_gb'])} |")
+    ratio = results["attnkit_over_ct2_int8_tokens"]
+    lines += ["",
+              f"attnkit's beam search reaches {ratio['attnkit-fp32']:.2f}x (float32) and {ratio['attnkit-bf16']:.2f}x "
+              f"(bf16) of CTranslate2 int8's tokens/s (goal: 0.67x). Greedy float32: CTranslate2's output equals "
+              f"attnkit's for {100 * results['greedy_float32_agreement']:.1f}% of the sentences; int8 BLEU minus "
+              f"float32 BLEU: {results['int8_minus_float32_bleu']:+.2f}."]
+    cache = results["cache"]
+    parts = []
+    for direction in ("de-en", "en-de"):
+        if direction in cache:
+            k = cache[direction]
+            parts.append(f"{direction.replace('-', '->')} {k['cached']['sentences_per_s']:.1f} vs "
+                         f"{k['uncached']['sentences_per_s']:.1f} sentences/s = **{k['speedup']:.2f}x**"
+                         f" ({'identical output' if k['identical'] else 'outputs differ'})")
+    lines += ["", "Key/value cache, attnkit float32, same run: " + "; ".join(parts) + "."]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--de-en", type=Path, help="the trained de->en Transformer run directory")
+    p.add_argument("--en-de", type=Path, help="the trained en->de run (for the cache comparison in both directions)")
+    p.add_argument("--beam", type=int, default=4)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--sentences", type=int, default=1000, help="first N test sentences (default: all 1,000)")
+    p.add_argument("--table", action="store_true", help="print the README table of the committed JSON and exit")
+    p.add_argument("--worker", help=argparse.SUPPRESS)
+    p.add_argument("--direction", help=argparse.SUPPRESS)
+    p.add_argument("--model", help=argparse.SUPPRESS)
+    p.add_argument("--hyps-out", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.worker:
+        worker(args)
+        return
+    if args.table:
+        print(markdown_table(json.loads(RESULTS.read_text(encoding="utf-8"))), end="")
+        return
+    if not DATA.exists():
+        sys.exit(f"{DATA} is missing: this benchmark needs ../shared/data/multi30k beside the repository")
+    if args.de_en is None:
+        sys.exit("give the trained de->en run: --de-en RUN_DIR")
+    results = race(args)
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+    print(markdown_table(results))
+    print(f"wrote {RESULTS.relative_to(ROOT)}")
+
+
+if __name__ == "__main__":
+    main()
