@@ -16,16 +16,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
 import tempfile
-from datetime import date
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "src"))
 
+from attnkit.measure import stamp  # noqa: E402
+from tables import markdown, measured, num  # noqa: E402
 from throughput import run_child  # noqa: E402
 
 
@@ -61,9 +64,11 @@ def main() -> None:
                     cmd = [sys.executable, str(c["tree"] / "benchmarks" / "throughput.py"), "--worker",
                            args.precision, "--time", str(args.time), "--max-tokens", str(args.max_tokens),
                            "--set", *c["overrides"]]
+                    load = os.getloadavg()[0]
                     result, rss, _ = run_child(cmd)
                     c["runs"].append({"tgt_tok_per_s": result["tgt_tok_per_s"], "peak_rss_gb": round(rss, 2),
-                                      "updates": result["updates"], "tok_per_update": result["tok_per_update"]})
+                                      "updates": result["updates"], "tok_per_update": result["tok_per_update"],
+                                      "load_average_1min_at_start": round(load, 2)})
                     print(f"round {r + 1} {c['label']:40s} {result['tgt_tok_per_s']:8.0f} tok/s  {rss:.2f} GB",
                           flush=True)
         finally:
@@ -79,11 +84,24 @@ def main() -> None:
         print(f"{c['label']:40s} " + " / ".join(f"{s:,.0f}" for s in speeds) + f" tok/s, x{rows[-1]['ratio_to_first']}")
     name = args.name or "-".join(c["commit"] for c in contenders)
     out = ROOT / "benchmarks" / "results" / f"compare-{name}.json"
-    out.write_text(json.dumps({"date": date.today().isoformat(), "commit": git("rev-parse", "--short", "HEAD"),
-                               "command": "python benchmarks/compare_commits.py " + " ".join(sys.argv[1:]),
+    out.write_text(json.dumps({**stamp(), "command": "python benchmarks/compare_commits.py " + " ".join(sys.argv[1:]),
                                "precision": args.precision, "seconds_per_run": args.time, "rounds": args.rounds,
                                "contenders": rows}, indent=2) + "\n")
     print(f"wrote {out}")
+
+
+def markdown_table(results: dict[str, dict]) -> str:
+    """benchmarks/README.md: every comparison in ``results/compare-*.json``, every run of every contender."""
+    rows = []
+    for run in sorted(results.values(), key=lambda r: r["date"], reverse=True):
+        for c in run["contenders"]:
+            speeds = " / ".join(num(r["tgt_tok_per_s"]) for r in c["runs"])
+            rss = " / ".join(f"{r['peak_rss_gb']:.2f}" for r in c["runs"])
+            who = f"`{c['commit']}`" + (f" `{' '.join(c['overrides'])}`" if c["overrides"] else "")
+            rows.append([measured(run), who, run["precision"], speeds, f"{c['ratio_to_first']:.3f}x", rss,
+                         f"{run['rounds']} x {run['seconds_per_run']:g} s"])
+    return markdown(["measured", "contender", "precision", "target tok/s, each run", "mean vs first", "peak RSS GB",
+                     "runs"], rows, "lllrrrl")
 
 
 if __name__ == "__main__":
