@@ -1,6 +1,7 @@
 """Training throughput of two (or more) commits, measured alternately in one run.
 
     python benchmarks/compare_commits.py ddca0a2 HEAD                       # bf16, 2 rounds of 60 s each
+    OMP_NUM_THREADS=1 python benchmarks/compare_commits.py ddca0a2 HEAD     # 1 thread each: steadier on busy cores
     python benchmarks/compare_commits.py HEAD HEAD --set train.engine=reference --only 1 --rounds 2
 
 Each commit is checked out into a temporary git worktree and its own ``benchmarks/throughput.py
@@ -84,7 +85,8 @@ def main() -> None:
         print(f"{c['label']:40s} " + " / ".join(f"{s:,.0f}" for s in speeds) + f" tok/s, x{rows[-1]['ratio_to_first']}")
     name = args.name or "-".join(c["commit"] for c in contenders)
     out = ROOT / "benchmarks" / "results" / f"compare-{name}.json"
-    out.write_text(json.dumps({**stamp(), "command": "python benchmarks/compare_commits.py " + " ".join(sys.argv[1:]),
+    threads = os.environ.get("OMP_NUM_THREADS")  # torch's default threads in every contender, when set
+    out.write_text(json.dumps({**stamp(), "threads": int(threads) if threads else None, "command": "python benchmarks/compare_commits.py " + " ".join(sys.argv[1:]),
                                "precision": args.precision, "seconds_per_run": args.time, "rounds": args.rounds,
                                "contenders": rows}, indent=2) + "\n")
     print(f"wrote {out}")
@@ -99,7 +101,7 @@ def markdown_table(results: dict[str, dict]) -> str:
             rss = " / ".join(f"{r['peak_rss_gb']:.2f}" for r in c["runs"])
             who = f"`{c['commit']}`" + (f" `{' '.join(c['overrides'])}`" if c["overrides"] else "")
             rows.append([measured(run), who, run["precision"], speeds, f"{c['ratio_to_first']:.3f}x", rss,
-                         f"{run['rounds']} x {run['seconds_per_run']:g} s"])
+                         f"{run['rounds']} x {run['seconds_per_run']:g} s, {run.get('threads') or 'default'} thread(s)"])
     return markdown(["measured", "contender", "precision", "target tok/s, each run", "mean vs first", "peak RSS GB",
                      "runs"], rows, "lllrrrl")
 
