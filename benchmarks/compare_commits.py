@@ -86,7 +86,8 @@ def main() -> None:
     name = args.name or "-".join(c["commit"] for c in contenders)
     out = ROOT / "benchmarks" / "results" / f"compare-{name}.json"
     threads = os.environ.get("OMP_NUM_THREADS")  # torch's default threads in every contender, when set
-    out.write_text(json.dumps({**stamp(), "threads": int(threads) if threads else None, "command": "python benchmarks/compare_commits.py " + " ".join(sys.argv[1:]),
+    out.write_text(json.dumps({**stamp(), "threads": int(threads) if threads else None,
+                               "command": "python benchmarks/compare_commits.py " + " ".join(sys.argv[1:]),
                                "precision": args.precision, "seconds_per_run": args.time, "rounds": args.rounds,
                                "contenders": rows}, indent=2) + "\n")
     print(f"wrote {out}")
@@ -101,7 +102,7 @@ def markdown_table(results: dict[str, dict]) -> str:
             rss = " / ".join(f"{r['peak_rss_gb']:.2f}" for r in c["runs"])
             who = f"`{c['commit']}`" + (f" `{' '.join(c['overrides'])}`" if c["overrides"] else "")
             rows.append([measured(run), who, run["precision"], speeds, f"{c['ratio_to_first']:.3f}x", rss,
-                         f"{run['rounds']} x {run['seconds_per_run']:g} s, {run.get('threads') or 'default'} thread(s)"])
+                         f"{run['rounds']} x {run['seconds_per_run']:g} s, {run.get('threads') or 'default'} threads"])
     return markdown(["measured", "contender", "precision", "target tok/s, each run", "mean vs first", "peak RSS GB",
                      "runs"], rows, "lllrrrl")
 
