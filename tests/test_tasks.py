@@ -66,8 +66,7 @@ def test_every_example_in_exactly_one_batch_per_epoch(task, epoch):
 
 def test_batches_respect_budget_and_bucketing_keeps_padding_low(task):
     batches = task.batches(0)
-    src_lens = [len(s) for s in task.src]
-    tgt_lens = [len(t) - 1 for t in task.tgt]
+    src_lens, tgt_lens = (lens.tolist() for lens in task.lengths(task.src, task.tgt))  # with </s> / <s>
     for b in batches:
         longest = max(max(src_lens[i], tgt_lens[i]) for i in b)
         assert len(b) == 1 or len(b) * longest <= task.cfg.train.max_tokens
@@ -95,7 +94,7 @@ def test_batch_order_changes_with_epoch_but_is_reproducible(task):
 def test_translation_loss_ignores_padding(task):
     torch.manual_seed(0)
     model = task.build_model().eval()
-    by_tgt = sorted(range(len(task.tgt)), key=lambda i: (len(task.tgt[i]), len(task.src[i])))
+    by_tgt = sorted(range(len(task.tgt)), key=lambda i: (len(task.tgt[i]), len(task.src[i])))  # ids, no </s>
     indices = by_tgt[:3] + by_tgt[-3:] + by_tgt[150:152]  # short and long sides: padding on both
     batch = task.collate(indices, torch.device("cpu"))
     assert batch.inputs[0].eq(PAD_ID).any() and batch.inputs[1].eq(PAD_ID).any()  # padded source and target
@@ -103,7 +102,7 @@ def test_translation_loss_ignores_padding(task):
         batched = task.loss(model, batch, label_smoothing=0.1)
         single = sum(task.loss(model, task.collate([i], torch.device("cpu")), label_smoothing=0.1)
                      for i in indices)
-    assert batch.n_targets == sum(len(task.tgt[i]) - 1 for i in indices)
+    assert batch.n_targets == sum(len(task.tgt[i]) + 1 for i in indices)  # y_1 .. y_T </s>
     torch.testing.assert_close(batched, single, rtol=1e-5, atol=1e-4)
 
 

@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import sentencepiece as spm
 
 from attnkit.errors import UserError
 from attnkit.tokenizer import (
@@ -150,13 +151,20 @@ def test_training_is_deterministic(tmp_path: Path, model_type: str) -> None:
     assert a.tgt_pieces_from_ids(range(a.tgt_vocab_size)) == b.tgt_pieces_from_ids(range(b.tgt_vocab_size))
 
 
-def test_sampling_is_seeded(tmp_path: Path) -> None:
-    def model(name: str, seed: int) -> bytes:
-        train_tokenizer(SRC, None, tmp_path / name, vocab_size=80, seed=seed, max_sentences=120)
-        return (tmp_path / name / "spm.model").read_bytes()
+def test_sampling_is_deterministic_and_bounded(tmp_path: Path) -> None:
+    """A stream longer than max_sentences is sampled, the same way every time; a shorter one is used whole."""
+    def model(name: str, texts, max_sentences: int) -> list[tuple[str, float]]:
+        train_tokenizer(texts, None, tmp_path / name, vocab_size=80, max_sentences=max_sentences)
+        sp = spm.SentencePieceProcessor(model_file=str(tmp_path / name / "spm.model"))
+        return [(sp.id_to_piece(i), sp.get_score(i)) for i in range(sp.get_piece_size())]  # the proto also
+        # records the options, input_sentence_size among them
 
-    assert model("a", 1) == model("b", 1)
-    assert model("a", 1) != model("c", 2)
+    sampled = model("a", iter(SRC), 120)  # a one-pass stream, as attnkit.prepare gives it
+    assert sampled == model("b", SRC, 120)
+    assert sampled != model("c", SRC, 1000)
+    assert model("c", SRC, 1000) == model("d", SRC, len(SRC))  # below the bound: every sentence, in order
+    with pytest.raises(UserError, match="more than 100"):
+        train_tokenizer(SRC, None, tmp_path / "e", vocab_size=80, max_sentences=100)
 
 
 def test_small_corpus_shrinks_vocab(tmp_path: Path) -> None:

@@ -118,10 +118,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _read_input(path: str | None) -> list[str]:
     """Lines of ``path``, or of standard input (strict UTF-8 either way)."""
-    from .data import decode_utf8, read_lines, split_lines
+    from .data import read_lines, read_stream
 
     if path is None:
-        return split_lines(decode_utf8(sys.stdin.buffer.read(), "<stdin>"))
+        return read_stream(sys.stdin.buffer, "<stdin>")
     return read_lines(path)
 
 

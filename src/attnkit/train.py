@@ -192,7 +192,7 @@ class Trainer:
             raise UserError(f"rank {self.workers.rank} cannot see {self.run_dir / CONFIG_FILE} written by rank 0: "
                             f"on several machines --run-dir must be on a filesystem all of them share")
         torch.manual_seed(self.tc.seed)
-        task = make_task(cfg, self.run_dir, self.log)
+        task = make_task(cfg, self.run_dir, self.log, resume=resume)
         return task, (existing[-1] if resume and existing else None)
 
     def _check_run_dir(self, existing: list[Path], resume: bool) -> None:
