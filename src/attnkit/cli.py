@@ -1,4 +1,4 @@
-"""Command line: ``attnkit {demo,train,translate,evaluate,classify,attention}``.
+"""Command line: ``attnkit {demo,prepare,train,translate,evaluate,classify,attention}``.
 
 User errors (:class:`~attnkit.errors.UserError`) print one line ``attnkit: error: ...`` and
 exit with status 2, without a traceback.
@@ -15,6 +15,7 @@ from .errors import UserError
 
 EXAMPLES = """examples:
   attnkit demo                                   # train on generated dates (~3 min), print exact match
+  attnkit prepare configs/multi30k-de-en.yaml --run-dir runs/de-en   # optional: train prepares when needed
   attnkit train configs/multi30k-de-en.yaml --run-dir runs/de-en
   attnkit train configs/multi30k-de-en.yaml --run-dir runs/de-en --resume train.max_updates=30000
   torchrun --standalone --nproc_per_node=2 -m attnkit train configs/multi30k-de-en.yaml --run-dir runs/de-en
@@ -41,6 +42,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="how many held-out dates to score for exact match (default: 1000; fewer is quicker)")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
                    help="config overrides, e.g. train.max_updates=200 (see configs/demo.yaml)")
+
+    p = sub.add_parser("prepare", help="tokenize a config's training data once, for any number of runs",
+                       description="Stream the training corpus, train the tokenizer on a sample, encode it in "
+                                   "several processes and store the ids memory-mapped in RUN_DIR/data with a "
+                                   "manifest. `attnkit train` reuses it while the inputs are unchanged (and "
+                                   "prepares it itself when it is missing).")
+    p.add_argument("config", help="YAML config file (see configs/)")
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, e.g. data.max_len=100")
+    p.add_argument("--run-dir", help="the run directory to prepare (default: runs/<config name>)")
+    p.add_argument("--workers", type=int, default=None,
+                   help="encoding processes (default: one per CPU, none for inputs under a few MB)")
 
     p = sub.add_parser("train", help="train a model from a YAML config",
                        description="Train a translation or classification model. The run directory receives "
@@ -153,6 +165,22 @@ def cmd_demo(args: argparse.Namespace) -> None:
         run_demo(args.out_dir, args.overrides, held_out=args.held_out)
 
 
+def cmd_prepare(args: argparse.Namespace) -> None:
+    from .config import load_config
+    from .prepare import DATA_DIR, prepare
+    from .runconfig import RunConfig
+
+    run_dir = Path(args.run_dir or Path("runs") / Path(args.config).stem)
+    cfg = load_config(RunConfig, args.config, args.overrides)
+    if args.workers is not None and args.workers < 0:
+        raise UserError(f"--workers must be 0 (encode in this process) or more, got {args.workers}")
+    trained = any((run_dir / "checkpoints").glob("step-*"))  # its checkpoints refer to the prepared data
+    data = prepare(cfg, run_dir, lambda msg: print(msg, file=sys.stderr), resume=trained, workers=args.workers)
+    size = sum(f.stat().st_size for f in (run_dir / DATA_DIR).iterdir())
+    tokens = sum(side["tokens"] for side in data.manifest["sides"].values())
+    print(f"{run_dir / DATA_DIR}: {len(data)} examples, {tokens} tokens, {size / 1e6:.1f} MB")
+
+
 def cmd_train(args: argparse.Namespace) -> None:
     from .config import load_config
     from .runconfig import RunConfig
@@ -260,8 +288,8 @@ def cmd_attention(args: argparse.Namespace) -> None:
         print(path)
 
 
-COMMANDS = {"demo": cmd_demo, "train": cmd_train, "translate": cmd_translate, "evaluate": cmd_evaluate,
-            "classify": cmd_classify, "attention": cmd_attention}
+COMMANDS = {"demo": cmd_demo, "prepare": cmd_prepare, "train": cmd_train, "translate": cmd_translate,
+            "evaluate": cmd_evaluate, "classify": cmd_classify, "attention": cmd_attention}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -141,18 +141,20 @@ def _checked_lines(f: BinaryIO, name: str, stats: ReadStats, cap: int) -> Iterat
     """The lines of ``f`` (see :func:`iter_lines`); ``name`` is used in messages."""
     line_no = 0
     while True:
-        raw = f.readline(cap + 1)
+        raw = f.readline(cap + 2)  # a line of `cap` bytes and its terminator (\r\n) fits
         if not raw:
             return
         line_no += 1
-        if len(raw) > cap and not raw.endswith(b"\n"):  # longer than the cap: skip to the next newline
+        unfinished = len(raw) == cap + 2 and not raw.endswith(b"\n")
+        if unfinished:  # longer than the cap: skip to the next newline, a bounded piece at a time
             while raw and not raw.endswith(b"\n"):
                 raw = f.readline(cap)
+        elif raw.endswith(b"\n"):
+            raw = raw[:-2] if raw.endswith(b"\r\n") else raw[:-1]
+        if unfinished or len(raw) > cap:
             stats.long_lines += 1
             yield None
             continue
-        if raw.endswith(b"\n"):
-            raw = raw[:-2] if raw.endswith(b"\r\n") else raw[:-1]
         if line_no == 1 and raw.startswith(_UTF8_BOM_BYTES):
             raw = raw[len(_UTF8_BOM_BYTES):]
         yield _decode_line(raw, name, line_no)

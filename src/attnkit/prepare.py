@@ -209,6 +209,7 @@ def prepare(cfg: RunConfig, run_dir: str | Path, log: Callable[[str], None] = pr
     if manifest is not None:
         changed = _changes(manifest, sources, settings, tokenizer_digest(run_dir))
         if changed is None:
+            log(f"using the prepared data in {data_dir} ({manifest['counts']['examples']} examples)")
             return _load(run_dir, manifest)
         if resume:
             raise UserError(f"{run_dir}: {changed} since the data was prepared; the checkpoints' data position "
