@@ -225,6 +225,34 @@ def test_a_kill_during_prepare_is_never_trusted(tmp_path, corpus, reprepare):
         assert np.array_equal(data.sides[side].ids, fresh.sides[side].ids)
 
 
+# -- several processes ---------------------------------------------------------------------
+
+
+def test_ddp_ranks_share_one_map_and_read_disjoint_batches(tmp_path, corpus):
+    """Under torchrun, rank 0 prepares and rank 1 maps the same files; each update's batches are split between
+    the ranks, none read twice."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_gloo_available()):
+        pytest.skip("this PyTorch build has no torch.distributed with the gloo backend")
+    src, tgt, _ = corpus
+    cfg_path, run = tmp_path / "c.yaml", tmp_path / "run"
+    dump_config(config(src, tgt), cfg_path)  # 4 updates of 2 batches: far from the epoch's end
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]),
+           "CUDA_VISIBLE_DEVICES": ""}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           str(ROOT / "tests" / "ddp_prepared.py"), str(cfg_path), str(run), str(tmp_path)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    r0, r1 = (json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in (0, 1))
+    assert r0["ids_file"] == r1["ids_file"] == str(run / DATA_DIR / "src.ids.npy")
+    assert r0["manifest"] == r1["manifest"]  # rank 1 reused rank 0's data, it did not prepare its own
+    assert len(r0["seen"]) == len(r1["seen"]) == 4
+    for update, (a, b) in enumerate(zip(r0["seen"], r1["seen"], strict=True)):
+        assert [a, b] == r0["batches"][2 * update: 2 * update + 2]
+        assert not set(a) & set(b)
+
+
 # -- command line ----------------------------------------------------------------------------
 
 

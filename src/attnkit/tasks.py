@@ -166,7 +166,7 @@ class TranslationTask:
             where = cfg.data.valid if cfg.data.generate == "none" else "data.generate_valid"
             raise UserError(f"{where}: no validation pairs; give at least one")
         data = prepare(cfg, run_dir, log, resume=resume)
-        self.tok = data.tok
+        self.tok, self.manifest = data.tok, data.manifest
         self.src, self.tgt = data.sides["src"], data.sides["tgt"]  # memory-mapped ids, without </s> and <s>
         v_src = self.tok.encode_src([s for s, _ in self.valid_pairs])
         v_tgt = self.tok.encode_tgt([t for _, t in self.valid_pairs])
@@ -261,7 +261,7 @@ class ClassificationTask:
         d = cfg.data
         valid = read_labelled(d.valid, text_column=d.text_column, label_column=d.label_column)
         data = prepare(cfg, run_dir, log, resume=resume)
-        self.tok, self.classes = data.tok, data.classes or []
+        self.tok, self.manifest, self.classes = data.tok, data.manifest, data.classes or []
         unknown = sorted(set(valid.labels) - set(self.classes))
         if unknown:
             raise UserError(f"{d.valid}: label(s) {unknown} do not occur in the training data {d.train}")
