@@ -63,9 +63,9 @@ _HASH_BLOCK = 1 << 22
 _TOKENIZER_FILES = (TOKENIZER_FILE, "spm.model", "src.model", "tgt.model")
 
 
-def classifier_inputs(tok: Tokenizer, texts: list[str], max_len: int) -> list[list[int]]:
+def classifier_inputs(tok: Tokenizer, texts: list[str], max_len: int, *, threads: int = -1) -> list[list[int]]:
     """Token ids the classifier reads: cut to ``max_len``; an empty text becomes one ``<pad>`` (pooled to zeros)."""
-    return [ids[:max_len] or [PAD_ID] for ids in tok.encode_src(texts)]
+    return [ids[:max_len] or [PAD_ID] for ids in tok.encode_src(texts, threads=threads)]
 
 
 @dataclass
@@ -184,8 +184,10 @@ def load_or_train_tokenizer(cfg: RunConfig, run_dir: Path, log: Callable[[str], 
     log(f"training a {t.model_type} SentencePiece tokenizer (vocab {t.vocab_size}"
         + (f", joint {t.joint})" if cfg.task == "translate" else ")"))
     tgt = _column(cfg, 1) if cfg.task == "translate" else None
-    return train_tokenizer(_column(cfg, 0), tgt, run_dir, vocab_size=t.vocab_size, model_type=t.model_type,
-                           joint=t.joint, seed=cfg.train.seed, max_sentences=t.max_sentences)
+    tok = train_tokenizer(_column(cfg, 0), tgt, run_dir, vocab_size=t.vocab_size, model_type=t.model_type,
+                          joint=t.joint, seed=cfg.train.seed, max_sentences=t.max_sentences)
+    log(f"trained the tokenizer: {tok!r}")
+    return tok
 
 
 # --------------------------------------------------------------------------------------
@@ -362,10 +364,11 @@ def _encode_chunk(job: tuple[bool, int, str], chunk: list[tuple[str, str]]) -> t
     if tok is None:
         raise RuntimeError("encoding worker used before _init_worker")
     first = [a for a, _ in chunk]
-    if translate:
-        src, tgt = _flat(tok.encode_src(first), dtype), _flat(tok.encode_tgt([b for _, b in chunk]), dtype)
+    if translate:  # one SentencePiece thread per process: the processes are the parallelism
+        src = _flat(tok.encode_src(first, threads=1), dtype)
+        tgt = _flat(tok.encode_tgt([b for _, b in chunk], threads=1), dtype)
         return [*src, *tgt], []
-    return list(_flat(classifier_inputs(tok, first, max_len), dtype)), [b for _, b in chunk]
+    return list(_flat(classifier_inputs(tok, first, max_len, threads=1), dtype)), [b for _, b in chunk]
 
 
 # --------------------------------------------------------------------------------------

@@ -324,13 +324,13 @@ class Tokenizer:
 
     # -- encoding / decoding --------------------------------------------------------
 
-    def encode_src(self, texts: Sequence[str]) -> list[list[int]]:
-        """Source texts -> id lists, without BOS/EOS."""
-        return _encode(self._src, texts)
+    def encode_src(self, texts: Sequence[str], *, threads: int = -1) -> list[list[int]]:
+        """Source texts -> id lists, without BOS/EOS; ``threads``: SentencePiece's threads (-1: one per CPU)."""
+        return _encode(self._src, texts, threads)
 
-    def encode_tgt(self, texts: Sequence[str]) -> list[list[int]]:
-        """Target texts -> id lists, without BOS/EOS."""
-        return _encode(self._target(), texts)
+    def encode_tgt(self, texts: Sequence[str], *, threads: int = -1) -> list[list[int]]:
+        """Target texts -> id lists, without BOS/EOS; ``threads`` as in :meth:`encode_src`."""
+        return _encode(self._target(), texts, threads)
 
     def decode_src(self, ids: Sequence[Sequence[int]]) -> list[str]:
         """Source id lists -> texts; see :meth:`decode_tgt`."""
@@ -360,11 +360,11 @@ class Tokenizer:
                 f"src_vocab_size={self.src_vocab_size}, tgt_vocab_size={tgt})")
 
 
-def _encode(sp: spm.SentencePieceProcessor, texts: Sequence[str]) -> list[list[int]]:
+def _encode(sp: spm.SentencePieceProcessor, texts: Sequence[str], threads: int = -1) -> list[list[int]]:
     """Encode a list of texts (a bare string is refused: it would be read as characters)."""
     if isinstance(texts, str):
         raise TypeError("encode_src/encode_tgt take a list of texts, got a single str; wrap it: [text]")
-    return sp.encode(list(texts), out_type=int)
+    return sp.encode(list(texts), out_type=int, num_threads=threads)
 
 
 def _check_ids(sp: spm.SentencePieceProcessor, ids: Sequence[int]) -> list[int]:
