@@ -100,6 +100,18 @@ def test_task_batches_and_tensors_equal_the_in_memory_path(tmp_path, corpus):
         assert torch.equal(real, tgt_out.ne(PAD_ID)) and torch.equal(batch.targets, tgt_out[real])
 
 
+def test_released_pages_are_mapped_again_unchanged(tmp_path, corpus):
+    """Dropping the mapped pages from the resident set (every RELEASE_EVERY batches) changes no gathered id."""
+    src, tgt, _ = corpus
+    side = prepare(config(src, tgt), tmp_path, quiet).sides["src"]
+    idx = list(range(0, len(side), 7))
+    before = side.pad(idx, PAD_ID, 4, eos=EOS_ID)
+    for _ in range(2 * side.RELEASE_EVERY):
+        side.pad(idx[:3], PAD_ID)
+    side.release()
+    assert torch.equal(side.pad(idx, PAD_ID, 4, eos=EOS_ID), before)
+
+
 def test_classification_round_trip(tmp_path):
     rows = [(f"text {i} " + "word " * (i % 7), ["pos", "neg", "mid"][i % 3]) for i in range(300)]
     path = tmp_path / "train.tsv"

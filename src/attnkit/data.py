@@ -643,6 +643,8 @@ def make_batches(
     tie_keys = python_random_floats(f"attnkit.make_batches:{seed}:{epoch}", n)
     longer = np.maximum(src, tgt)
     order = np.lexsort((tie_keys, src, round_up(tgt, pad_multiple), round_up(longer, pad_multiple)))  # last key first
+    if n < 1 << 31:
+        order = order.astype(np.int32)  # kept for the whole epoch: half the memory
     del tie_keys
     size = round_up(np.maximum(longer[order], 1), pad_multiple)  # non-decreasing along `order`
     del longer
