@@ -235,6 +235,18 @@ def markdown_table(results: dict) -> str:
         rows.append(f"| {r['pairs']:,} | {p['seconds']:.0f} s | {p['pairs_per_s']:,} / {p['encode_pairs_per_s']:,} | "
                     f"{p['peak_rss_gb']:.2f} / {p['total_peak_rss_gb']:.2f} GB | {p['disk_bytes'] / 1e6:,.0f} MB | "
                     f"{t['peak_rss_gb']:.2f} GB | {t['tgt_tok_per_s']:,.0f} | {t['first_update_seconds']:.1f} s |")
+    small, large = results["sizes"][0], results["sizes"][-1]
+    millions = (large["pairs"] - small["pairs"]) / 1e6
+    if millions > 0:
+        def per_million(get) -> float:
+            return (get(large) - get(small)) / millions
+
+        disk = per_million(lambda r: r["prepare"]["disk_bytes"]) / 1e6
+        train = per_million(lambda r: r["train"]["peak_rss_gb"]) * 1024
+        seconds = per_million(lambda r: r["prepare"]["seconds"])
+        rows.append(f"\nPer million pairs ({small['pairs']:,} -> {large['pairs']:,}): {disk:,.0f} MB on disk, "
+                    f"{seconds:,.0f} s of prepare, {train:+,.0f} MB of training peak RSS. Training: "
+                    f"{results['updates']} updates per size; measured {results['date'][:10]} at {results['commit']}.")
     return "\n".join(rows) + "\n"
 
 

@@ -100,8 +100,9 @@ def _open_binary(path: str | Path) -> BinaryIO:
     """Open a file for reading bytes (gzip when the name ends in ``.gz``), with errors as one-line messages."""
     p = Path(path)
     try:
-        raw = open(p, "rb", buffering=_READ_BUFFER)  # noqa: SIM115 -- closed by the caller
-        return gzip.open(raw, "rb") if p.suffix.lower() == ".gz" else raw
+        if p.suffix.lower() == ".gz":
+            return gzip.open(p, "rb")  # noqa: SIM115 -- closed by the caller
+        return open(p, "rb", buffering=_READ_BUFFER)  # noqa: SIM115 -- closed by the caller
     except FileNotFoundError:
         raise UserError(f"{path}: file not found; check the path (relative paths start from "
                         f"the current directory {Path.cwd()})") from None
