@@ -22,6 +22,7 @@ import json
 import os
 import platform
 import random
+import resource
 import shutil
 import subprocess
 import sys
@@ -135,6 +136,12 @@ class PeakTotalRss:
         self._thread.join()
 
 
+def cpu_seconds() -> float:
+    """CPU time (user + system) of this process and of its finished children (the encoding workers)."""
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
 def prepare_child(work: Path, size: int) -> dict:
     """Runs in a fresh process: prepare the corpus of ``size`` pairs from scratch."""
     sys.path.insert(0, str(ROOT / "src"))
@@ -153,14 +160,15 @@ def prepare_child(work: Path, size: int) -> dict:
         print(msg, file=sys.stderr, flush=True)
 
     sampler = PeakTotalRss()
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), cpu_seconds()
     data = prepare(cfg, run, log)
-    end = time.perf_counter()
+    end, cpu = time.perf_counter(), cpu_seconds() - cpu_start
     sampler.stop()
     tok_start, tok_end = marks["training a unigram SentencePiece tokenizer"], marks["trained the tokenizer"]
     disk = sum(f.stat().st_size for f in (run / DATA_DIR).iterdir())
     seconds = end - start
-    return {"pairs": size, "kept": len(data), "seconds": round(seconds, 2),
+    return {"pairs": size, "kept": len(data), "seconds": round(seconds, 2), "cpu_seconds": round(cpu, 2),
+            "pairs_per_cpu_s": round(size / cpu),
             "pairs_per_s": round(size / seconds), "hash_seconds": round(tok_start - start, 2),
             "tokenizer_seconds": round(tok_end - tok_start, 2), "encode_seconds": round(end - tok_end, 2),
             "encode_pairs_per_s": round(size / (end - tok_end)),
@@ -187,7 +195,7 @@ def train_child(work: Path, size: int, updates: int) -> dict:
     trainer = Trainer(cfg, run, log=logged.append)
     if not any(m.startswith("using the prepared data") for m in logged):
         raise SystemExit(f"the training run did not reuse the prepared data: {logged}")
-    done, tokens, first, last = 0, 0, 0.0, 0.0
+    done, tokens, first, last, cpu_first = 0, 0, 0.0, 0.0, 0.0
     epoch = 0
     while done < updates:
         for batch in trainer.task.batches(epoch):
@@ -195,7 +203,7 @@ def train_child(work: Path, size: int, updates: int) -> dict:
             done += 1
             last = time.perf_counter()
             if done == 1:
-                first = last
+                first, cpu_first = last, time.process_time()
             else:
                 tokens += n_targets
             if done == updates:
@@ -203,6 +211,7 @@ def train_child(work: Path, size: int, updates: int) -> dict:
         epoch += 1
     return {"pairs": size, "updates": updates, "first_update_seconds": round(first - START, 2),
             "tgt_tok_per_s": round(tokens / (last - first), 1) if updates > 1 else None,
+            "tgt_tok_per_cpu_s": round(tokens / (time.process_time() - cpu_first), 1) if updates > 1 else None,
             "peak_rss_gb": round(status_gb("VmHWM"), 3), "rss_anon_gb": round(status_gb("RssAnon"), 3),
             "rss_file_gb": round(status_gb("RssFile"), 3), "bf16": trainer.bf16,
             "threads": __import__("torch").get_num_threads()}
