@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import random
 import shutil
@@ -165,6 +166,22 @@ def test_sampling_is_deterministic_and_bounded(tmp_path: Path) -> None:
     assert model("c", SRC, 1000) == model("d", SRC, len(SRC))  # below the bound: every sentence, in order
     with pytest.raises(UserError, match="more than 100"):
         train_tokenizer(SRC, None, tmp_path / "e", vocab_size=80, max_sentences=100)
+
+
+def test_below_the_bound_the_model_is_the_unsampled_one(tmp_path: Path) -> None:
+    """A corpus under max_sentences trains exactly the model SentencePiece makes without any sampling (the
+    tokenizers of runs made before sampling existed are unchanged)."""
+    tok = train_tokenizer(SRC, TGT, tmp_path, vocab_size=100)
+    unsampled = io.BytesIO()
+    spm.set_random_generator_seed(1)
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(SRC + TGT), model_writer=unsampled, vocab_size=100, model_type="unigram",
+        character_coverage=1.0, hard_vocab_limit=False, pad_id=PAD_ID, unk_id=1, bos_id=2, eos_id=3,
+        pad_piece="<pad>", unk_piece="<unk>", bos_piece="<s>", eos_piece="</s>", input_sentence_size=0,
+        shuffle_input_sentence=False, max_sentence_length=1 << 15, num_threads=2, minloglevel=2)
+    sp = spm.SentencePieceProcessor(model_proto=unsampled.getvalue())
+    assert tok.src_pieces_from_ids(range(tok.src_vocab_size)) == [sp.id_to_piece(i) for i in range(sp.get_piece_size())]
+    assert tok.encode_src(SRC[:50]) == sp.encode(SRC[:50], out_type=int)
 
 
 def test_small_corpus_shrinks_vocab(tmp_path: Path) -> None:
