@@ -287,7 +287,19 @@ def scale_figure(results: dict):
 
 def measure(args: argparse.Namespace) -> None:
     work = Path(args.work_dir)
-    results = json.loads(RESULTS.read_text()) if args.keep and RESULTS.exists() else {"sizes": []}
+    keep = (args.keep or args.train_only) and RESULTS.exists()
+    results = json.loads(RESULTS.read_text()) if keep else {"sizes": []}
+    if args.train_only:  # training again on the prepared data of the last full run
+        for entry in results["sizes"]:
+            if entry["pairs"] in args.sizes:
+                entry["train"] = run_child(["_train", str(entry["pairs"]), "--work-dir", str(work),
+                                            "--updates", str(args.updates)])
+                entry.update(train_date=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                             train_commit=commit())
+                print(f"{entry['pairs']:>9,} pairs: train {entry['train']}", flush=True)
+        results.update(updates=args.updates, train_note=args.note)
+        RESULTS.write_text(json.dumps(results, indent=2) + "\n")
+        args.sizes = []
     for size in args.sizes:
         generate(work, size)
         prep = run_child(["_prepare", str(size), "--work-dir", str(work)])
@@ -320,6 +332,8 @@ def main() -> None:
     p.add_argument("--sizes", type=int, nargs="+", default=list(SIZES))
     p.add_argument("--updates", type=int, default=300, help="training updates measured per size (default 300)")
     p.add_argument("--keep", action="store_true", help="keep the JSON's other sizes (measure a few sizes again)")
+    p.add_argument("--train-only", action="store_true",
+                   help="measure the training again on the prepared data in --work-dir (prepare results kept)")
     p.add_argument("--note", default="", help="recorded in the JSON (e.g. what else ran on the machine)")
     args = p.parse_args()
     if not DATA.exists():
