@@ -274,7 +274,8 @@ def markdown_table(results: dict) -> str:
                  f"- time to the first update at {large['pairs']:,} pairs (data prepared): "
                  f"{lt['first_update_seconds']:.1f} s; target <= 30 s: {met(lt['first_update_seconds'] <= 30)}",
                  "", f"Prepare measured {results['date'][:10]} at {results['commit']}; training over the first "
-                     f"{results['updates']} updates at {train_at}. {results.get('note', '')}"]
+                     f"{results['updates']} updates at {train_at}. {results.get('note', '')}"
+                 + (f". Training: {results['train_note']}." if results.get("train_note") else "")]
     return "\n".join(rows) + "\n"
 
 
