@@ -76,17 +76,18 @@ def training_throughput(config: Path, overrides: list[str], seconds: float, run_
     for b in batches[:2]:
         trainer.train_step([b])
     targets, updates, steps = 0, 0, []
+    src_lens, tgt_lens = task.lengths(task.src, task.tgt)  # as the model reads them: x </s>, <s> y
     start = time.perf_counter()
     for b in batches[2:]:
         targets += trainer.train_step([b])[1]
         trainer.step += 1  # the schedule's warm-up advances as in a real run
         updates += 1
-        S, T = max(len(task.src[i]) for i in b), max(len(task.tgt[i]) - 1 for i in b)
+        S, T = int(src_lens[b].max()), int(tgt_lens[b].max())
         steps.append(S + T if arch == "rnn" else 0)  # RNN: encoder over S, decoder over T, one step at a time
         if time.perf_counter() - start >= seconds:
             break
     elapsed = time.perf_counter() - start
-    epoch_targets = sum(len(t) - 1 for t in task.tgt)
+    epoch_targets = int(tgt_lens.sum())
     tok_s = targets / elapsed
     return {"parameters": sum(p.numel() for p in trainer.model.parameters()), "updates": updates,
             "seconds": round(elapsed, 1), "target_tokens_per_second": round(tok_s, 1),

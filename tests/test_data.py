@@ -8,15 +8,23 @@ import random
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 from attnkit.data import (
+    MAX_LINE_BYTES,
     FilterStats,
+    LabelledReader,
+    ReadStats,
+    TokenArrays,
     filter_examples,
+    iter_lines,
+    iter_parallel,
     make_batches,
     pad_batch,
     padding_fraction,
+    python_random_floats,
     read_labelled,
     read_lines,
     read_parallel,
@@ -72,6 +80,70 @@ def test_read_lines_missing_and_not_gzip(tmp_path: Path) -> None:
     fake.write_bytes(b"plain text, not gzip\n")
     with pytest.raises(UserError, match="not a valid gzip file"):
         read_lines(fake)
+
+
+def test_nul_byte_is_an_error_naming_line_and_column(tmp_path: Path) -> None:
+    p = write(tmp_path / "bin.de", b"eins\nzwei\nab\x00c\n")
+    with pytest.raises(UserError, match=rf"^{re.escape(str(p))}:3: NUL byte at column 3: a binary or corrupt file"):
+        read_lines(p)
+
+
+def big_file(path: Path, n: int, bad_line: int, bad: bytes) -> Path:
+    """``n`` numbered lines, line ``bad_line`` (1-based) replaced by ``bad``, gzip when the name says so."""
+    lines = [b"line %d ok" % i for i in range(1, n + 1)]
+    lines[bad_line - 1] = bad
+    return write(path, b"\n".join(lines) + b"\n")
+
+
+@pytest.mark.parametrize("name", ["big.txt", "big.txt.gz"])
+def test_streaming_checks_name_the_right_line_in_a_large_file(tmp_path: Path, name: str) -> None:
+    p = big_file(tmp_path / name, 300_000, 276_543, b"caf\xe9 au lait")
+    with pytest.raises(UserError, match=rf"^{re.escape(str(p))}:276543: invalid UTF-8 at column 4 \(byte 0xe9\)"):
+        for _ in iter_lines(p):
+            pass
+    q = big_file(tmp_path / ("nul-" + name), 300_000, 299_999, b"ab\x00")
+    with pytest.raises(UserError, match=r":299999: NUL byte at column 3"):
+        for _ in iter_lines(q):
+            pass
+
+
+def test_over_long_lines_are_skipped_and_counted_with_their_partner(tmp_path: Path) -> None:
+    src = write(tmp_path / "a.de", "kurz\n" + "x" * 5000 + "\nnoch kurz\nlast")
+    tgt = write(tmp_path / "a.en", "short\nlong one\nstill short\n" + "y" * 3000)
+    stats = ReadStats(max_line_bytes=1000)
+    assert list(iter_parallel(src, tgt, stats=stats)) == [("kurz", "short"), ("noch kurz", "still short")]
+    assert stats.long_lines == 2
+    exact = write(tmp_path / "b.de", "z" * 1000 + "\r\n" + "z" * 1001 + "\n")
+    assert list(iter_lines(exact, ReadStats(max_line_bytes=1000))) == ["z" * 1000, None]
+    with pytest.raises(UserError, match=":2: line longer than"):
+        read_lines(write(tmp_path / "c.de", "ok\n" + "w" * (MAX_LINE_BYTES + 1)))
+
+
+def test_a_file_without_newlines_is_never_held_in_memory(tmp_path: Path) -> None:
+    """20 MB without a newline: skipped as one over-long line while at most ~the cap is held."""
+    import tracemalloc
+
+    p = tmp_path / "blob.txt"
+    with p.open("wb") as f:
+        for _ in range(20):
+            f.write(b"a" * (1 << 20))
+    stats = ReadStats(max_line_bytes=1 << 16)
+    tracemalloc.start()
+    lines = list(iter_lines(p, stats))
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert lines == [None] and stats.long_lines == 1
+    assert peak < 4 << 20  # the read buffer and one capped line, not the 20 MB
+
+
+def test_labelled_reader_streams_rows_and_names_lines(tmp_path: Path) -> None:
+    p = write(tmp_path / "d.csv", 'text,label\n"a, quoted\ntwo-line text",pos\nplain,neg\n\nbad row,pos,extra\n')
+    reader = LabelledReader(p)
+    rows = iter(reader)
+    assert next(rows) == ("a, quoted\ntwo-line text", "pos")
+    assert next(rows) == ("plain", "neg")
+    with pytest.raises(UserError, match=rf"^{re.escape(str(p))}:6: expected 2 comma-separated fields"):
+        next(rows)
 
 
 # -- read_parallel ----------------------------------------------------------------------
@@ -226,6 +298,67 @@ def random_lengths(n: int, seed: int = 0) -> tuple[list[int], list[int]]:
     src = [rng.randint(1, 40) for _ in range(n)]
     tgt = [max(1, s + rng.randint(-5, 5)) for s in src]
     return src, tgt
+
+
+def reference_make_batches(src_lens: list[int], tgt_lens: list[int] | None, max_tokens: int, *, seed: int,
+                           epoch: int, shuffle: bool = True, pad_multiple: int = 1) -> list[list[int]]:
+    """make_batches as it was written in Python before it moved to numpy (the batches runs were trained on)."""
+    n = len(src_lens)
+    tie_rng = random.Random(f"attnkit.make_batches:{seed}:{epoch}")
+    tie_keys = [tie_rng.random() for _ in range(n)]
+    tgt = tgt_lens if tgt_lens is not None else [0] * n
+    order = sorted(range(n), key=lambda i: (round_up(max(src_lens[i], tgt[i]), pad_multiple),
+                                            round_up(tgt[i], pad_multiple), src_lens[i], tie_keys[i]))
+    batches: list[list[int]] = []
+    batch: list[int] = []
+    longest = 0
+    for i in order:
+        size = round_up(max(src_lens[i], tgt[i], 1), pad_multiple)
+        new_longest = max(longest, size)
+        if batch and (len(batch) + 1) * new_longest > max_tokens:
+            batches.append(batch)
+            batch, new_longest = [], size
+        batch.append(i)
+        longest = new_longest
+    if batch:
+        batches.append(batch)
+    if shuffle:
+        random.Random(seed * 100003 + epoch).shuffle(batches)
+    return batches
+
+
+@pytest.mark.parametrize("multiple", [1, 4, 8])
+@pytest.mark.parametrize("max_tokens", [7, 64, 300, 4096])
+def test_make_batches_equals_the_python_reference(multiple: int, max_tokens: int) -> None:
+    """The numpy batching gives the very batches of the Python one: runs keep their data order."""
+    src, tgt = random_lengths(700, seed=max_tokens)
+    src[3], tgt[9], src[11] = 0, 0, 500  # an empty side, one longer than the budget
+    for epoch, shuffle in ((0, True), (4, True), (0, False)):
+        kw = dict(seed=2, epoch=epoch, shuffle=shuffle, pad_multiple=multiple)
+        assert make_batches(src, tgt, max_tokens, **kw) == reference_make_batches(src, tgt, max_tokens, **kw)
+        assert make_batches(src, None, max_tokens, **kw) == reference_make_batches(src, None, max_tokens, **kw)
+    arrays = make_batches(np.array(src, dtype=np.uint16), np.array(tgt, dtype=np.uint16), max_tokens, seed=2, epoch=1)
+    assert arrays == make_batches(src, tgt, max_tokens, seed=2, epoch=1)
+
+
+def test_python_random_floats_continue_pythons_generator() -> None:
+    for seed in ("attnkit.make_batches:1:0", 7):
+        rng = random.Random(seed)
+        assert python_random_floats(seed, 1000).tolist() == [rng.random() for _ in range(1000)]
+
+
+def test_token_arrays_pad_like_pad_batch() -> None:
+    rng = random.Random(0)
+    seqs = [[rng.randrange(5, 50) for _ in range(rng.randrange(0, 9))] for _ in range(40)]
+    arrays = TokenArrays.from_lists(seqs)
+    assert [arrays[i] for i in range(40)] == seqs
+    for idx in ([0], [3, 1, 4, 1, 5], list(range(40))):
+        for multiple in (1, 4):
+            assert torch.equal(arrays.pad(idx, 0, multiple), pad_batch([seqs[i] for i in idx], 0, multiple))
+            assert torch.equal(arrays.pad(idx, 0, multiple, bos=2, eos=3),
+                               pad_batch([[2] + seqs[i] + [3] for i in idx], 0, multiple))
+            assert torch.equal(arrays.pad(idx, 0, multiple, eos=3),
+                               pad_batch([seqs[i] + [3] for i in idx], 0, multiple))
 
 
 def test_make_batches_partition_and_budget() -> None:

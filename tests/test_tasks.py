@@ -69,8 +69,7 @@ def test_every_example_in_exactly_one_batch_per_epoch(task, epoch):
 
 def test_batches_respect_budget_and_bucketing_keeps_padding_low(task):
     batches = task.batches(0)
-    src_lens = [len(s) for s in task.src]
-    tgt_lens = [len(t) - 1 for t in task.tgt]
+    src_lens, tgt_lens = (lens.tolist() for lens in task.lengths(task.src, task.tgt))  # with </s> / <s>
     for b in batches:
         longest = max(max(src_lens[i], tgt_lens[i]) for i in b)
         assert len(b) == 1 or len(b) * longest <= task.cfg.train.max_tokens
@@ -105,7 +104,7 @@ def test_batch_order_is_a_function_of_seed_and_epoch_alone(task, tmp_path):
 def test_translation_loss_ignores_padding(task):
     torch.manual_seed(0)
     model = task.build_model().eval()
-    by_tgt = sorted(range(len(task.tgt)), key=lambda i: (len(task.tgt[i]), len(task.src[i])))
+    by_tgt = sorted(range(len(task.tgt)), key=lambda i: (len(task.tgt[i]), len(task.src[i])))  # ids, no </s>
     indices = by_tgt[:3] + by_tgt[-3:] + by_tgt[150:152]  # short and long sides: padding on both
     batch = task.collate(indices, torch.device("cpu"))
     assert batch.src.eq(PAD_ID).any() and batch.tgt_in.eq(PAD_ID).any()  # padded source and target
@@ -113,7 +112,7 @@ def test_translation_loss_ignores_padding(task):
         batched = task.loss(task.objective(model), batch, label_smoothing=0.1)
         single = sum(task.loss(task.objective(model), task.collate([i], torch.device("cpu")), label_smoothing=0.1)
                      for i in indices)
-    assert batch.n_targets == sum(len(task.tgt[i]) - 1 for i in indices)
+    assert batch.n_targets == sum(len(task.tgt[i]) + 1 for i in indices)  # y_1 .. y_T </s>
     torch.testing.assert_close(batched, single, rtol=1e-5, atol=1e-4)
 
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import io
 import json
 import random
 import shutil
 from pathlib import Path
 
 import pytest
+import sentencepiece as spm
 
 from attnkit.errors import UserError
 from attnkit.tokenizer import (
@@ -150,13 +152,36 @@ def test_training_is_deterministic(tmp_path: Path, model_type: str) -> None:
     assert a.tgt_pieces_from_ids(range(a.tgt_vocab_size)) == b.tgt_pieces_from_ids(range(b.tgt_vocab_size))
 
 
-def test_sampling_is_seeded(tmp_path: Path) -> None:
-    def model(name: str, seed: int) -> bytes:
-        train_tokenizer(SRC, None, tmp_path / name, vocab_size=80, seed=seed, max_sentences=120)
-        return (tmp_path / name / "spm.model").read_bytes()
+def test_sampling_is_deterministic_and_bounded(tmp_path: Path) -> None:
+    """A stream longer than max_sentences is sampled, the same way every time; a shorter one is used whole."""
+    def model(name: str, texts, max_sentences: int) -> list[tuple[str, float]]:
+        train_tokenizer(texts, None, tmp_path / name, vocab_size=80, max_sentences=max_sentences)
+        sp = spm.SentencePieceProcessor(model_file=str(tmp_path / name / "spm.model"))
+        return [(sp.id_to_piece(i), sp.get_score(i)) for i in range(sp.get_piece_size())]  # the proto also
+        # records the options, input_sentence_size among them
 
-    assert model("a", 1) == model("b", 1)
-    assert model("a", 1) != model("c", 2)
+    sampled = model("a", iter(SRC), 120)  # a one-pass stream, as attnkit.prepare gives it
+    assert sampled == model("b", SRC, 120)
+    assert sampled != model("c", SRC, 1000)
+    assert model("c", SRC, 1000) == model("d", SRC, len(SRC))  # below the bound: every sentence, in order
+    with pytest.raises(UserError, match="more than 100"):
+        train_tokenizer(SRC, None, tmp_path / "e", vocab_size=80, max_sentences=100)
+
+
+def test_below_the_bound_the_model_is_the_unsampled_one(tmp_path: Path) -> None:
+    """A corpus under max_sentences trains exactly the model SentencePiece makes without any sampling (the
+    tokenizers of runs made before sampling existed are unchanged)."""
+    tok = train_tokenizer(SRC, TGT, tmp_path, vocab_size=100)
+    unsampled = io.BytesIO()
+    spm.set_random_generator_seed(1)
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(SRC + TGT), model_writer=unsampled, vocab_size=100, model_type="unigram",
+        character_coverage=1.0, hard_vocab_limit=False, pad_id=PAD_ID, unk_id=1, bos_id=2, eos_id=3,
+        pad_piece="<pad>", unk_piece="<unk>", bos_piece="<s>", eos_piece="</s>", input_sentence_size=0,
+        shuffle_input_sentence=False, max_sentence_length=1 << 15, num_threads=2, minloglevel=2)
+    sp = spm.SentencePieceProcessor(model_proto=unsampled.getvalue())
+    assert tok.src_pieces_from_ids(range(tok.src_vocab_size)) == [sp.id_to_piece(i) for i in range(sp.get_piece_size())]
+    assert tok.encode_src(SRC[:50]) == sp.encode(SRC[:50], out_type=int)
 
 
 def test_small_corpus_shrinks_vocab(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""Command line: ``attnkit {demo,train,translate,evaluate,classify,attention,export}``.
+"""Command line: ``attnkit {demo,prepare,train,translate,evaluate,classify,attention,export}``.
 
 User errors (:class:`~attnkit.errors.UserError`), bad options included, print one line
 ``attnkit: error: ...`` and exit with status 2, without a traceback. Warnings (an input line
@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 
 EXAMPLES = """examples:
   attnkit demo                                   # train on generated dates (a few minutes), print exact match
+  attnkit prepare configs/multi30k-de-en.yaml --run-dir runs/de-en   # optional: train prepares when needed
   attnkit train configs/multi30k-de-en.yaml --run-dir runs/de-en
   attnkit train configs/multi30k-de-en.yaml --run-dir runs/de-en --resume train.max_updates=30000
   torchrun --standalone --nproc_per_node=2 -m attnkit train configs/multi30k-de-en.yaml --run-dir runs/de-en
@@ -81,6 +82,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also write exact match, minutes, updates, peak RSS, date and commit to PATH as JSON")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
                    help="config overrides, e.g. train.max_updates=200 (see configs/demo.yaml)")
+
+    p = sub.add_parser("prepare", help="tokenize a config's training data once, for any number of runs",
+                       description="Stream the training corpus, train the tokenizer on a sample, encode it in "
+                                   "several processes and store the ids memory-mapped in RUN_DIR/data with a "
+                                   "manifest. `attnkit train` reuses it while the inputs are unchanged (and "
+                                   "prepares it itself when it is missing).")
+    p.add_argument("config", help="YAML config file (see configs/)")
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, e.g. data.max_len=100")
+    p.add_argument("--run-dir", help="the run directory to prepare (default: runs/<config name>)")
+    p.add_argument("--workers", type=int, default=None,
+                   help="encoding processes (default: one per CPU, none for inputs under a few MB)")
 
     p = sub.add_parser("train", help="train a model from a YAML config",
                        description="Train a translation or classification model. The run directory receives "
@@ -176,10 +188,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _read_input(path: str | None) -> list[str]:
     """Lines of ``path``, or of standard input (strict UTF-8 either way)."""
-    from .data import decode_utf8, read_lines, split_lines
+    from .data import read_lines, read_stream
 
     if path is None:
-        return split_lines(decode_utf8(sys.stdin.buffer.read(), "<stdin>"))
+        return read_stream(sys.stdin.buffer, "<stdin>")
     return read_lines(path)
 
 
@@ -204,6 +216,22 @@ def cmd_demo(args: argparse.Namespace) -> None:
 
     held_out = HELD_OUT if args.held_out is None else args.held_out
     run_demo(args.out_dir, args.overrides, held_out=held_out, json_path=args.json)
+
+
+def cmd_prepare(args: argparse.Namespace) -> None:
+    from .config import load_config
+    from .prepare import DATA_DIR, prepare
+    from .runconfig import RunConfig
+
+    run_dir = Path(args.run_dir or Path("runs") / Path(args.config).stem)
+    cfg = load_config(RunConfig, args.config, args.overrides)
+    if args.workers is not None and args.workers < 0:
+        raise UserError(f"--workers must be 0 (encode in this process) or more, got {args.workers}")
+    trained = any((run_dir / "checkpoints").glob("step-*"))  # its checkpoints refer to the prepared data
+    data = prepare(cfg, run_dir, lambda msg: print(msg, file=sys.stderr), resume=trained, workers=args.workers)
+    size = sum(f.stat().st_size for f in (run_dir / DATA_DIR).iterdir())
+    tokens = sum(side["tokens"] for side in data.manifest["sides"].values())
+    print(f"{run_dir / DATA_DIR}: {len(data)} examples, {tokens} tokens, {size / 1e6:.1f} MB")
 
 
 def cmd_train(args: argparse.Namespace) -> None:
@@ -333,8 +361,8 @@ def cmd_export(args: argparse.Namespace) -> None:
     print(export_ctranslate2(args.model, args.output, quantization=args.quantization, force=args.force))
 
 
-COMMANDS = {"demo": cmd_demo, "train": cmd_train, "translate": cmd_translate, "evaluate": cmd_evaluate,
-            "classify": cmd_classify, "attention": cmd_attention, "export": cmd_export}
+COMMANDS = {"demo": cmd_demo, "prepare": cmd_prepare, "train": cmd_train, "translate": cmd_translate,
+            "evaluate": cmd_evaluate, "classify": cmd_classify, "attention": cmd_attention, "export": cmd_export}
 
 
 class _WarningLine(logging.Handler):

@@ -23,6 +23,8 @@ class TokenizerConfig:
     vocab_size: int = 8000
     model_type: Literal["unigram", "bpe", "char"] = "unigram"  # char: one piece per character
     joint: bool = True  # one vocabulary for source and target (needed for shared embeddings)
+    max_sentences: int = 200_000  # train on a seeded sample of at most this many sentences per model: bounds
+    #                               time and memory on corpora of millions of lines (SentencePiece input_sentence_size)
 
 
 @dataclass

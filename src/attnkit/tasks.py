@@ -10,6 +10,7 @@ Run directory layout (written by ``attnkit train``, read by every other command)
     config.yaml            the resolved configuration
     tokenizer.json, *.model  SentencePiece model(s)
     classes.json           class names (classification)
+    data/                  the prepared training data, memory-mapped (see attnkit.prepare)
     checkpoints/step-N/    model.safetensors + trainer.pt (optimizer, schedule, data position, RNG)
     best.safetensors       best validation score so far
     averaged.safetensors   mean of the last K checkpoints (written at the end of training)
@@ -21,10 +22,12 @@ from __future__ import annotations
 import json
 import logging
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+import numpy as np
 import sacrebleu
 import torch
 import torch.nn.functional as F
@@ -34,17 +37,26 @@ from . import dates
 from .checkpoint import check_compatible, load_weights
 from .classifier import TransformerClassifier
 from .config import load_config
-from .data import filter_examples, make_batches, pad_batch, padding_fraction, read_labelled, read_parallel
+from .data import (
+    Batches,
+    TokenArrays,
+    filter_examples,
+    make_batches,
+    pad_batch,
+    padding_fraction,
+    read_labelled,
+    read_parallel,
+)
 from .engine import FusedSeq2SeqLoss, accelerate
 from .errors import UserError
-from .files import atomic_write_text
+from .prepare import CLASSES_FILE, classifier_inputs, prepare
 from .rnn import RNNSeq2Seq
 from .runconfig import RunConfig
 from .search import LENPEN, MAX_LEN_A, MAX_LEN_B, beam_search, greedy_search
-from .tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer, train_tokenizer
+from .tokenizer import BOS_ID, EOS_ID, PAD_ID, TOKENIZER_FILE, Tokenizer
 from .transformer import Transformer
 
-CONFIG_FILE, CLASSES_FILE, TOKENIZER_META = "config.yaml", "classes.json", "tokenizer.json"
+CONFIG_FILE, TOKENIZER_META = "config.yaml", TOKENIZER_FILE
 log = logging.getLogger(__name__)
 
 
@@ -76,8 +88,8 @@ class Task(Protocol):
 
     def build_model(self) -> nn.Module: ...
     def objective(self, model: nn.Module) -> nn.Module: ...
-    def batches(self, epoch: int) -> list[list[int]]: ...
-    def collate(self, indices: list[int], device: torch.device) -> Batch: ...
+    def batches(self, epoch: int) -> Batches: ...
+    def collate(self, indices: Sequence[int], device: torch.device) -> Batch: ...
     def loss(self, objective: nn.Module, batch: Batch, label_smoothing: float) -> Tensor: ...
     def validate(self, model: nn.Module, device: torch.device) -> dict[str, float]: ...
 
@@ -117,14 +129,12 @@ class ClassificationLoss(nn.Module):
 # --------------------------------------------------------------------------------------
 
 
-def read_translation_split(cfg: RunConfig, split: str) -> list[tuple[str, str]]:
-    """``split`` is ``"train"`` or ``"valid"``: sentence pairs from files or the generator."""
+def read_validation_pairs(cfg: RunConfig) -> list[tuple[str, str]]:
+    """Validation sentence pairs, in memory (they are few): from files or the generator."""
     data = cfg.data
     if data.generate == "dates":
-        n = data.generate_train if split == "train" else data.generate_valid
-        return dates.generate_pairs(n, seed=cfg.train.seed, split=split)
-    src, tgt = (data.train, data.train_tgt) if split == "train" else (data.valid, data.valid_tgt)
-    return read_parallel(src, tgt)
+        return dates.generate_pairs(data.generate_valid, seed=cfg.train.seed, split="valid")
+    return read_parallel(data.valid, data.valid_tgt)
 
 
 def build_translation_model(cfg: RunConfig, tok: Tokenizer) -> nn.Module:
@@ -243,27 +253,15 @@ class TranslationTask:
 
     name = "translate"
 
-    def __init__(self, cfg: RunConfig, run_dir: Path, log=print) -> None:
+    def __init__(self, cfg: RunConfig, run_dir: Path, log=print, *, resume: bool = False) -> None:
         self.cfg = cfg
-        train_pairs = read_translation_split(cfg, "train")
-        self.valid_pairs = read_translation_split(cfg, "valid")
+        self.valid_pairs = read_validation_pairs(cfg)
         if not self.valid_pairs:  # validation would divide by zero
             where = cfg.data.valid if cfg.data.generate == "none" else "data.generate_valid"
             raise UserError(f"{where}: no validation pairs; give at least one")
-        if (run_dir / TOKENIZER_META).exists():
-            self.tok = Tokenizer.load(run_dir)
-        else:
-            t = cfg.data.tokenizer
-            log(f"training a {t.model_type} SentencePiece tokenizer (vocab {t.vocab_size}, joint {t.joint})")
-            self.tok = train_tokenizer([s for s, _ in train_pairs], [t_ for _, t_ in train_pairs], run_dir,
-                                       vocab_size=t.vocab_size, model_type=t.model_type, joint=t.joint,
-                                       seed=cfg.train.seed)
-        src_ids = self.tok.encode_src([s for s, _ in train_pairs])
-        tgt_ids = self.tok.encode_tgt([t for _, t in train_pairs])
-        keep, stats = filter_examples(list(zip(src_ids, tgt_ids, strict=True)), cfg.data.max_len)
-        log(f"training data: {stats}")
-        self.src = [src_ids[i] + [EOS_ID] for i in keep]  # x_1 .. x_S </s>
-        self.tgt = [[BOS_ID] + tgt_ids[i] + [EOS_ID] for i in keep]  # <s> y_1 .. y_T </s>
+        data = prepare(cfg, run_dir, log, resume=resume)
+        self.tok, self.manifest = data.tok, data.manifest
+        self.src, self.tgt = data.sides["src"], data.sides["tgt"]  # memory-mapped ids, without </s> and <s>
         v_src = self.tok.encode_src([s for s, _ in self.valid_pairs])
         v_tgt = self.tok.encode_tgt([t for _, t in self.valid_pairs])
         v_keep, v_stats = filter_examples(list(zip(v_src, v_tgt, strict=True)), cfg.data.max_len)
@@ -272,12 +270,17 @@ class TranslationTask:
         if not v_keep:
             raise UserError(f"{cfg.data.valid or 'data.generate_valid'}: no usable validation pairs ({v_stats})")
         self.valid_pairs = [self.valid_pairs[i] for i in v_keep]
-        self.valid_src = [v_src[i] + [EOS_ID] for i in v_keep]
-        self.valid_tgt = [[BOS_ID] + v_tgt[i] + [EOS_ID] for i in v_keep]
+        self.valid_src = TokenArrays.from_lists([v_src[i] for i in v_keep])
+        self.valid_tgt = TokenArrays.from_lists([v_tgt[i] for i in v_keep])
+        self._batches: tuple[int, Batches] | None = None
         batches = self.batches(0)
-        padding = padding_fraction(batches, [len(s) for s in self.src], [len(t) - 1 for t in self.tgt],
-                                   cfg.train.pad_multiple)
+        padding = padding_fraction(batches, *self.lengths(self.src, self.tgt), cfg.train.pad_multiple)
         log(f"{len(batches)} batches per epoch (max_tokens {cfg.train.max_tokens}), {padding:.1%} of positions padding")
+
+    @staticmethod
+    def lengths(src: TokenArrays, tgt: TokenArrays) -> tuple[np.ndarray, np.ndarray]:
+        """Lengths as the model reads them: source ``x </s>``, target ``<s> y`` (= ``y </s>``)."""
+        return src.lengths.astype(np.int32) + 1, tgt.lengths.astype(np.int32) + 1
 
     def build_model(self) -> nn.Module:
         return build_translation_model(self.cfg, self.tok)
@@ -286,22 +289,24 @@ class TranslationTask:
         """The reference loss, or the engine's fused one (``train.engine``); the same value."""
         return FusedSeq2SeqLoss(model) if self.cfg.train.engine == "fast" else Seq2SeqLoss(model)
 
-    def batches(self, epoch: int) -> list[list[int]]:
-        return make_batches([len(s) for s in self.src], [len(t) - 1 for t in self.tgt], self.cfg.train.max_tokens,
-                            seed=self.cfg.train.seed, epoch=epoch, pad_multiple=self.cfg.train.pad_multiple)
+    def batches(self, epoch: int) -> Batches:
+        if self._batches is None or self._batches[0] != epoch:  # the epoch's batches, made once
+            self._batches = epoch, make_batches(*self.lengths(self.src, self.tgt), self.cfg.train.max_tokens,
+                                                seed=self.cfg.train.seed, epoch=epoch,
+                                                pad_multiple=self.cfg.train.pad_multiple)
+        return self._batches[1]
 
     @staticmethod
-    def _collate(src: list[list[int]], tgt: list[list[int]], device: torch.device,
+    def _collate(src: TokenArrays, tgt: TokenArrays, indices: Sequence[int], device: torch.device,
                  multiple: int = 1) -> TranslationBatch:
-        s = pad_batch(src, PAD_ID, multiple).to(device)  # (B, S)
-        tgt_in = pad_batch([t[:-1] for t in tgt], PAD_ID, multiple).to(device)  # (B, T): <s> y_1 .. y_T
-        tgt_out = pad_batch([t[1:] for t in tgt], PAD_ID, multiple).to(device)  # (B, T): y_1 .. y_T </s>
+        s = src.pad(indices, PAD_ID, multiple, eos=EOS_ID).to(device)  # (B, S): x_1 .. x_S </s>
+        tgt_in = tgt.pad(indices, PAD_ID, multiple, bos=BOS_ID).to(device)  # (B, T): <s> y_1 .. y_T
+        tgt_out = tgt.pad(indices, PAD_ID, multiple, eos=EOS_ID).to(device)  # (B, T): y_1 .. y_T </s>
         scored = tgt_out.ne(PAD_ID)  # teacher forcing: predict tgt_out[:, t] from tgt_in[:, :t+1]
         return TranslationBatch(s, tgt_in, scored, tgt_out[scored], int(scored.sum()))
 
-    def collate(self, indices: list[int], device: torch.device) -> TranslationBatch:
-        return self._collate([self.src[i] for i in indices], [self.tgt[i] for i in indices], device,
-                             self.cfg.train.pad_multiple)
+    def collate(self, indices: Sequence[int], device: torch.device) -> TranslationBatch:
+        return self._collate(self.src, self.tgt, indices, device, self.cfg.train.pad_multiple)
 
     def loss(self, objective: nn.Module, batch: TranslationBatch, label_smoothing: float) -> Tensor:
         """Sum over real target tokens of label-smoothed cross-entropy (float32); padding is never scored."""
@@ -312,11 +317,11 @@ class TranslationTask:
         model.eval()
         objective = self.objective(model)
         total, n = 0.0, 0
-        order = make_batches([len(s) for s in self.valid_src], [len(t) - 1 for t in self.valid_tgt],
-                             self.cfg.train.max_tokens, seed=0, epoch=0, shuffle=False)
+        order = make_batches(*self.lengths(self.valid_src, self.valid_tgt), self.cfg.train.max_tokens,
+                             seed=0, epoch=0, shuffle=False)
         with torch.inference_mode():
             for idx in order:
-                b = self._collate([self.valid_src[i] for i in idx], [self.valid_tgt[i] for i in idx], device)
+                b = self._collate(self.valid_src, self.valid_tgt, idx, device)
                 total += self.loss(objective, b, 0.0).item()
                 n += b.n_targets
         loss = total / max(n, 1)
@@ -337,9 +342,11 @@ class TranslationTask:
 # --------------------------------------------------------------------------------------
 
 
-def classifier_inputs(tok: Tokenizer, texts: list[str], max_len: int) -> list[list[int]]:
-    """Token ids the classifier reads: cut to ``max_len``; an empty text becomes one ``<pad>`` (pooled to zeros)."""
-    return [ids[:max_len] or [PAD_ID] for ids in tok.encode_src(texts)]
+def build_classifier(cfg: RunConfig, tok: Tokenizer, n_classes: int) -> nn.Module:
+    """The encoder-only :class:`TransformerClassifier` for ``n_classes`` classes."""
+    if cfg.model.arch != "transformer":
+        raise UserError("task classify needs model.arch: transformer")
+    return TransformerClassifier(cfg.model.transformer, tok.src_vocab_size, n_classes, pooling=cfg.model.pooling)
 
 
 class ClassificationTask:
@@ -347,53 +354,42 @@ class ClassificationTask:
 
     name = "classify"
 
-    def __init__(self, cfg: RunConfig, run_dir: Path, log=print) -> None:
+    def __init__(self, cfg: RunConfig, run_dir: Path, log=print, *, resume: bool = False) -> None:
         self.cfg = cfg
         d = cfg.data
-        train = read_labelled(d.train, text_column=d.text_column, label_column=d.label_column)
         valid = read_labelled(d.valid, text_column=d.text_column, label_column=d.label_column)
-        classes_file = run_dir / CLASSES_FILE
-        if classes_file.exists():
-            self.classes = read_classes(classes_file)
-        else:
-            self.classes = train.classes
-            atomic_write_text(classes_file, json.dumps(self.classes, ensure_ascii=False) + "\n")
+        data = prepare(cfg, run_dir, log, resume=resume)
+        self.tok, self.manifest, self.classes = data.tok, data.manifest, data.classes or []
         unknown = sorted(set(valid.labels) - set(self.classes))
         if unknown:
             raise UserError(f"{d.valid}: label(s) {unknown} do not occur in the training data {d.train}")
-        if (run_dir / TOKENIZER_META).exists():
-            self.tok = Tokenizer.load(run_dir)
-        else:
-            t = d.tokenizer
-            log(f"training a {t.model_type} SentencePiece tokenizer (vocab {t.vocab_size})")
-            self.tok = train_tokenizer(train.texts, None, run_dir, vocab_size=t.vocab_size,
-                                       model_type=t.model_type, seed=cfg.train.seed)
         index = {c: i for i, c in enumerate(self.classes)}
-        self.x = classifier_inputs(self.tok, train.texts, d.max_len)
-        self.y = [index[label] for label in train.labels]
-        self.valid_x = classifier_inputs(self.tok, valid.texts, d.max_len)
+        self.x = data.sides["text"]  # memory-mapped ids, cut to max_len
+        self.y = data.labels
+        self.valid_x = TokenArrays.from_lists(classifier_inputs(self.tok, valid.texts, d.max_len))
         self.valid_y = [index[label] for label in valid.labels]
+        self._batches: tuple[int, Batches] | None = None
         batches = self.batches(0)
-        padding = padding_fraction(batches, [len(x) for x in self.x], None, cfg.train.pad_multiple)
+        padding = padding_fraction(batches, self.x.lengths, None, cfg.train.pad_multiple)
         log(f"training data: {len(self.x)} texts, {len(self.classes)} classes {self.classes}; "
             f"{len(batches)} batches per epoch, {padding:.1%} of positions padding")
 
     def build_model(self) -> nn.Module:
-        if self.cfg.model.arch != "transformer":
-            raise UserError("task classify needs model.arch: transformer")
-        return TransformerClassifier(self.cfg.model.transformer, self.tok.src_vocab_size, len(self.classes),
-                                     pooling=self.cfg.model.pooling)
+        return build_classifier(self.cfg, self.tok, len(self.classes))
 
     def objective(self, model: nn.Module) -> nn.Module:
         return ClassificationLoss(model)
 
-    def batches(self, epoch: int) -> list[list[int]]:
-        return make_batches([len(x) for x in self.x], None, self.cfg.train.max_tokens,
-                            seed=self.cfg.train.seed, epoch=epoch, pad_multiple=self.cfg.train.pad_multiple)
+    def batches(self, epoch: int) -> Batches:
+        if self._batches is None or self._batches[0] != epoch:  # the epoch's batches, made once
+            self._batches = epoch, make_batches(self.x.lengths, None, self.cfg.train.max_tokens,
+                                                seed=self.cfg.train.seed, epoch=epoch,
+                                                pad_multiple=self.cfg.train.pad_multiple)
+        return self._batches[1]
 
-    def collate(self, indices: list[int], device: torch.device) -> ClassificationBatch:
-        x = pad_batch([self.x[i] for i in indices], PAD_ID, self.cfg.train.pad_multiple).to(device)  # (B, T)
-        y = torch.tensor([self.y[i] for i in indices], device=device)  # (B,)
+    def collate(self, indices: Sequence[int], device: torch.device) -> ClassificationBatch:
+        x = self.x.pad(indices, PAD_ID, self.cfg.train.pad_multiple).to(device)  # (B, T)
+        y = torch.from_numpy(self.y[np.asarray(indices)].astype(np.int64)).to(device)  # (B,)
         return ClassificationBatch(x, y, len(indices))
 
     def loss(self, objective: nn.Module, batch: ClassificationBatch, label_smoothing: float) -> Tensor:
@@ -405,7 +401,7 @@ class ClassificationTask:
         with torch.inference_mode():
             for start in range(0, len(self.valid_x), 256):
                 idx = list(range(start, min(start + 256, len(self.valid_x))))
-                x = pad_batch([self.valid_x[i] for i in idx], PAD_ID).to(device)
+                x = self.valid_x.pad(idx, PAD_ID).to(device)
                 y = torch.tensor([self.valid_y[i] for i in idx], device=device)
                 logits = model(x).float()
                 total_loss += F.cross_entropy(logits, y, reduction="sum").item()
@@ -415,8 +411,10 @@ class ClassificationTask:
         return {"valid_loss": total_loss / max(len(self.valid_x), 1), "valid_acc": acc, "score": acc}
 
 
-def make_task(cfg: RunConfig, run_dir: Path, log=print) -> Task:
-    return ClassificationTask(cfg, run_dir, log) if cfg.task == "classify" else TranslationTask(cfg, run_dir, log)
+def make_task(cfg: RunConfig, run_dir: Path, log=print, *, resume: bool = False) -> Task:
+    """The task of ``cfg``, its training data prepared (or reused) in ``run_dir`` (:func:`attnkit.prepare.prepare`)."""
+    task = ClassificationTask if cfg.task == "classify" else TranslationTask
+    return task(cfg, run_dir, log, resume=resume)
 
 
 # --------------------------------------------------------------------------------------
@@ -475,8 +473,7 @@ def load_run(path: str | Path, device: torch.device | None = None) -> LoadedRun:
     classes = None
     if cfg.task == "classify":
         classes = read_classes(run_dir / CLASSES_FILE)
-        model: nn.Module = TransformerClassifier(cfg.model.transformer, tok.src_vocab_size, len(classes),
-                                                 pooling=cfg.model.pooling)
+        model: nn.Module = build_classifier(cfg, tok, len(classes))
     else:
         model = build_translation_model(cfg, tok)
     state, _ = load_weights(weights)

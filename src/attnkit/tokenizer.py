@@ -24,9 +24,9 @@ from __future__ import annotations
 
 import io
 import json
-import random
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from itertools import chain
 from pathlib import Path
 
 import sentencepiece as spm
@@ -65,6 +65,8 @@ _TRAIN_THREADS = 2
 #: Longest training sentence in bytes; longer ones are skipped by SentencePiece
 #: (its default, 4192, would drop long classification documents).
 _MAX_SENTENCE_BYTES = 1 << 15
+#: SentencePiece refuses a sample (input_sentence_size) of this many sentences or fewer.
+_MIN_SAMPLE = 100
 
 
 def _train_one(
@@ -77,26 +79,30 @@ def _train_one(
     max_sentences: int,
     what: str,
 ) -> bytes:
-    """Train one SentencePiece model in memory and return its serialized proto.
+    """Train one SentencePiece model in memory from streamed ``texts`` and return its serialized proto.
+
+    SentencePiece reads the stream once and keeps a reservoir sample of at most
+    ``max_sentences`` non-empty sentences (all of them, in order, when there are fewer), so the
+    corpus is never held in memory. The reservoir draws from SentencePiece's own fixed seed: the
+    same stream always gives the same sample.
 
     :raises UserError: no text to train on, or a vocabulary too small for the alphabet.
     """
-    sentences = [t for t in texts if t.strip()]
-    if not sentences:
-        raise UserError(f"no non-empty {what} text to train the tokenizer on; check the "
-                        f"training data files")
-    if len(sentences) > max_sentences:
-        # Sample here rather than with SentencePiece's input_sentence_size, so the subset
-        # depends only on ``seed`` and keeps corpus order.
-        keep = sorted(random.Random(seed).sample(range(len(sentences)), max_sentences))
-        sentences = [sentences[i] for i in keep]
-    # SentencePiece 0.2 has no per-trainer seed option; seed its library-wide generator
-    # in case a code path draws from it (training is otherwise deterministic).
+    seen = [0]
+
+    def sentences() -> Iterator[str]:
+        for t in texts:
+            if t.strip():
+                seen[0] += 1
+                yield t
+
+    # SentencePiece 0.2 has no per-trainer seed option; seed its library-wide generator in case a
+    # code path draws from it (the reservoir sampler has its own fixed seed).
     spm.set_random_generator_seed(seed)
     model = io.BytesIO()
     try:
         spm.SentencePieceTrainer.train(
-            sentence_iterator=iter(sentences),
+            sentence_iterator=sentences(),
             model_writer=model,
             vocab_size=vocab_size,
             model_type=model_type,
@@ -104,13 +110,15 @@ def _train_one(
             hard_vocab_limit=False,  # tiny corpora: shrink the vocab instead of failing
             pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID,
             pad_piece=PAD_PIECE, unk_piece=UNK_PIECE, bos_piece=BOS_PIECE, eos_piece=EOS_PIECE,
-            input_sentence_size=0,  # use every sentence passed in (sampled above)
-            shuffle_input_sentence=False,
+            input_sentence_size=max_sentences,  # a seeded reservoir sample of the stream
+            shuffle_input_sentence=True,
             max_sentence_length=_MAX_SENTENCE_BYTES,
             num_threads=_TRAIN_THREADS,
             minloglevel=2,
         )
     except RuntimeError as e:
+        if not seen[0]:
+            raise _no_text(what) from None
         msg = str(e)
         m = re.search(r"Vocabulary size is smaller than required_chars\. (\d+) vs (\d+)", msg)
         if m:
@@ -121,12 +129,18 @@ def _train_one(
             ) from None
         raise UserError(f"SentencePiece could not train the {what} tokenizer: "
                         f"{msg.splitlines()[0] if msg else type(e).__name__}") from None
+    if not seen[0]:
+        raise _no_text(what)
     return model.getvalue()
 
 
+def _no_text(what: str) -> UserError:
+    return UserError(f"no non-empty {what} text to train the tokenizer on; check the training data files")
+
+
 def train_tokenizer(
-    src_texts: Sequence[str],
-    tgt_texts: Sequence[str] | None,
+    src_texts: Iterable[str],
+    tgt_texts: Iterable[str] | None,
     out_dir: str | Path,
     *,
     vocab_size: int,
@@ -136,7 +150,7 @@ def train_tokenizer(
     seed: int = 1,
     max_sentences: int = 1_000_000,
 ) -> Tokenizer:
-    """Train SentencePiece model(s) from in-memory text and save them in ``out_dir``.
+    """Train SentencePiece model(s) from text (lists, or streams read once) and save them in ``out_dir``.
 
     * ``joint`` (translation): one model ``spm.model`` on source + target text, shared
       by both sides (needed for tied source/target embeddings).
@@ -154,8 +168,9 @@ def train_tokenizer(
     :param model_type: ``"unigram"``, ``"bpe"`` or ``"char"`` (one piece per character).
     :param joint: one shared model for source and target.
     :param character_coverage: share of characters the alphabet must cover (1.0 keeps all).
-    :param seed: seed for the sentence sampling (``max_sentences``) and SentencePiece.
-    :param max_sentences: sample at most this many sentences per model for training.
+    :param seed: seed of SentencePiece's library-wide generator.
+    :param max_sentences: sample at most this many sentences per model for training (SentencePiece's
+        ``input_sentence_size``, more than 100).
     :raises UserError: invalid option, no text, or vocab_size too small for the alphabet.
     """
     if model_type not in MODEL_TYPES:
@@ -164,8 +179,9 @@ def train_tokenizer(
     if vocab_size <= _NUM_SPECIAL:
         raise UserError(f"tokenizer vocab_size must be larger than {_NUM_SPECIAL} (the special ids), got "
                         f"{vocab_size}; try 8000 for translation")
-    if max_sentences < 1:
-        raise UserError(f"tokenizer max_sentences must be >= 1, got {max_sentences}")
+    if max_sentences <= _MIN_SAMPLE:
+        raise UserError(f"tokenizer max_sentences must be more than {_MIN_SAMPLE} (SentencePiece's minimum "
+                        f"sample), got {max_sentences}")
     if not 0.0 < character_coverage <= 1.0:
         raise UserError(f"tokenizer character_coverage must be in (0, 1], got {character_coverage}")
     options = dict(vocab_size=vocab_size, model_type=model_type,
@@ -179,8 +195,7 @@ def train_tokenizer(
         joint = True
     elif joint:
         files = {"src": _JOINT_MODEL, "tgt": _JOINT_MODEL}
-        protos = {_JOINT_MODEL: _train_one([*src_texts, *tgt_texts], what="source+target",
-                                           **options)}
+        protos = {_JOINT_MODEL: _train_one(chain(src_texts, tgt_texts), what="source+target", **options)}
     else:
         files = {"src": _SRC_MODEL, "tgt": _TGT_MODEL}
         protos = {_SRC_MODEL: _train_one(src_texts, what="source", **options),
@@ -318,13 +333,13 @@ class Tokenizer:
 
     # -- encoding / decoding --------------------------------------------------------
 
-    def encode_src(self, texts: Sequence[str]) -> list[list[int]]:
-        """Source texts -> id lists, without BOS/EOS."""
-        return _encode(self._src, texts)
+    def encode_src(self, texts: Sequence[str], *, threads: int = -1) -> list[list[int]]:
+        """Source texts -> id lists, without BOS/EOS; ``threads``: SentencePiece's threads (-1: one per CPU)."""
+        return _encode(self._src, texts, threads)
 
-    def encode_tgt(self, texts: Sequence[str]) -> list[list[int]]:
-        """Target texts -> id lists, without BOS/EOS."""
-        return _encode(self._target(), texts)
+    def encode_tgt(self, texts: Sequence[str], *, threads: int = -1) -> list[list[int]]:
+        """Target texts -> id lists, without BOS/EOS; ``threads`` as in :meth:`encode_src`."""
+        return _encode(self._target(), texts, threads)
 
     def decode_src(self, ids: Sequence[Sequence[int]]) -> list[str]:
         """Source id lists -> texts; see :meth:`decode_tgt`."""
@@ -354,11 +369,11 @@ class Tokenizer:
                 f"src_vocab_size={self.src_vocab_size}, tgt_vocab_size={tgt})")
 
 
-def _encode(sp: spm.SentencePieceProcessor, texts: Sequence[str]) -> list[list[int]]:
+def _encode(sp: spm.SentencePieceProcessor, texts: Sequence[str], threads: int = -1) -> list[list[int]]:
     """Encode a list of texts (a bare string is refused: it would be read as characters)."""
     if isinstance(texts, str):
         raise TypeError("encode_src/encode_tgt take a list of texts, got a single str; wrap it: [text]")
-    return sp.encode(list(texts), out_type=int)
+    return sp.encode(list(texts), out_type=int, num_threads=threads)
 
 
 def _check_ids(sp: spm.SentencePieceProcessor, ids: Sequence[int]) -> list[int]:

@@ -153,7 +153,7 @@ class Trainer:
             raise UserError(f"rank {self.workers.rank} cannot see {run_dir.path / 'config.yaml'} written by rank 0: "
                             f"on several machines --run-dir must be on a filesystem all of them share")
         torch.manual_seed(self.tc.seed)
-        task = make_task(self.cfg, run_dir.path, self.log)
+        task = make_task(self.cfg, run_dir.path, self.log, resume=resume)
         existing = run_dir.checkpoints()
         return task, (existing[-1] if resume and existing else None)
 
