@@ -60,6 +60,7 @@ class ModelWorker:
         self._jobs: deque[_Job] = deque()
         self._queued = 0  # texts in self._jobs
         self._closed = False
+        self.batches = self.texts = 0  # run so far (written by the worker thread only)
         self._cond = threading.Condition()
         self._thread = threading.Thread(target=self._serve, name=f"attnkit-serve-{name}", daemon=True)
         self._thread.start()
@@ -106,6 +107,8 @@ class ModelWorker:
 
     def _serve(self) -> None:
         while (batch := self._take()) is not None:
+            self.batches += 1
+            self.texts += sum(len(job.texts) for job in batch)
             try:
                 results = batch[0].run([t for job in batch for t in job.texts])
             except UserError as e:
@@ -141,6 +144,10 @@ class ModelWorker:
                 job.future.set_exception(error)
 
         job.future.get_loop().call_soon_threadsafe(settle)
+
+    def stats(self) -> dict[str, int]:
+        """Texts queued now; batches and texts run so far (texts / batches = the mean batch size)."""
+        return {"queued": self._queued, "batches": self.batches, "texts": self.texts}
 
     def close(self, timeout: float | None = None) -> None:
         """Finish the queued jobs, then stop the thread."""

@@ -5,7 +5,8 @@ endpoint                   what it does
 =========================  ==========================================================================
 ``GET /``                  a page: pick a model, type sentences, see the translations (or classes);
                            click one to open its attention explorer (script and style inlined)
-``GET /health``            ``{"status": "ok", "models": [...], "api_key_required": ...}``
+``GET /health``            ``{"status": "ok", "api_key_required": ..., "models": {name: {"queued",
+                           "batches", "texts"}}}``: texts waiting, batches and texts run so far
 ``GET /models``            name, task, languages, parameters, beam defaults (and classes) per model
 ``POST /translate``        ``{"model", "texts": [...], "beam", "n_best", "lenpen", "attention"}``
 ``POST /classify``         ``{"model", "texts": [...], "attention"}`` -> labels and probabilities
@@ -34,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import os
 import re
 import socket
 from collections.abc import Callable
@@ -143,7 +145,7 @@ def load_servable(path: str | Path) -> Servable:
     :raises UserError: ``path`` is not something that can be served.
     """
     run_dir, _ = find_weights(Path(path))
-    return RunServable(load_run(path), run_dir.resolve().name)
+    return RunServable(load_run(path), Path(os.path.abspath(run_dir)).name)  # a symbolic link's own name
 
 
 # --------------------------------------------------------------------------------------
@@ -239,7 +241,8 @@ def _validation_error(request: Request, exc: RequestValidationError) -> JSONResp
         if tuple(e["loc"]) == ("body",) and "json" not in request.headers.get("content-type", ""):
             problem += " (send JSON with the header Content-Type: application/json)"
         problems.append(problem)
-    detail = [{"field": _where(tuple(e["loc"])), "message": e["msg"], "type": e["type"]} for e in errors]
+    detail = [{"field": "body" if e.get("type") == "json_invalid" else _where(tuple(e["loc"])), "message": e["msg"],
+               "type": e["type"]} for e in errors]
     return _error(422, "; ".join(problems), detail=detail)
 
 
@@ -253,7 +256,7 @@ class _Gate:
 
     The key is checked first (no body is read for a client without it), in constant time. The body
     is read here up to ``max_body`` bytes (413 beyond; a ``Content-Length`` above it is refused
-    before reading) and handed on whole.
+    before reading), checked to be UTF-8 and handed on whole.
     """
 
     def __init__(self, app: Any, api_key: str | None, max_body: int) -> None:
@@ -294,6 +297,12 @@ class _Gate:
             if not message.get("more_body", False):
                 break
         body, replayed = b"".join(chunks), False
+        try:
+            body.decode("utf-8")  # JSON is UTF-8 (RFC 8259); say where it is not, rather than "cannot parse"
+        except UnicodeDecodeError as e:
+            await _error(400, f"body: not valid UTF-8 (byte 0x{body[e.start]:02x} at position {e.start}); "
+                              "send UTF-8 text")(scope, receive, send)
+            return
 
         async def replay() -> dict:
             nonlocal replayed
@@ -376,7 +385,8 @@ def create_app(servables: list[Servable], limits: Limits | None = None, api_key:
 
     @app.get("/health")
     async def health() -> dict:
-        return {"status": "ok", "models": list(models), "api_key_required": api_key is not None}
+        return {"status": "ok", "api_key_required": api_key is not None,
+                "models": {name: worker.stats() for name, worker in workers.items()}}
 
     @app.get("/models")
     async def list_models() -> dict[str, list[dict]]:
