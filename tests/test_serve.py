@@ -337,6 +337,18 @@ def test_serve_user_errors_are_one_line(runs, tmp_path, capsys):
         assert "cannot listen" in error(str(runs["dates"]), "--port", str(taken.getsockname()[1]))
 
 
+def test_readme_states_the_serving_defaults():
+    from attnkit.serve import MAX_BEAM
+
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    d = Limits()
+    for claim in (f"`--max-texts` texts ({d.max_texts})", f"`--max-chars` characters ({d.max_chars:,})",
+                  f"`--max-body` bytes ({d.max_body // 1_000_000} MB)", f"`--max-queue` texts ({d.max_queue})",
+                  f"`--max-batch` texts (default {d.max_batch})", f"`--max-wait-ms` (default {d.max_wait_ms:g})",
+                  f"a beam outside 1-{MAX_BEAM}"):
+        assert claim in " ".join(readme.split()), claim
+
+
 # -- the page in a browser -------------------------------------------------------------------------
 
 
