@@ -126,6 +126,13 @@ def test_health_and_models(client, server):
     assert reviews["classes"] == ["neg", "pos"] and reviews["beam"] is None
 
 
+def test_languages_come_from_corpus_file_names():
+    from attnkit.serve import language
+
+    assert language("../shared/data/multi30k/train.de.gz") == "de" and language("val.en") == "en"
+    assert language("train.src") is None and language("data.tsv") is None and language("") is None
+
+
 def test_translate_equals_attnkit_translate(client, server, tmp_path, capsys):
     got = client.post("/translate", json={"model": "dates", "texts": SOURCES, "beam": 2, "n_best": 2}).json()
     expected = reference(server.dates, SOURCES, beam=2, n_best=2)

@@ -49,6 +49,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic_core import PydanticCustomError
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 
@@ -105,11 +106,10 @@ class Servable(Protocol):
     def attention(self, text: str, *, beam: int, lenpen: float) -> AttentionMaps: ...
 
 
-def _language(path: str | None) -> str | None:
-    """The language code in a corpus file name (``train.de.gz`` -> ``de``), if it has one."""
-    suffixes = [s.lstrip(".") for s in Path(path or "").suffixes if s != ".gz"]
-    return suffixes[-1] if suffixes and re.fullmatch(r"[a-z]{2,3}(_[A-Za-z]+)?", suffixes[-1]) and \
-        suffixes[-1] not in ("src", "tgt", "txt", "tsv", "csv") else None
+def language(path: str | None) -> str | None:
+    """The two-letter language code in a corpus file name (``train.de.gz`` -> ``de``), if it has one."""
+    suffixes = [s[1:] for s in Path(path or "").suffixes if s != ".gz"]
+    return suffixes[-1] if suffixes and re.fullmatch(r"[a-z]{2}", suffixes[-1]) else None
 
 
 class RunServable:
@@ -122,8 +122,8 @@ class RunServable:
         self.info = ModelInfo(
             name=name, task=cfg.task,
             architecture=cfg.model.arch if translate else "transformer classifier",
-            source_language=_language(cfg.data.train) if translate and cfg.data.train_tgt else None,
-            target_language=_language(cfg.data.train_tgt) if translate else None,
+            source_language=language(cfg.data.train) if translate and cfg.data.train_tgt else None,
+            target_language=language(cfg.data.train_tgt) if translate else None,
             parameters=sum(p.numel() for p in run.model.parameters()),
             beam=cfg.decode_beam if translate else None, lenpen=cfg.decode_lenpen if translate else None,
             classes=run.classes)
@@ -168,8 +168,8 @@ def _check_unicode(texts: list[str]) -> list[str]:
         try:
             text.encode("utf-8")
         except UnicodeEncodeError:
-            raise ValueError(f"texts[{i}] holds a lone surrogate (\\ud800-\\udfff), which is not a character; "
-                             "send valid Unicode") from None
+            raise PydanticCustomError("lone_surrogate", "texts[{index}] holds a lone surrogate (\\ud800-\\udfff), "
+                                      "which is not a character; send valid Unicode", {"index": i}) from None
     return texts
 
 
@@ -275,12 +275,13 @@ class _Gate:
                 await _error(401, f"API key {reason}: send the header Authorization: Bearer KEY",
                              {"WWW-Authenticate": "Bearer"})(scope, receive, send)
                 return
-        length = headers.get("content-length")
-        if length is not None and (not length.isdigit() or int(length) > self.max_body):
-            too_big = length.isdigit()
-            await _error(413 if too_big else 400, f"request body of {length} bytes is more than the limit "
-                         f"{self.max_body} (--max-body)" if too_big else "Content-Length is not a number")(
-                scope, receive, send)
+        length = headers.get("content-length", "0")  # none: a chunked body, counted as it comes
+        if not length.isdigit():
+            await _error(400, f"Content-Length {length!r} is not a number")(scope, receive, send)
+            return
+        if int(length) > self.max_body:
+            await _error(413, f"request body of {length} bytes is more than the limit {self.max_body} "
+                              "(--max-body)")(scope, receive, send)
             return
         chunks, size = [], 0
         while True:
