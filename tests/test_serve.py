@@ -356,6 +356,29 @@ def test_readme_states_the_serving_defaults():
         assert claim in " ".join(readme.split()), claim
 
 
+def test_connections_get_tcp_nodelay():
+    """uvicorn serves on the socket from listen(): asyncio turns Nagle off on its connections only when the
+    socket says TCP, else every keep-alive response written in two parts waits for a delayed ACK."""
+    from attnkit.serve import listen
+
+    async def nodelay_of_a_connection() -> int:
+        sock = listen("127.0.0.1", 0)
+        seen = asyncio.get_running_loop().create_future()
+
+        def connected(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            seen.set_result(writer.get_extra_info("socket").getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+            writer.close()
+
+        server = await asyncio.start_server(connected, sock=sock)
+        _, writer = await asyncio.open_connection(*sock.getsockname()[:2])
+        value = await asyncio.wait_for(seen, 10)
+        writer.close()
+        server.close()
+        return value
+
+    assert asyncio.run(nodelay_of_a_connection()) != 0
+
+
 # -- the page in a browser -------------------------------------------------------------------------
 
 

@@ -441,10 +441,12 @@ def listen(host: str, port: int) -> socket.socket:
     :raises UserError: the address cannot be used (in use, not this machine's, no permission).
     """
     try:
-        info = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
-        sock = socket.socket(info[0], socket.SOCK_STREAM)
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        # proto must say TCP: asyncio sets TCP_NODELAY on the connections only then, and without it a
+        # response written in two parts waits for the client's delayed ACK (~40 ms per request)
+        sock = socket.socket(family, kind, proto)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(info[4])
+        sock.bind(address)
         sock.listen(2048)  # connections queue from here on, before uvicorn takes the socket over
     except (OSError, OverflowError) as e:
         reason = getattr(e, "strerror", None) or str(e)
