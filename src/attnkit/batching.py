@@ -2,8 +2,9 @@
 
 The server (:mod:`attnkit.serve`) queues each request's texts as a job with a key (what to run and
 with which decoding parameters); the model's :class:`ModelWorker` takes the oldest job and the queued
-jobs with the same key, up to ``max_batch`` texts, waiting at most ``max_wait_ms`` after the oldest
-arrived for more, and runs them as one call. Only this thread touches the model.
+jobs with the same key, up to ``max_batch`` texts, waiting at most ``max_wait_ms`` for more (after the
+oldest arrived, or after the previous batch was answered), and runs them as one call. Only this
+thread touches the model.
 """
 
 from __future__ import annotations
@@ -49,10 +50,10 @@ class ModelWorker:
     """The one thread that runs a model: takes queued jobs, merges those with the same key into a batch.
 
     :meth:`submit` (from the event loop) queues texts and returns a future of their results; the
-    thread takes the oldest job, waits up to ``max_wait_ms`` after its arrival for jobs with the same
-    key until ``max_batch`` texts are queued, runs them as one call and resolves each job's future with
-    its share. A job larger than ``max_batch`` runs alone. :meth:`close` lets it finish what is
-    queued, then stops it.
+    thread takes the oldest job, waits up to ``max_wait_ms`` after its arrival (or after the previous
+    batch was answered, if that is later) for jobs with the same key until ``max_batch`` texts are
+    queued, runs them as one call and resolves each job's future with its share. A job larger than
+    ``max_batch`` runs alone. :meth:`close` lets it finish what is queued, then stops it.
     """
 
     def __init__(self, name: str, limits: Limits) -> None:
@@ -61,6 +62,7 @@ class ModelWorker:
         self._queued = 0  # texts in self._jobs
         self._closed = False
         self.batches = self.texts = 0  # run so far (written by the worker thread only)
+        self._free_since = 0.0  # when the last batch was answered (time.monotonic)
         self._cond = threading.Condition()
         self._thread = threading.Thread(target=self._serve, name=f"attnkit-serve-{name}", daemon=True)
         self._thread.start()
@@ -88,7 +90,9 @@ class ModelWorker:
                     return None
                 self._cond.wait()
             first = self._jobs[0]
-            deadline = first.arrived + self.limits.max_wait_ms / 1000
+            # jobs that queued behind a batch wait max_wait_ms more after it: the clients it answered can
+            # send their next request and join, rather than the queue splitting into alternating halves
+            deadline = max(first.arrived, self._free_since) + self.limits.max_wait_ms / 1000
             while not self._closed:
                 ready = sum(len(j.texts) for j in self._jobs if j.key == first.key)
                 remaining = deadline - time.monotonic()
@@ -126,6 +130,7 @@ class ModelWorker:
             for job in batch:
                 self._resolve(job, results[start: start + len(job.texts)])
                 start += len(job.texts)
+            self._free_since = time.monotonic()
 
     def _run_alone(self, job: _Job) -> None:
         try:
