@@ -11,6 +11,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from .batching import Limits  # the serving limits' defaults (not .serve: --help does not import FastAPI)
 from .errors import UserError
 
 EXAMPLES = """examples:
@@ -121,7 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Serve translation and classification runs over HTTP (FastAPI on uvicorn), each under its\n"
                     "run directory's name. Concurrent requests to a model are merged into one batch.\n\n"
                     "  GET  /            a page: type sentences, see translations, click one to see its attention\n"
-                    "  GET  /health      status and model names\n"
+                    "  GET  /health      status; per model the texts queued and the batches run\n"
                     "  GET  /models      name, task, languages, parameters, beam defaults\n"
                     "  POST /translate   {\"model\", \"texts\": [...], \"beam\", \"n_best\", \"lenpen\", "
                     "\"attention\": false}\n"
@@ -144,8 +145,9 @@ def build_parser() -> argparse.ArgumentParser:
                                                             "core)")
     p.add_argument("--api-key", metavar="KEY",
                    help="require the header 'Authorization: Bearer KEY' on /models, /translate and /classify "
-                        "(default: the environment variable ATTNKIT_API_KEY if set, else no key)")
-    defaults = _serve_limits()
+                        "(default: the environment variable ATTNKIT_API_KEY if set, else no key; the variable keeps "
+                        "the key out of the process list)")
+    defaults = Limits()
     p.add_argument("--max-texts", type=int, default=defaults.max_texts, metavar="N",
                    help=f"texts per request; more is refused with 413 (default: {defaults.max_texts})")
     p.add_argument("--max-chars", type=int, default=defaults.max_chars, metavar="N",
@@ -157,15 +159,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-batch", type=int, default=defaults.max_batch, metavar="N",
                    help=f"texts the model runs at once, from several requests (default: {defaults.max_batch})")
     p.add_argument("--max-wait-ms", type=float, default=defaults.max_wait_ms, metavar="MS",
-                   help="how long a request waits for others to join its batch (default: "
+                   help="how long a model's worker waits for more requests to join a batch (default: "
                         f"{defaults.max_wait_ms:g})")
     return parser
-
-
-def _serve_limits():
-    from .batching import Limits  # not from .serve: the parser is built without importing FastAPI
-
-    return Limits()
 
 
 def _read_input(path: str | None) -> list[str]:
@@ -316,7 +312,6 @@ def cmd_serve(args: argparse.Namespace) -> None:
     import math
     import os
 
-    from .batching import Limits
     from .serve import serve
 
     for option in ("threads", "max_texts", "max_chars", "max_body", "max_queue", "max_batch"):
@@ -339,8 +334,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
 
 
 COMMANDS = {"demo": cmd_demo, "train": cmd_train, "translate": cmd_translate, "evaluate": cmd_evaluate,
-            "classify": cmd_classify, "attention": cmd_attention,
-            "serve": cmd_serve}
+            "classify": cmd_classify, "attention": cmd_attention, "serve": cmd_serve}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
