@@ -191,7 +191,9 @@ async def send_malformed(url: str, requests: list[tuple[str, bool, bytes, dict]]
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--run", default=str(ROOT / "runs" / "multi30k-de-en"), help="a de->en translation run")
-    p.add_argument("--threads", type=int, default=2, help="torch threads, offline and in the server (default: 2)")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch threads, offline and in the server (default: 1; on the shared 2-core machine 2 threads "
+                        "wait for each other, benchmarks/README.md)")
     p.add_argument("--sentences", type=int, default=1000, help="test_2016_flickr sentences per client level")
     p.add_argument("--single-client-sentences", type=int, default=300,
                    help="sentences sent by the single client (one at a time, so it takes longest)")

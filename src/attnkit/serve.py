@@ -443,7 +443,7 @@ def listen(host: str, port: int) -> socket.socket:
     try:
         family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
         # proto must say TCP: asyncio sets TCP_NODELAY on the connections only then, and without it a
-        # response written in two parts waits for the client's delayed ACK (~40 ms per request)
+        # response written in two parts waits for the client's delayed ACK (benchmarks/README.md)
         sock = socket.socket(family, kind, proto)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(address)
