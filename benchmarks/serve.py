@@ -304,7 +304,8 @@ def markdown_table(results: dict) -> str:
                 f"{m['bad_4xx_json']:,} of {m['bad']:,} malformed got a 4xx JSON error, {m['good_200']:,} of "
                 f"{m['good']:,} good ones a 200; server RSS {m['rss_start_mb']:,.0f} MB before, "
                 f"{m['rss_end_mb']:,.0f} MB after ({m['rss_ratio']:.2f}x). Model `{results['model']}`, "
-                f"{results['threads']} threads, `--max-batch {results['server']['max_batch']}` "
+                f"{results['threads']} thread{'s' if results['threads'] != 1 else ''}, "
+                f"`--max-batch {results['server']['max_batch']}` "
                 f"`--max-wait-ms {results['server']['max_wait_ms']:g}`; measured {results['date'][:10]} at "
                 f"{results['commit']}.")
     return "\n".join(rows)
