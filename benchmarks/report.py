@@ -82,6 +82,7 @@ TABLES: dict[str, Table] = {
     "sst2": Table(f"{RESULTS}/sst2.json", "benchmarks/sst2.py"),
     "demo": Table(f"{RESULTS}/demo.json", "benchmarks/demo.py"),
     "decode": Table(f"{RESULTS}/decode.json", "benchmarks/decode.py"),
+    "serve": Table(f"{RESULTS}/serve.json", "benchmarks/serve.py"),
     "scale": Table(f"{RESULTS}/scale.json", "benchmarks/scale.py"),
     "compare": Table((f"{RESULTS}/compare-*.json",), "benchmarks/compare_commits.py"),
     "attention": Table(f"{RESULTS}/attention.json", "benchmarks/attention.py"),

@@ -12,10 +12,8 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
 from safetensors.torch import save_file
 
-from attnkit import dates
 from attnkit.classify import predict
 from attnkit.cli import main
 from attnkit.config import load_config
@@ -23,6 +21,7 @@ from attnkit.demo import HELD_OUT, demo_config
 from attnkit.runconfig import RunConfig
 from attnkit.tasks import load_run
 from attnkit.train import Trainer
+from tiny_runs import classification_config, labelled_rows, translation_config, write_lines, write_tsv, write_yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 SUBCOMMANDS = {
@@ -32,13 +31,9 @@ SUBCOMMANDS = {
     "evaluate": ["--src", "--ref", "--data", "--beam", "--hyp-out"],
     "classify": ["--input", "--with-attention"],
     "export": ["--to", "--output", "--quantization", "--force"],
+    "serve": ["--host", "--port", "--threads", "--api-key", "--max-texts", "--max-chars", "--max-body", "--max-queue",
+              "--max-batch", "--max-wait-ms", "/translate", "/classify", "/models", "/health", "/docs"],
 }
-TINY_MODEL = {"d_model": 32, "n_heads": 2, "d_ff": 64, "encoder_layers": 1, "decoder_layers": 1, "dropout": 0.0,
-              "max_len": 128}
-TINY_TRAIN = {"progress": False, "precision": "fp32", "threads": 1, "warmup": 5, "lr": 3e-3, "max_tokens": 400,
-              "valid_bleu_sentences": 5, "average_last": 0}
-
-
 def cli(capsys, *argv: str) -> tuple[int, str, str]:
     """``(exit code, stdout, stderr)`` of ``attnkit ARGV`` run in-process; ``[::2]`` picks (code, stderr)."""
     code = main(list(argv))
@@ -56,78 +51,6 @@ def assert_one_line_error(code: int, err: str, *needles: str) -> str:
     for needle in needles:
         assert needle in lines[-1], (needle, lines[-1])
     return lines[-1]
-
-
-def write_lines(path: Path, lines: list[str]) -> Path:
-    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
-    return path
-
-
-def write_yaml(path: Path, raw: dict) -> Path:
-    path.write_text(yaml.safe_dump(raw), encoding="utf-8")
-    return path
-
-
-def translation_config(tmp: Path, n: int = 150) -> dict:
-    train = dates.generate_pairs(n, seed=1, split="train")
-    valid = dates.generate_pairs(10, seed=1, split="valid")
-    write_lines(tmp / "train.src", [s for s, _ in train])
-    write_lines(tmp / "train.tgt", [t for _, t in train])
-    write_lines(tmp / "valid.src", [s for s, _ in valid])
-    write_lines(tmp / "valid.tgt", [t for _, t in valid])
-    return {"task": "translate",
-            "data": {"train": str(tmp / "train.src"), "train_tgt": str(tmp / "train.tgt"),
-                     "valid": str(tmp / "valid.src"), "valid_tgt": str(tmp / "valid.tgt"),
-                     "max_len": 64, "tokenizer": {"vocab_size": 70}},
-            "model": {"transformer": TINY_MODEL},
-            "train": {**TINY_TRAIN, "max_updates": 6, "valid_every": 6},
-            "decode_beam": 2}
-
-
-POSITIVE = ["good", "great", "lovely", "fine", "superb", "happy"]
-NEGATIVE = ["bad", "awful", "poor", "sad", "terrible", "boring"]
-FILLER = ["the", "film", "was", "a", "plot", "story", "and", "really"]
-
-
-def labelled_rows(n: int, seed: int) -> list[tuple[str, str]]:
-    rng = random.Random(seed)
-    rows = []
-    for i in range(n):
-        label = "pos" if i % 2 else "neg"
-        words = rng.sample(FILLER, 3) + [rng.choice(POSITIVE if label == "pos" else NEGATIVE)]
-        rng.shuffle(words)
-        rows.append((" ".join(words), label))
-    return rows
-
-
-def write_tsv(path: Path, rows: list[tuple[str, str]], header: str | None = "sentence\tlabel") -> Path:
-    return write_lines(path, ([header] if header else []) + [f"{t}\t{y}" for t, y in rows])
-
-
-def classification_config(tmp: Path) -> dict:
-    write_tsv(tmp / "train.tsv", labelled_rows(80, seed=1))
-    write_tsv(tmp / "valid.tsv", labelled_rows(20, seed=2))
-    return {"task": "classify",
-            "data": {"train": str(tmp / "train.tsv"), "valid": str(tmp / "valid.tsv"),
-                     "tokenizer": {"vocab_size": 40}},
-            "model": {"transformer": TINY_MODEL},
-            "train": {**TINY_TRAIN, "max_updates": 60, "valid_every": 60, "label_smoothing": 0.0, "lr": 5e-3}}
-
-
-@pytest.fixture(scope="module")
-def translation_run(tmp_path_factory) -> Path:
-    tmp = tmp_path_factory.mktemp("translation")
-    config = write_yaml(tmp / "tiny.yaml", translation_config(tmp))
-    assert main(["train", str(config), "--run-dir", str(tmp / "run")]) == 0
-    return tmp / "run"
-
-
-@pytest.fixture(scope="module")
-def classifier_run(tmp_path_factory) -> Path:
-    tmp = tmp_path_factory.mktemp("classification")
-    config = write_yaml(tmp / "tiny.yaml", classification_config(tmp))
-    assert main(["train", str(config), "--run-dir", str(tmp / "run")]) == 0
-    return tmp / "run"
 
 
 # -- help ------------------------------------------------------------------------------

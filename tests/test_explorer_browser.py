@@ -3,57 +3,21 @@
 layer and head, hover and click tokens, check the highlighted weights against the tensors,
 take a screenshot.
 
-Without a browser the test skips and says what to install; under CI (``CI=true``) it fails
-instead, since ``.ci/run`` installs one and a silent skip would hide a broken page.
+The ``browser`` fixture (``conftest.py``) skips without a browser and says what to install; under
+CI (``CI=true``) it fails instead, since ``.ci/run`` installs one and a silent skip would hide a
+broken page.
 """
 
 from __future__ import annotations
 
-import os
-import shutil
 from pathlib import Path
 
-import pytest
 import torch
 
 from attnkit.attention_maps import AttentionMaps
 from attnkit.explorer import write_explorer
 
 TOLERANCE = 1e-4 + 5e-5  # the page keeps 4 decimals and shows them rounded to 4 again
-
-
-def _browser() -> tuple[str, str]:
-    """(chromium, chromedriver) paths, or skip (fail under CI) saying what is missing."""
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    driver = shutil.which("chromedriver")
-    missing = [name for name, path in (("chromium", chromium), ("chromium-driver", driver)) if path is None]
-    try:
-        import selenium  # noqa: F401
-    except ImportError:
-        missing.append("the selenium Python package (pip install -e '.[dev]')")
-    if missing:
-        reason = (f"no headless browser for the explorer test: missing {', '.join(missing)}; "
-                  "on Debian/Ubuntu: sudo apt-get install chromium chromium-driver (.ci/run does)")
-        if os.environ.get("CI") == "true":
-            pytest.fail(reason)
-        pytest.skip(reason)
-    return chromium, driver
-
-
-@pytest.fixture(scope="module")
-def browser():
-    chromium, driver_path = _browser()
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = chromium
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
-                "--window-size=1400,1000", "--force-device-scale-factor=1"):
-        options.add_argument(arg)
-    driver = webdriver.Chrome(service=Service(executable_path=driver_path), options=options)
-    yield driver
-    driver.quit()
 
 
 def explorer_maps() -> AttentionMaps:

@@ -1,4 +1,4 @@
-"""Command line: ``attnkit {demo,prepare,train,translate,evaluate,classify,attention,export}``.
+"""Command line: ``attnkit {demo,prepare,train,translate,evaluate,classify,attention,export,serve}``.
 
 User errors (:class:`~attnkit.errors.UserError`), bad options included, print one line
 ``attnkit: error: ...`` and exit with status 2, without a traceback. Warnings (an input line
@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .batching import Limits  # the serving limits' defaults (not .serve: --help does not import FastAPI)
 from .errors import UserError
 from .search import LENPEN, MAX_LEN_A, MAX_LEN_B
 
@@ -33,6 +34,7 @@ EXAMPLES = """examples:
   attnkit attention runs/de-en --src "Ein Hund rennt." -o attn/ --html
   attnkit export runs/de-en --to ctranslate2 -o runs/de-en-ct2 --quantization int8
   attnkit translate runs/de-en-ct2 -i test.de -o test.hyp.en
+  attnkit serve runs/de-en runs/sst2 --port 8000          # HTTP API + a page at http://127.0.0.1:8000/
 """
 
 
@@ -183,6 +185,51 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quantization", default="float32", choices=["float32", "int8", "int8_float32", "bfloat16"],
                    help="weight type in the export (default: float32)")
     p.add_argument("--force", action="store_true", help="replace OUT if it exists")
+    p = sub.add_parser(
+        "serve", help="serve trained models over HTTP: a JSON API and a page to translate and see attention",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Serve translation and classification runs over HTTP (FastAPI on uvicorn), each under its\n"
+                    "run directory's name. Concurrent requests to a model are merged into one batch.\n\n"
+                    "  GET  /            a page: type sentences, see translations, click one to see its attention\n"
+                    "  GET  /health      status; per model the texts queued and the batches run\n"
+                    "  GET  /models      name, task, languages, parameters, beam defaults\n"
+                    "  POST /translate   {\"model\", \"texts\": [...], \"beam\", \"n_best\", \"lenpen\", "
+                    "\"attention\": false}\n"
+                    "  POST /classify    {\"model\", \"texts\": [...], \"attention\": false}\n"
+                    "  GET  /docs        the OpenAPI page\n\n"
+                    "Errors are JSON {\"error\": \"...\"} with a 4xx status: 422 bad field, 413 too large, "
+                    "404 unknown model,\n401 API key, 503 queue full (with Retry-After). SIGTERM or Ctrl-C "
+                    "finishes the requests in flight, then exits.",
+        epilog="example:\n"
+               "  attnkit serve runs/de-en &\n"
+               "  curl -s localhost:8000/translate -H 'Content-Type: application/json' \\\n"
+               "       -d '{\"texts\": [\"Ein Hund rennt.\"], \"beam\": 1}'")
+    p.add_argument("models", nargs="+", metavar="RUN",
+                   help="run directories (or .safetensors checkpoints inside one) of translation or classification "
+                        "models")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (default: 127.0.0.1, this machine only; 0.0.0.0 for every interface)")
+    p.add_argument("--port", type=int, default=8000, help="port to listen on; 0 picks a free one (default: 8000)")
+    p.add_argument("--threads", type=int, metavar="N", help="CPU threads for the models (default: torch's, one per "
+                                                            "core)")
+    p.add_argument("--api-key", metavar="KEY",
+                   help="require the header 'Authorization: Bearer KEY' on /models, /translate and /classify "
+                        "(default: the environment variable ATTNKIT_API_KEY if set, else no key; the variable keeps "
+                        "the key out of the process list)")
+    defaults = Limits()
+    p.add_argument("--max-texts", type=int, default=defaults.max_texts, metavar="N",
+                   help=f"texts per request; more is refused with 413 (default: {defaults.max_texts})")
+    p.add_argument("--max-chars", type=int, default=defaults.max_chars, metavar="N",
+                   help=f"characters per text; longer is refused with 413 (default: {defaults.max_chars})")
+    p.add_argument("--max-body", type=int, default=defaults.max_body, metavar="BYTES",
+                   help=f"bytes per request body; larger is refused with 413 (default: {defaults.max_body})")
+    p.add_argument("--max-queue", type=int, default=defaults.max_queue, metavar="N",
+                   help=f"texts waiting per model; beyond, requests get 503 (default: {defaults.max_queue})")
+    p.add_argument("--max-batch", type=int, default=defaults.max_batch, metavar="N",
+                   help=f"texts the model runs at once, from several requests (default: {defaults.max_batch})")
+    p.add_argument("--max-wait-ms", type=float, default=defaults.max_wait_ms, metavar="MS",
+                   help="how long a model's worker waits for more requests to join a batch (default: "
+                        f"{defaults.max_wait_ms:g})")
     return parser
 
 
@@ -361,8 +408,34 @@ def cmd_export(args: argparse.Namespace) -> None:
     print(export_ctranslate2(args.model, args.output, quantization=args.quantization, force=args.force))
 
 
+def cmd_serve(args: argparse.Namespace) -> None:
+    import math
+    import os
+
+    from .serve import serve
+
+    for option in ("threads", "max_texts", "max_chars", "max_body", "max_queue", "max_batch"):
+        value = getattr(args, option)
+        if value is not None and value < 1:
+            raise UserError(f"--{option.replace('_', '-')} must be at least 1, got {value}")
+    if not (math.isfinite(args.max_wait_ms) and args.max_wait_ms >= 0):
+        raise UserError(f"--max-wait-ms must be a number of milliseconds >= 0, got {args.max_wait_ms}")
+    if not 0 <= args.port <= 65535:
+        raise UserError(f"--port must be between 0 and 65535, got {args.port}")
+    api_key = args.api_key if args.api_key is not None else os.environ.get("ATTNKIT_API_KEY")
+    if api_key is not None and not api_key.strip():
+        raise UserError("--api-key is empty; give a key, or none to serve without one")
+    limits = Limits(max_texts=args.max_texts, max_chars=args.max_chars, max_body=args.max_body,
+                    max_queue=args.max_queue, max_batch=args.max_batch, max_wait_ms=args.max_wait_ms)
+    try:
+        serve(args.models, host=args.host, port=args.port, threads=args.threads, api_key=api_key, limits=limits)
+    except KeyboardInterrupt:  # Ctrl-C: the requests in flight were answered; nothing to resume
+        print("attnkit serve: stopped", file=sys.stderr)
+
+
 COMMANDS = {"demo": cmd_demo, "prepare": cmd_prepare, "train": cmd_train, "translate": cmd_translate,
-            "evaluate": cmd_evaluate, "classify": cmd_classify, "attention": cmd_attention, "export": cmd_export}
+            "evaluate": cmd_evaluate, "classify": cmd_classify, "attention": cmd_attention, "export": cmd_export,
+            "serve": cmd_serve}
 
 
 class _WarningLine(logging.Handler):

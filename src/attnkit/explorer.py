@@ -1,6 +1,7 @@
 """An interactive attention explorer: one self-contained HTML page per sentence.
 
-The page (template ``explorer.html`` beside this module) shows the queries of one kind of
+The page (template ``explorer.html`` beside this module, drawn by ``explorer.js`` with the style
+``explorer.css``, which the serving page of :mod:`attnkit.serve` inlines too) shows the queries of one kind of
 attention in a column on the left and its keys on the right, as bertviz does for
 encoder-only and decoder-only models, here for every kind :class:`~attnkit.attention_maps.AttentionMaps`
 holds: encoder and decoder self-attention, cross-attention, an RNN's alignment and a
@@ -23,10 +24,11 @@ from .attention_maps import AttentionMaps, AttentionView
 from .errors import UserError
 from .files import atomic_write_text
 
-__all__ = ["explorer_html", "write_explorer"]
+__all__ = ["explorer_data", "explorer_html", "fill_page", "script_json", "write_explorer"]
 
 #: Decimals kept per weight in the page (the file stays small; 1e-4 is below what shading shows).
 DECIMALS = 4
+
 
 def _view_json(view: AttentionView) -> dict:
     return {
@@ -42,19 +44,40 @@ def _view_json(view: AttentionView) -> dict:
     }
 
 
+def explorer_data(maps: AttentionMaps) -> dict:
+    """What the explorer's script draws (``mountExplorer(root, data)`` in ``explorer.js``): the title and
+    every view of ``maps``, weights as nested lists ``[layer][head][query][key]``, plain JSON types."""
+    title = f"{maps.source} -> {maps.output}" + (" (given)" if maps.forced else "")
+    return {"title": title, "views": [_view_json(v) for v in maps.views()]}
+
+
+def script_json(data: object) -> str:
+    """``data`` as JSON to embed in a ``<script>`` element: ``<`` escaped (``\\u003c``), so no token text can
+    close the element or inject markup."""
+    return json.dumps(data, ensure_ascii=False, separators=(",", ":")).replace("<", "\\u003c")
+
+
+def fill_page(template: str, fills: dict[str, str]) -> str:
+    """The page ``template`` (a file beside this module) with its ``__ATTNKIT_...__`` placeholders filled
+    from ``fills``, and the explorer's script and style inlined (``__ATTNKIT_EXPLORER_JS__``,
+    ``__ATTNKIT_EXPLORER_CSS__``)."""
+    assets = files("attnkit")
+    fills = {**fills, "__ATTNKIT_EXPLORER_JS__": assets.joinpath("explorer.js").read_text(encoding="utf-8"),
+             "__ATTNKIT_EXPLORER_CSS__": assets.joinpath("explorer.css").read_text(encoding="utf-8")}
+    # one pass: a placeholder inside a sentence (or the script) is text, not a slot to fill
+    return re.sub("|".join(map(re.escape, fills)), lambda m: fills[m.group(0)],
+                  assets.joinpath(template).read_text(encoding="utf-8"))
+
+
 def explorer_html(maps: AttentionMaps) -> str:
     """The explorer page for ``maps`` as one HTML string (no external resources).
 
-    The weights are embedded as JSON with ``<`` escaped (``\\u003c``), so no token text can
-    close the script element or inject markup; the script inserts tokens as text, never HTML.
+    The weights are embedded as JSON with ``<`` escaped (:func:`script_json`); the script inserts
+    tokens as text, never HTML.
     """
-    title = maps.heading()
-    data = {"title": title, "views": [_view_json(v) for v in maps.views()]}
-    payload = json.dumps(data, ensure_ascii=False, separators=(",", ":")).replace("<", "\\u003c")
-    template = files("attnkit").joinpath("explorer.html").read_text(encoding="utf-8")
-    fills = {"__ATTNKIT_TITLE__": html.escape(f"attnkit attention: {title}"), "__ATTNKIT_DATA__": payload}
-    # one pass: a placeholder inside the sentence itself is text, not a slot to fill
-    return re.sub("|".join(fills), lambda m: fills[m.group(0)], template)
+    data = explorer_data(maps)
+    return fill_page("explorer.html", {"__ATTNKIT_TITLE__": html.escape(f"attnkit attention: {data['title']}"),
+                                       "__ATTNKIT_DATA__": script_json(data)})
 
 
 def write_explorer(maps: AttentionMaps, path: str | Path) -> Path:

@@ -1,0 +1,315 @@
+"""Serving: `attnkit serve` under concurrent clients, against offline batched decoding, and under malformed requests.
+
+    flock /tmp/attnkit-bench.lock python benchmarks/serve.py --run runs/multi30k-de-en
+
+1. Offline: ``translate_texts`` on the test_2016_flickr German sentences (greedy), in this process
+   with the server's thread count, before the server starts and again after the clients (beside the
+   idle server): the throughput batching should reach, the mean of the two.
+2. The real server (``python -m attnkit serve RUN --port 0``, a subprocess on 127.0.0.1) driven by
+   1, 8 and 32 concurrent httpx clients, each sending one sentence per request (greedy): latency
+   p50 / p95 / p99, sentences/s, the mean batch the server formed, and how many translations equal
+   the offline ones.
+3. 1,000 requests, malformed ones (bad JSON, wrong types, non-finite numbers, huge bodies, 10,000
+   texts, unknown model, empty bodies and lists, invalid UTF-8, lone surrogates, over-long texts,
+   unknown fields) mixed with good ones: every bad one must get a 4xx JSON error, every good one a
+   200; the server's resident memory (RSS) before and after.
+
+Writes ``benchmarks/results/serve.json`` (with the date and commit); :func:`markdown_table` renders
+it for the README. Every loop is bounded; everything stays on the loopback interface.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import random
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import httpx
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+from attnkit.data import read_lines  # noqa: E402
+from attnkit.tasks import load_run, translate_texts  # noqa: E402
+
+DATA = ROOT.parent / "shared" / "data" / "multi30k"
+RESULTS = ROOT / "benchmarks" / "results" / "serve.json"
+GOAL_RATIO, GOAL_P50_MS = 0.70, 60.0  # issue 16: 32 clients >= 70% of offline; one client p50 <= 60 ms
+
+
+# --------------------------------------------------------------------------------------
+# The server process
+# --------------------------------------------------------------------------------------
+
+
+def start_server(run: str, threads: int, extra: list[str], timeout: float = 300) -> tuple[str, subprocess.Popen]:
+    """``attnkit serve RUN`` on a free loopback port; (base URL, process) once it listens."""
+    cmd = [sys.executable, "-m", "attnkit", "serve", run, "--host", "127.0.0.1", "--port", "0",
+           "--threads", str(threads), *extra]
+    proc = subprocess.Popen(cmd, env={**os.environ, "PYTHONPATH": str(ROOT / "src")}, stdout=subprocess.PIPE,
+                            text=True)
+    line: list[str] = []
+    reader = threading.Thread(target=lambda: line.append(proc.stdout.readline()), daemon=True)
+    reader.start()
+    reader.join(timeout)
+    match = re.search(r"(http://127\.0\.0\.1:\d+)/", line[0]) if line else None
+    if not match:
+        proc.kill()
+        sys.exit(f"the server did not start: {line}")
+    return match[1], proc
+
+
+def rss_mb(pid: int) -> float:
+    """Resident memory of process ``pid`` in MB (Linux /proc)."""
+    for row in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if row.startswith("VmRSS:"):
+            return int(row.split()[1]) / 1024
+    raise RuntimeError(f"no VmRSS for process {pid}")
+
+
+# --------------------------------------------------------------------------------------
+# Clients
+# --------------------------------------------------------------------------------------
+
+
+async def drive(url: str, sentences: list[str], clients: int) -> dict:
+    """``clients`` concurrent clients translate ``sentences`` one per request; latency and throughput."""
+    latencies: list[float] = []
+    outputs: list[str | None] = [None] * len(sentences)
+    failures = 0
+    queue = list(range(len(sentences)))[::-1]
+
+    async def client() -> None:  # one connection each (a client shared by 32 tasks spends more CPU than the server)
+        nonlocal failures
+        async with httpx.AsyncClient(base_url=url, timeout=120) as http:
+            while queue:
+                i = queue.pop()
+                start = time.perf_counter()
+                r = await http.post("/translate", json={"texts": [sentences[i]], "beam": 1})
+                latencies.append(time.perf_counter() - start)
+                if r.status_code == 200:
+                    outputs[i] = r.json()["translations"][0]
+                else:
+                    failures += 1
+
+    start = time.perf_counter()
+    await asyncio.gather(*(client() for _ in range(clients)))
+    seconds = time.perf_counter() - start
+    q = statistics.quantiles([x * 1000 for x in latencies], n=100, method="inclusive")
+    return {"clients": clients, "requests": len(sentences), "failures": failures, "seconds": round(seconds, 2),
+            "sent_per_s": round(len(sentences) / seconds, 1), "p50_ms": round(q[49], 1), "p95_ms": round(q[94], 1),
+            "p99_ms": round(q[98], 1), "outputs": outputs}
+
+
+def malformed_requests(n: int, sentences: list[str], seed: int = 0) -> list[tuple[str, bool, bytes, dict]]:
+    """``n`` requests ``(kind, good, body, headers)``: about one in four good, the rest of 14 bad kinds."""
+    json_type = {"Content-Type": "application/json"}
+
+    def body(obj: object) -> bytes:
+        return json.dumps(obj, ensure_ascii=False).encode("utf-8")
+
+    bad = {
+        "bad JSON": lambda s: body({"texts": [s]})[:-3],
+        "texts not a list": lambda s: body({"texts": s}),
+        "texts of numbers": lambda s: body({"texts": [1, 2.5, None]}),
+        "beam a string": lambda s: body({"texts": [s], "beam": "4"}),
+        "beam 0": lambda s: body({"texts": [s], "beam": 0}),
+        "lenpen NaN": lambda s: b'{"texts": ["x"], "beam": 2, "lenpen": NaN}',
+        "huge body (2 MB)": lambda s: body({"texts": [s * 100] * 200}),
+        "10,000 texts": lambda s: body({"texts": ["Ein Hund."] * 10_000}),
+        "text of 5,000 characters": lambda s: body({"texts": ["a" * 5000]}),
+        "unknown model": lambda s: body({"model": "no-such-model", "texts": [s]}),
+        "empty body": lambda s: b"",
+        "empty list of texts": lambda s: body({"texts": []}),
+        "invalid UTF-8": lambda s: body({"texts": [s]}).replace(b"\xc3", b"\xff") + b"\xff\xfe",
+        "lone surrogate": lambda s: b'{"texts": ["Ein \\ud800 Hund"]}',
+        "unknown field": lambda s: body({"texts": [s], "beams": 4}),
+    }
+    good = {
+        "good": lambda s: body({"texts": [s], "beam": 1}),
+        "good, an empty text": lambda s: body({"texts": ["", s], "beam": 1}),
+    }
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        if rng.random() < 0.25:
+            kind = rng.choice(sorted(good))
+            out.append((kind, True, good[kind](sentences[i % len(sentences)]), json_type))
+        else:
+            kind = rng.choice(sorted(bad))
+            out.append((kind, False, bad[kind](sentences[i % len(sentences)]), json_type))
+    return out
+
+
+async def send_malformed(url: str, requests: list[tuple[str, bool, bytes, dict]], clients: int) -> dict:
+    """Send ``requests`` from ``clients`` concurrent clients; count how each kind was answered."""
+    by_kind: dict[str, dict[str, int]] = {}
+    queue = list(range(len(requests)))[::-1]
+
+    async def client() -> None:
+        async with httpx.AsyncClient(base_url=url, timeout=120) as http:
+            while queue:
+                await one(http, *requests[queue.pop()])
+
+    async def one(http: httpx.AsyncClient, kind: str, good: bool, content: bytes, headers: dict) -> None:
+        counts = by_kind.setdefault(kind, {"sent": 0, "as_expected": 0})
+        counts["sent"] += 1
+        status: int | str = "no answer"
+        try:
+            r = await http.post("/translate", content=content, headers=headers)
+            status = r.status_code
+            is_json_error = r.headers.get("content-type") == "application/json" and "error" in r.json()
+            ok = status == 200 if good else (400 <= status < 500 and is_json_error)
+        except (httpx.HTTPError, ValueError):  # no answer, or an answer that is not JSON
+            ok = False
+        counts["as_expected"] += ok
+        if not ok:
+            counts.setdefault("unexpected", []).append(status)
+
+    await asyncio.gather(*(client() for _ in range(clients)))
+    return by_kind
+
+
+# --------------------------------------------------------------------------------------
+# Main
+# --------------------------------------------------------------------------------------
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--run", default=str(ROOT / "runs" / "multi30k-de-en"), help="a de->en translation run")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch threads, offline and in the server (default: 1; on the shared 2-core machine 2 threads "
+                        "wait for each other, benchmarks/README.md)")
+    p.add_argument("--sentences", type=int, default=1000, help="test_2016_flickr sentences per client level")
+    p.add_argument("--single-client-sentences", type=int, default=300,
+                   help="sentences sent by the single client (one at a time, so it takes longest)")
+    p.add_argument("--clients", default="1,8,32", help="client levels (default: 1,8,32)")
+    p.add_argument("--malformed", type=int, default=1000, help="requests in the malformed mix (default: 1000)")
+    p.add_argument("--max-batch", type=int, default=32, help="the server's --max-batch")
+    p.add_argument("--max-wait-ms", type=float, default=5.0, help="the server's --max-wait-ms")
+    p.add_argument("--out", default=str(RESULTS))
+    args = p.parse_args()
+    source = DATA / "test_2016_flickr.de.gz"
+    if not source.exists():
+        sys.exit(f"{source} is missing: this benchmark needs ../shared/data/multi30k beside the repository")
+    sentences = read_lines(source)[: args.sentences]
+    levels = [int(c) for c in args.clients.split(",")]
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                            text=True).stdout.strip()
+
+    # 1. offline, batched, in this process (before the server starts; again after the clients, beside the idle
+    # server: other sessions share this machine, and the mean of the two is less at the mercy of one moment)
+    torch.set_num_threads(args.threads)
+    run = load_run(args.run)
+    translate_texts(run.model, run.tok, sentences[:64], beam=1)  # warm-up: weights and kernels in cache
+
+    def offline_run(when: str) -> tuple[list[str], dict]:
+        start = time.perf_counter()
+        out = [h[0] for h in translate_texts(run.model, run.tok, sentences, beam=1)]
+        seconds = time.perf_counter() - start
+        measured = {"when": when, "seconds": round(seconds, 2), "sent_per_s": round(len(sentences) / seconds, 1)}
+        print(f"offline, {when}: {measured}", flush=True)
+        return out, measured
+
+    offline_out, first = offline_run("before the server started")
+
+    # 2. the server under 1, 8, 32 clients
+    url, proc = start_server(args.run, args.threads, ["--max-batch", str(args.max_batch),
+                                                      "--max-wait-ms", str(args.max_wait_ms), "--max-queue", "1024"])
+    try:
+        asyncio.run(drive(url, sentences[:64], 8))  # warm-up, not measured
+        levels_out = []
+        for clients in levels:
+            subset = sentences[: args.single_client_sentences] if clients == 1 else sentences
+            before = httpx.get(f"{url}/health").json()["models"]
+            result = asyncio.run(drive(url, subset, clients))
+            after = httpx.get(f"{url}/health").json()["models"]
+            (name,) = after
+            batches = after[name]["batches"] - before[name]["batches"]
+            outputs = result.pop("outputs")
+            result.update(mean_batch=round(len(subset) / max(batches, 1), 1),
+                          identical_to_offline=sum(o == ref for o, ref in zip(outputs, offline_out, strict=False)))
+            levels_out.append(result)
+            print(f"{clients} clients: {result}", flush=True)
+        again, second = offline_run("after the clients, beside the idle server")
+        offline = {"sentences": len(sentences), "batch_size": 64, "runs": [first, second],
+                   "same_output_twice": again == offline_out,
+                   "sent_per_s": round((first["sent_per_s"] + second["sent_per_s"]) / 2, 1)}
+        for result in levels_out:
+            result["vs_offline"] = round(result["sent_per_s"] / offline["sent_per_s"], 3)
+
+        # 3. malformed requests mixed with good ones
+        requests = malformed_requests(args.malformed, sentences)
+        rss_start = rss_mb(proc.pid)
+        by_kind = asyncio.run(send_malformed(url, requests, 8))
+        rss_end = rss_mb(proc.pid)
+        alive = httpx.get(f"{url}/health").status_code == 200
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        exit_code = proc.wait(timeout=120)
+    bad = {k: v for k, v in by_kind.items() if not k.startswith("good")}
+    good = {k: v for k, v in by_kind.items() if k.startswith("good")}
+    malformed = {
+        "requests": len(requests), "clients": 8,
+        "bad": sum(v["sent"] for v in bad.values()), "bad_4xx_json": sum(v["as_expected"] for v in bad.values()),
+        "good": sum(v["sent"] for v in good.values()), "good_200": sum(v["as_expected"] for v in good.values()),
+        "by_kind": dict(sorted(by_kind.items())), "rss_start_mb": round(rss_start, 1), "rss_end_mb": round(rss_end, 1),
+        "rss_ratio": round(rss_end / rss_start, 3), "alive_after": alive, "exit_code_after_sigterm": exit_code,
+    }
+    results = {
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "commit": commit,
+        "command": " ".join(["python", "benchmarks/serve.py", *sys.argv[1:]]),
+        "model": Path(args.run).name, "test": "test_2016_flickr (de)", "decoding": "greedy", "threads": args.threads,
+        "server": {"max_batch": args.max_batch, "max_wait_ms": args.max_wait_ms},
+        "offline": offline, "clients": levels_out, "malformed": malformed,
+        "goals": {"ratio_32_clients": GOAL_RATIO, "p50_ms_1_client": GOAL_P50_MS},
+        "machine": {"torch": torch.__version__, "cpu": platform.processor() or platform.machine(),
+                    "cores": os.cpu_count()},
+    }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(results, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    print(markdown_table(results))
+
+
+def markdown_table(results: dict) -> str:
+    """The README table: latency and throughput per client level against offline decoding, then the
+    malformed-request check."""
+    offline = results["offline"]
+    rows = ["| clients (one sentence per request, greedy) | p50 ms | p95 ms | p99 ms | sentences/s | "
+            "vs offline batched | mean batch | same output as offline |",
+            "|---|---|---|---|---|---|---|---|",
+            f"| offline `translate_texts`, batches of {offline['batch_size']} (before / after the clients) | | | | "
+            + " / ".join(f"{r['sent_per_s']:,.1f}" for r in offline["runs"]) + " | 1.00 (their mean) | | |"]
+    for c in results["clients"]:
+        rows.append(f"| {c['clients']} | {c['p50_ms']:.1f} | {c['p95_ms']:.1f} | {c['p99_ms']:.1f} | "
+                    f"{c['sent_per_s']:,.1f} | {c['vs_offline']:.2f} | {c['mean_batch']:.1f} | "
+                    f"{c['identical_to_offline']:,} / {c['requests']:,} |")
+    m = results["malformed"]
+    rows.append("")
+    rows.append(f"{m['requests']:,} requests from {m['clients']} clients, malformed ones mixed with good ones: "
+                f"{m['bad_4xx_json']:,} of {m['bad']:,} malformed got a 4xx JSON error, {m['good_200']:,} of "
+                f"{m['good']:,} good ones a 200; server RSS {m['rss_start_mb']:,.0f} MB before, "
+                f"{m['rss_end_mb']:,.0f} MB after ({m['rss_ratio']:.2f}x). Model `{results['model']}`, "
+                f"{results['threads']} thread{'s' if results['threads'] != 1 else ''}, "
+                f"`--max-batch {results['server']['max_batch']}` "
+                f"`--max-wait-ms {results['server']['max_wait_ms']:g}`; measured {results['date'][:10]} at "
+                f"{results['commit']}.")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    main()

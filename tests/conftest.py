@@ -1,0 +1,65 @@
+"""Fixtures shared by several test modules: tiny trained runs and the headless browser."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from attnkit.cli import main
+from tiny_runs import classification_config, translation_config, write_yaml
+
+
+@pytest.fixture(scope="module")
+def translation_run(tmp_path_factory) -> Path:
+    tmp = tmp_path_factory.mktemp("translation")
+    config = write_yaml(tmp / "tiny.yaml", translation_config(tmp))
+    assert main(["train", str(config), "--run-dir", str(tmp / "run")]) == 0
+    return tmp / "run"
+
+
+@pytest.fixture(scope="module")
+def classifier_run(tmp_path_factory) -> Path:
+    tmp = tmp_path_factory.mktemp("classification")
+    config = write_yaml(tmp / "tiny.yaml", classification_config(tmp))
+    assert main(["train", str(config), "--run-dir", str(tmp / "run")]) == 0
+    return tmp / "run"
+
+
+def _browser() -> tuple[str, str]:
+    """(chromium, chromedriver) paths, or skip (fail under CI) saying what is missing."""
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    driver = shutil.which("chromedriver")
+    missing = [name for name, path in (("chromium", chromium), ("chromium-driver", driver)) if path is None]
+    try:
+        import selenium  # noqa: F401
+    except ImportError:
+        missing.append("the selenium Python package (pip install -e '.[dev]')")
+    if missing:
+        reason = (f"no headless browser for the browser tests: missing {', '.join(missing)}; "
+                  "on Debian/Ubuntu: sudo apt-get install chromium chromium-driver (.ci/run does)")
+        if os.environ.get("CI") == "true":
+            pytest.fail(reason)
+        pytest.skip(reason)
+    return chromium, driver
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """Headless Chromium driven by Selenium (Debian's ``chromium`` and ``chromium-driver``, installed by
+    ``.ci/run``). Without them the test skips and says what to install; under CI (``CI=true``) it fails
+    instead, since ``.ci/run`` installs them and a silent skip would hide a broken page."""
+    chromium, driver_path = _browser()
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
+                "--window-size=1400,1000", "--force-device-scale-factor=1"):
+        options.add_argument(arg)
+    driver = webdriver.Chrome(service=Service(executable_path=driver_path), options=options)
+    yield driver
+    driver.quit()
