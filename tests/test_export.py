@@ -219,3 +219,23 @@ def test_readme_export_example_runs(exported, capsys):
     exec(compile(block.replace('"runs/de-en-int8"', repr(str(out))), "README.md", "exec"), {})
     printed = capsys.readouterr().out
     assert printed == f"{ExportedTranslator(out).translate(['Ein Hund rennt über die Wiese.'], beam=4, lenpen=0.6)}\n"
+
+
+def test_serve_runs_an_exported_directory(exported):
+    """`attnkit serve OUT`: the export answers /translate with what ExportedTranslator gives, and /models knows it."""
+    from fastapi.testclient import TestClient
+
+    from attnkit.serve import ExportedServable, create_app, load_servable
+
+    run_dir, out = exported
+    servable = load_servable(out, threads=1)
+    assert isinstance(servable, ExportedServable) and servable.info.task == "translate"
+    expected = ExportedTranslator(out, threads=1).translate(TEXTS[:6], beam=2, n_best=2, lenpen=0.6)
+    with TestClient(create_app([servable])) as client:
+        models = client.get("/models").json()
+        assert [m["name"] for m in models["models"]] == [out.name]
+        reply = client.post("/translate", json={"model": out.name, "texts": TEXTS[:6], "beam": 2, "n_best": 2})
+        assert reply.status_code == 200, reply.text
+        assert reply.json()["n_best"] == expected and reply.json()["translations"] == [h[0] for h in expected]
+        refused = client.post("/translate", json={"model": out.name, "texts": TEXTS[:1], "attention": True})
+        assert refused.status_code == 422 and "attention" in refused.json()["error"]

@@ -138,12 +138,44 @@ class RunServable:
         return attention_maps(self.run, text, beam=beam, lenpen=lenpen)
 
 
-def load_servable(path: str | Path) -> Servable:
-    """The model at ``path`` (a run directory or a ``.safetensors`` checkpoint inside one), named after
-    its run directory. Other kinds of model (an exported directory, say) are added here.
+class ExportedServable:
+    """A directory written by ``attnkit export --to ctranslate2``, run by CTranslate2 (translation only)."""
+
+    def __init__(self, path: Path, threads: int = 0) -> None:
+        from .export import ExportedTranslator
+
+        self.translator = ExportedTranslator(path, threads=threads)
+        source, target = self.translator.languages or (None, None)  # [src, tgt] as the export recorded them
+        self.info = ModelInfo(
+            name=Path(os.path.abspath(path)).name, task="translate",
+            architecture=f"transformer (CTranslate2 {self.translator.quantization})",
+            source_language=source, target_language=target,
+            parameters=self.translator.parameters, beam=self.translator.decode.beam,
+            lenpen=self.translator.decode.lenpen, classes=None)
+
+    def translate(self, texts: list[str], *, beam: int, n_best: int, lenpen: float) -> list[list[str]]:
+        d = self.translator.decode
+        return self.translator.translate(texts, beam=beam, n_best=n_best, lenpen=lenpen, max_len_a=d.max_len_a,
+                                         max_len_b=d.max_len_b)
+
+    def classify(self, texts: list[str]) -> list[list[float]]:
+        raise UserError(f"{self.info.name} is a translation model")
+
+    def attention(self, text: str, *, beam: int, lenpen: float) -> AttentionMaps:
+        raise UserError(f"{self.info.name} is a CTranslate2 export, which gives no attention weights; serve the run "
+                        f"directory it was exported from to see them")
+
+
+def load_servable(path: str | Path, threads: int = 0) -> Servable:
+    """The model at ``path``, named after its directory: a run directory (or a ``.safetensors``
+    checkpoint inside one), or a CTranslate2 export of one (``attnkit export``).
 
     :raises UserError: ``path`` is not something that can be served.
     """
+    from .export import is_exported
+
+    if is_exported(Path(path)):
+        return ExportedServable(Path(path), threads)
     run_dir, _ = find_weights(Path(path))
     return RunServable(load_run(path), Path(os.path.abspath(run_dir)).name)  # a symbolic link's own name
 
@@ -466,7 +498,7 @@ def serve(paths: list[str], *, host: str = "127.0.0.1", port: int = 8000, thread
 
     if threads is not None:
         torch.set_num_threads(threads)
-    app = create_app([load_servable(p) for p in paths], limits, api_key)
+    app = create_app([load_servable(p, threads or 0) for p in paths], limits, api_key)
     sock = listen(host, port)
     bound_host, bound_port = sock.getsockname()[:2]
     url_host = f"[{bound_host}]" if ":" in bound_host else bound_host
