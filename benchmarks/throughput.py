@@ -95,9 +95,10 @@ def markdown_table(results: dict[str, dict]) -> str:
                       if ours_bf16 else "")
             rows.append([measured(run), r["contender"], r["precision"], num(r["tgt_tok_per_s"]),
                          bold(f"{r['ratio_to_reference_fp32']:.2f}x"), bold(f"{r['peak_rss_gb']:.2f}"),
-                         f"{run['measured_seconds']:g} s, ~{num(r['tok_per_update'])}", target])
+                         f"{run['measured_seconds']:g} s, {run['threads']} threads, ~{num(r['tok_per_update'])}",
+                         target])
     return markdown(["measured", "contender", "precision", "target tok/s", "x reference fp32", "peak RSS GB",
-                     "timed, target tokens per update", "target"], rows, "lllrrrll")
+                     "timed, threads, target tokens per update", "target"], rows, "lllrrrll")
 
 
 def main() -> None:
