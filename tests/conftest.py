@@ -12,20 +12,22 @@ from attnkit.cli import main
 from tiny_runs import classification_config, translation_config, write_yaml
 
 
-@pytest.fixture(scope="module")
-def translation_run(tmp_path_factory) -> Path:
-    tmp = tmp_path_factory.mktemp("translation")
-    config = write_yaml(tmp / "tiny.yaml", translation_config(tmp))
+def _trained(tmp_path_factory, name: str, make_config) -> Path:
+    """A tiny run trained by ``attnkit train`` on the config ``make_config(tmp)`` writes."""
+    tmp = tmp_path_factory.mktemp(name)
+    config = write_yaml(tmp / "tiny.yaml", make_config(tmp))
     assert main(["train", str(config), "--run-dir", str(tmp / "run")]) == 0
     return tmp / "run"
+
+
+@pytest.fixture(scope="module")
+def translation_run(tmp_path_factory) -> Path:
+    return _trained(tmp_path_factory, "translation", translation_config)
 
 
 @pytest.fixture(scope="module")
 def classifier_run(tmp_path_factory) -> Path:
-    tmp = tmp_path_factory.mktemp("classification")
-    config = write_yaml(tmp / "tiny.yaml", classification_config(tmp))
-    assert main(["train", str(config), "--run-dir", str(tmp / "run")]) == 0
-    return tmp / "run"
+    return _trained(tmp_path_factory, "classification", classification_config)
 
 
 def _browser() -> tuple[str, str]:
