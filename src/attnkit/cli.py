@@ -210,24 +210,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1",
                    help="address to listen on (default: 127.0.0.1, this machine only; 0.0.0.0 for every interface)")
     p.add_argument("--port", type=int, default=8000, help="port to listen on; 0 picks a free one (default: 8000)")
-    p.add_argument("--threads", type=int, metavar="N", help="CPU threads for the models (default: torch's, one per "
-                                                            "core)")
+    p.add_argument("--threads", type=POSITIVE_INT, metavar="N",
+                   help="CPU threads for the models (default: torch's, one per core)")
     p.add_argument("--api-key", metavar="KEY",
                    help="require the header 'Authorization: Bearer KEY' on /models, /translate and /classify "
                         "(default: the environment variable ATTNKIT_API_KEY if set, else no key; the variable keeps "
                         "the key out of the process list)")
     defaults = Limits()
-    p.add_argument("--max-texts", type=int, default=defaults.max_texts, metavar="N",
+    p.add_argument("--max-texts", type=POSITIVE_INT, default=defaults.max_texts, metavar="N",
                    help=f"texts per request; more is refused with 413 (default: {defaults.max_texts})")
-    p.add_argument("--max-chars", type=int, default=defaults.max_chars, metavar="N",
+    p.add_argument("--max-chars", type=POSITIVE_INT, default=defaults.max_chars, metavar="N",
                    help=f"characters per text; longer is refused with 413 (default: {defaults.max_chars})")
-    p.add_argument("--max-body", type=int, default=defaults.max_body, metavar="BYTES",
+    p.add_argument("--max-body", type=POSITIVE_INT, default=defaults.max_body, metavar="BYTES",
                    help=f"bytes per request body; larger is refused with 413 (default: {defaults.max_body})")
-    p.add_argument("--max-queue", type=int, default=defaults.max_queue, metavar="N",
+    p.add_argument("--max-queue", type=POSITIVE_INT, default=defaults.max_queue, metavar="N",
                    help=f"texts waiting per model; beyond, requests get 503 (default: {defaults.max_queue})")
-    p.add_argument("--max-batch", type=int, default=defaults.max_batch, metavar="N",
+    p.add_argument("--max-batch", type=POSITIVE_INT, default=defaults.max_batch, metavar="N",
                    help=f"texts the model runs at once, from several requests (default: {defaults.max_batch})")
-    p.add_argument("--max-wait-ms", type=float, default=defaults.max_wait_ms, metavar="MS",
+    p.add_argument("--max-wait-ms", type=NON_NEGATIVE, default=defaults.max_wait_ms, metavar="MS",
                    help="how long a model's worker waits for more requests to join a batch (default: "
                         f"{defaults.max_wait_ms:g})")
     return parser
@@ -409,17 +409,10 @@ def cmd_export(args: argparse.Namespace) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> None:
-    import math
     import os
 
     from .serve import serve
 
-    for option in ("threads", "max_texts", "max_chars", "max_body", "max_queue", "max_batch"):
-        value = getattr(args, option)
-        if value is not None and value < 1:
-            raise UserError(f"--{option.replace('_', '-')} must be at least 1, got {value}")
-    if not (math.isfinite(args.max_wait_ms) and args.max_wait_ms >= 0):
-        raise UserError(f"--max-wait-ms must be a number of milliseconds >= 0, got {args.max_wait_ms}")
     if not 0 <= args.port <= 65535:
         raise UserError(f"--port must be between 0 and 65535, got {args.port}")
     api_key = args.api_key if args.api_key is not None else os.environ.get("ATTNKIT_API_KEY")

@@ -28,10 +28,9 @@ from .config import dump_config, load_config
 from .errors import UserError
 from .files import atomic_write_text, fsync_dir
 from .runconfig import RunConfig
-from .tasks import CLASSES_FILE, CONFIG_FILE, TOKENIZER_META
+from .tasks import AVERAGED_FILE, BEST_FILE, CLASSES_FILE, CONFIG_FILE, TOKENIZER_META
 
-MODEL_FILE, STATE_FILE = "model.safetensors", "trainer.pt"
-METRICS_FILE, BEST_FILE, AVERAGED_FILE = "metrics.jsonl", "best.safetensors", "averaged.safetensors"
+MODEL_FILE, STATE_FILE, METRICS_FILE = "model.safetensors", "trainer.pt", "metrics.jsonl"
 
 
 class RunDirectory:
@@ -39,6 +38,7 @@ class RunDirectory:
 
     def __init__(self, path: str | Path, *, is_main: bool = True, log: Callable[[str], None] = print) -> None:
         self.path = Path(path)
+        self.config_file = self.path / CONFIG_FILE
         self.checkpoint_dir = self.path / "checkpoints"
         self.is_main = is_main
         self.log = log
@@ -53,13 +53,13 @@ class RunDirectory:
             raise UserError(f"{self.path} already holds checkpoints; pass --resume to continue it, "
                             f"or choose another --run-dir")
         prepared = any((self.path / name).exists() for name in (TOKENIZER_META, CLASSES_FILE))
-        if not self.checkpoints() and prepared and (self.path / CONFIG_FILE).exists():  # stopped before a checkpoint
-            old = load_config(RunConfig, self.path / CONFIG_FILE)
+        if not self.checkpoints() and prepared and self.config_file.exists():  # stopped before a checkpoint
+            old = load_config(RunConfig, self.config_file)
             if (old.task, old.data) != (cfg.task, cfg.data):  # its tokenizer / classes would be reused silently
                 raise UserError(f"{self.path} holds the tokenizer of a run with other task/data settings; "
                                 f"choose another --run-dir or delete that directory")
         self.path.mkdir(parents=True, exist_ok=True)
-        dump_config(cfg, self.path / CONFIG_FILE)
+        dump_config(cfg, self.config_file)
 
     def save_checkpoint(self, step: int, weights: dict[str, Tensor], trainer_state: dict, keep: int) -> Path:
         """Write ``checkpoints/step-N`` atomically (temp dir + rename), then keep only the newest ``keep``."""

@@ -57,6 +57,7 @@ from .tokenizer import BOS_ID, EOS_ID, PAD_ID, TOKENIZER_FILE, Tokenizer
 from .transformer import Transformer
 
 CONFIG_FILE, TOKENIZER_META = "config.yaml", TOKENIZER_FILE
+BEST_FILE, AVERAGED_FILE = "best.safetensors", "averaged.safetensors"  # written by attnkit.rundir
 log = logging.getLogger(__name__)
 
 
@@ -456,7 +457,7 @@ def find_weights(path: Path) -> tuple[Path, Path]:
         return run_dir, path
     if not (path / CONFIG_FILE).exists():
         raise UserError(f"{path}: not a run directory (no {CONFIG_FILE}); train one with `attnkit train`")
-    for name in ("averaged.safetensors", "best.safetensors"):
+    for name in (AVERAGED_FILE, BEST_FILE):
         if (path / name).exists():
             return path, path / name
     steps = sorted((path / "checkpoints").glob("step-*/model.safetensors"))

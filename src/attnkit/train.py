@@ -47,7 +47,7 @@ from .engine import accelerate
 from .errors import UserError
 from .progress import progress
 from .runconfig import RunConfig, TrainConfig
-from .rundir import RunDirectory
+from .rundir import MODEL_FILE, RunDirectory
 from .runtime import autocast, resolve_bf16, set_threads
 from .tasks import Task, make_task
 
@@ -149,8 +149,8 @@ class Trainer:
         run_dir = self.run_dir
         if self.workers.is_main:
             run_dir.claim(self.cfg, resume)
-        elif not (run_dir.path / "config.yaml").exists():
-            raise UserError(f"rank {self.workers.rank} cannot see {run_dir.path / 'config.yaml'} written by rank 0: "
+        elif not run_dir.config_file.exists():
+            raise UserError(f"rank {self.workers.rank} cannot see {run_dir.config_file} written by rank 0: "
                             f"on several machines --run-dir must be on a filesystem all of them share")
         torch.manual_seed(self.tc.seed)
         task = make_task(self.cfg, run_dir.path, self.log, resume=resume)
@@ -183,7 +183,7 @@ class Trainer:
 
     def _load_checkpoint(self, path: Path) -> None:
         weights, ts = self.run_dir.load_checkpoint(path)
-        check_compatible(self.model.state_dict(), weights, path / "model.safetensors")  # e.g. other model.*
+        check_compatible(self.model.state_dict(), weights, path / MODEL_FILE)  # e.g. resumed with other model.*
         self.model.load_state_dict(weights)
         self.optimizer.load_state_dict(ts["optimizer"])
         self.step, self.epoch, self.batch_pos = ts["step"], ts["epoch"], ts["batch_pos"]
