@@ -138,7 +138,7 @@ def _classifier_maps(run: LoadedRun, source: str) -> AttentionMaps:
     model = run.model
     if not isinstance(model, TransformerClassifier) or run.classes is None:
         raise TypeError(f"expected a TransformerClassifier run with classes, got {type(model).__name__}")
-    ids = classifier_inputs(run.tok, [source], run.cfg.data.max_len)[0]
+    ids = classifier_inputs(run.tok, [source], run.cfg.data)[0]
     x = torch.tensor([ids], device=next(model.parameters()).device)  # (1, S)
     with torch.inference_mode():
         _, _, encoder_self = model.encoder(x, need_weights=True)  # per layer (1, H, S, S)

@@ -201,6 +201,8 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
     from .tasks import load_run, translate_texts
 
     run = load_run(args.model)
+    if run.cfg.task == "pretrain":
+        raise UserError(f"{args.model} is a pretraining run; fine-tune it (model.init_from) and evaluate that")
     if run.cfg.task == "classify":
         if not args.data:
             raise UserError("evaluating a classifier needs --data FILE (a labelled .tsv/.csv)")
@@ -229,7 +231,8 @@ def cmd_classify(args: argparse.Namespace) -> None:
 
     run = load_run(args.model)
     if run.cfg.task != "classify":
-        raise UserError(f"{args.model} is a {run.cfg.task} model; use `attnkit translate`")
+        hint = "use `attnkit translate`" if run.cfg.task == "translate" else "fine-tune it (model.init_from) first"
+        raise UserError(f"{args.model} is a {run.cfg.task} model; {hint}")
     _write_output(None, classify_texts(run, _read_input(args.input), with_attention=args.with_attention))
 
 
@@ -241,6 +244,8 @@ def cmd_attention(args: argparse.Namespace) -> None:
     if args.no_png and not args.html:
         raise UserError("--no-png without --html would write nothing; drop --no-png or add --html")
     run = load_run(args.model)
+    if run.cfg.task == "pretrain":
+        raise UserError(f"{args.model} is a pretraining run; look at the attention of a model fine-tuned from it")
     lenpen = run.cfg.decode_lenpen if args.lenpen is None else args.lenpen
     maps = attention_maps(run, args.src, args.tgt, beam=args.beam, lenpen=lenpen)
     out = Path(args.out_dir)

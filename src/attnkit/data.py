@@ -238,6 +238,7 @@ class LabelledData:
     :param text_column: header name the texts were read from.
     :param label_column: header name the labels were read from.
     :param path: the file they came from.
+    :param groups: one group id per row (e.g. the movie a review is about) when a group column was read.
     """
 
     texts: list[str]
@@ -245,6 +246,7 @@ class LabelledData:
     text_column: str
     label_column: str
     path: str
+    groups: list[str] | None = None
 
     def __len__(self) -> int:
         return len(self.texts)
@@ -308,7 +310,8 @@ def _no_header_error(path: str | Path, header: list[str]) -> UserError:
 
 
 def read_labelled(
-    path: str | Path, *, text_column: str | None = None, label_column: str | None = None
+    path: str | Path, *, text_column: str | None = None, label_column: str | None = None,
+    group_column: str | None = None,
 ) -> LabelledData:
     """Read a classification file: ``.tsv`` (tab, no quoting) or ``.csv`` (comma, quoted fields).
 
@@ -319,6 +322,8 @@ def read_labelled(
     :param path: the file (optionally ``.gz``).
     :param text_column: header name of the text column (config ``data.text_column``).
     :param label_column: header name of the label column (config ``data.label_column``).
+    :param group_column: header name of a column to keep as :attr:`LabelledData.groups`
+        (config ``data.group_column``), e.g. the movie for a split that keeps each movie on one side.
     :raises UserError: no/ambiguous header, a named column missing, a row with the wrong
         number of fields, an empty text or label (each naming ``file:line``).
     """
@@ -343,9 +348,11 @@ def read_labelled(
             raise UserError(f"{path}: text and label column are both '{text_col}'; set "
                             f"data.text_column and data.label_column to different columns")
         text_idx, label_idx = header.index(text_col), header.index(label_col)
-
+        group_idx = None if group_column is None else header.index(_choose_column(path, header, group_column,
+                                                                                  "group", ()))
         texts: list[str] = []
         labels: list[str] = []
+        groups: list[str] = []
         for row in reader:
             line_no = reader.line_num
             if not row or (len(row) == 1 and not row[0].strip()):
@@ -363,10 +370,12 @@ def read_labelled(
                                 f"remove the row")
             texts.append(row_text)
             labels.append(row_label)
+            if group_idx is not None:
+                groups.append(row[group_idx].strip())
     except csv.Error as e:
         raise UserError(f"{path}:{reader.line_num}: malformed {kind}-separated row ({e})") from None
-    return LabelledData(texts=texts, labels=labels, text_column=text_col,
-                        label_column=label_col, path=str(path))
+    return LabelledData(texts=texts, labels=labels, text_column=text_col, label_column=label_col, path=str(path),
+                        groups=groups if group_idx is not None else None)
 
 
 # --------------------------------------------------------------------------------------

@@ -33,11 +33,20 @@ from . import dates
 from .checkpoint import atomic_write_text, check_compatible, load_weights
 from .classifier import TransformerClassifier
 from .config import load_config
-from .data import filter_examples, make_batches, pad_batch, padding_fraction, read_labelled, read_parallel
+from .data import (
+    LabelledData,
+    filter_examples,
+    make_batches,
+    pad_batch,
+    padding_fraction,
+    read_labelled,
+    read_parallel,
+)
+from .documents import clean_texts, split_labelled, truncate
 from .engine import FusedSeq2SeqLoss, accelerate
 from .errors import UserError
 from .rnn import RNNSeq2Seq
-from .runconfig import RunConfig
+from .runconfig import DataConfig, RunConfig
 from .search import MAX_LEN_A, MAX_LEN_B, beam_search, greedy_search
 from .tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer, train_tokenizer
 from .transformer import Transformer
@@ -286,9 +295,28 @@ class TranslationTask:
 # --------------------------------------------------------------------------------------
 
 
-def classifier_inputs(tok: Tokenizer, texts: list[str], max_len: int) -> list[list[int]]:
-    """Token ids the classifier reads: cut to ``max_len``; an empty text becomes one ``<pad>`` (pooled to zeros)."""
-    return [ids[:max_len] or [PAD_ID] for ids in tok.encode_src(texts)]
+def classifier_inputs(tok: Tokenizer, texts: list[str], data: DataConfig) -> list[list[int]]:
+    """Token ids the classifier reads: ``<br />`` tags and truncation as ``data`` says (:mod:`attnkit.documents`);
+    an empty text becomes one ``<pad>`` (pooled to zeros)."""
+    ids = tok.encode_src(clean_texts(texts, data.line_break_tags))
+    return [truncate(x, data.max_len, data.truncate) or [PAD_ID] for x in ids]
+
+
+def read_labelled_splits(cfg: RunConfig, log=print) -> tuple[LabelledData, LabelledData]:
+    """``(training, validation)`` rows: ``data.valid``, or rows of ``data.train`` held out (``data.valid_fraction``)."""
+    d = cfg.data
+    train = read_labelled(d.train, text_column=d.text_column, label_column=d.label_column,
+                          group_column=d.group_column)
+    if not d.valid_fraction:
+        return train, read_labelled(d.valid, text_column=d.text_column, label_column=d.label_column)
+    train, valid = split_labelled(train, d.valid_fraction, d.valid_seed)
+    by = f"grouped by column '{d.group_column}'" if d.group_column else "rows"
+    log(f"validation: {len(valid)} of {len(train) + len(valid)} rows of {d.train} held out "
+        f"(data.valid_fraction {d.valid_fraction}, {by}, seed {d.valid_seed})")
+    if not valid.texts or not train.texts:
+        raise UserError(f"{d.train}: data.valid_fraction {d.valid_fraction} leaves no "
+                        f"{'validation' if not valid.texts else 'training'} rows; change it")
+    return train, valid
 
 
 class ClassificationTask:
@@ -299,8 +327,7 @@ class ClassificationTask:
     def __init__(self, cfg: RunConfig, run_dir: Path, log=print) -> None:
         self.cfg = cfg
         d = cfg.data
-        train = read_labelled(d.train, text_column=d.text_column, label_column=d.label_column)
-        valid = read_labelled(d.valid, text_column=d.text_column, label_column=d.label_column)
+        train, valid = read_labelled_splits(cfg, log)
         classes_file = run_dir / CLASSES_FILE
         if classes_file.exists():
             self.classes = read_classes(classes_file)
@@ -309,18 +336,23 @@ class ClassificationTask:
             atomic_write_text(classes_file, json.dumps(self.classes, ensure_ascii=False) + "\n")
         unknown = sorted(set(valid.labels) - set(self.classes))
         if unknown:
-            raise UserError(f"{d.valid}: label(s) {unknown} do not occur in the training data {d.train}")
-        if (run_dir / TOKENIZER_META).exists():
+            raise UserError(f"{valid.path}: label(s) {unknown} in column '{valid.label_column}' do not occur in "
+                            f"the training rows of {d.train}")
+        if cfg.model.init_from:
+            from .pretrain import copy_pretrained_tokenizer
+
+            self.tok = copy_pretrained_tokenizer(cfg.model.init_from, run_dir, log)
+        elif (run_dir / TOKENIZER_META).exists():
             self.tok = Tokenizer.load(run_dir)
         else:
             t = d.tokenizer
             log(f"training a {t.model_type} SentencePiece tokenizer (vocab {t.vocab_size})")
-            self.tok = train_tokenizer(train.texts, None, run_dir, vocab_size=t.vocab_size,
-                                       model_type=t.model_type, seed=cfg.train.seed)
+            self.tok = train_tokenizer(clean_texts(train.texts, d.line_break_tags), None, run_dir,
+                                       vocab_size=t.vocab_size, model_type=t.model_type, seed=cfg.train.seed)
         index = {c: i for i, c in enumerate(self.classes)}
-        self.x = classifier_inputs(self.tok, train.texts, d.max_len)
+        self.x = classifier_inputs(self.tok, train.texts, d)
         self.y = [index[label] for label in train.labels]
-        self.valid_x = classifier_inputs(self.tok, valid.texts, d.max_len)
+        self.valid_x = classifier_inputs(self.tok, valid.texts, d)
         self.valid_y = [index[label] for label in valid.labels]
         batches = self.batches(0)
         padding = padding_fraction(batches, [len(x) for x in self.x], None, cfg.train.pad_multiple)
@@ -330,8 +362,13 @@ class ClassificationTask:
     def build_model(self) -> nn.Module:
         if self.cfg.model.arch != "transformer":
             raise UserError("task classify needs model.arch: transformer")
-        return TransformerClassifier(self.cfg.model.transformer, self.tok.src_vocab_size, len(self.classes),
-                                     pooling=self.cfg.model.pooling)
+        model = TransformerClassifier(self.cfg.model.transformer, self.tok.src_vocab_size, len(self.classes),
+                                      pooling=self.cfg.model.pooling)
+        if self.cfg.model.init_from:
+            from .pretrain import load_pretrained_encoder
+
+            load_pretrained_encoder(model, self.cfg.model.init_from)
+        return model
 
     def objective(self, model: nn.Module) -> nn.Module:
         return ClassificationLoss(model)
@@ -365,6 +402,10 @@ class ClassificationTask:
 
 
 def make_task(cfg: RunConfig, run_dir: Path, log=print) -> Task:
+    if cfg.task == "pretrain":
+        from .pretrain import PretrainTask
+
+        return PretrainTask(cfg, run_dir, log)
     return ClassificationTask(cfg, run_dir, log) if cfg.task == "classify" else TranslationTask(cfg, run_dir, log)
 
 
@@ -426,6 +467,10 @@ def load_run(path: str | Path, device: torch.device | None = None) -> LoadedRun:
         classes = read_classes(run_dir / CLASSES_FILE)
         model: nn.Module = TransformerClassifier(cfg.model.transformer, tok.src_vocab_size, len(classes),
                                                  pooling=cfg.model.pooling)
+    elif cfg.task == "pretrain":
+        from .mlm import MaskedLanguageModel
+
+        model = MaskedLanguageModel(cfg.model.transformer, tok.src_vocab_size)
     else:
         model = build_translation_model(cfg, tok)
     state, _ = load_weights(weights)
