@@ -236,3 +236,16 @@ def test_a_fine_tuned_run_classifies_and_evaluates(tmp_path: Path, pretrained: P
     assert "accuracy" in capsys.readouterr().out
     assert main(["evaluate", str(pretrained), "--data", str(tmp_path / "labelled.tsv")]) == 2
     assert "pretraining run" in capsys.readouterr().err
+
+
+def test_pretraining_holds_out_the_rows_the_fine_tuning_run_validates_on(tmp_path: Path) -> None:
+    """With the same data.valid_fraction and valid_seed, no validation text of the fine-tuning run is pretrained on."""
+    from attnkit.pretrain import read_texts
+    from attnkit.tasks import read_labelled_splits
+
+    raw = classify_raw(tmp_path, None)
+    cfg = load_config(RunConfig, raw)
+    _, valid = read_labelled_splits(cfg, quiet)
+    train_text, valid_text = read_texts(raw["data"]["train"], load_config(RunConfig, pretrain_raw(tmp_path)), quiet)
+    assert valid.texts == valid_text  # the same rows, in the same order
+    assert sorted(train_text + valid_text) == sorted(valid.texts + read_labelled_splits(cfg, quiet)[0].texts)
