@@ -30,6 +30,7 @@ from .checkpoint import check_compatible, load_weights
 from .config import load_config
 from .data import _base_suffix, make_batches, pad_batch, padding_fraction, read_labelled, read_lines
 from .documents import clean_texts, held_out_rows
+from .engine import FusedMLMLoss
 from .errors import UserError
 from .mlm import MaskedLanguageModel, MLMLoss, mask_tokens
 from .runconfig import RunConfig
@@ -126,7 +127,8 @@ class PretrainTask:
         return MaskedLanguageModel(self.cfg.model.transformer, self.tok.src_vocab_size)
 
     def objective(self, model: nn.Module) -> nn.Module:
-        return MLMLoss(model)
+        """The reference loss, or the engine's fused one (``train.engine``); the same value."""
+        return FusedMLMLoss(model) if self.cfg.train.engine == "fast" else MLMLoss(model)
 
     def batches(self, epoch: int) -> list[list[int]]:
         return make_batches([len(x) for x in self.x], None, self.cfg.train.max_tokens,
