@@ -164,6 +164,10 @@ def cmd_train(args: argparse.Namespace) -> None:
         cfg = load_config(RunConfig, run_dir / CONFIG_FILE, args.overrides)  # the run's own config
     else:
         cfg = load_config(RunConfig, args.config, args.overrides)
+    if cfg.model.init_from:  # a missing or mismatched pretraining run: an error before the run directory is touched
+        from .pretrain import check_init_from
+
+        check_init_from(cfg.model.init_from, run_dir)
     trainer = Trainer(cfg, run_dir, resume=args.resume)
     metrics = trainer.run()
     if trainer.workers.is_main:  # under torchrun, one of several processes (see attnkit.distributed)

@@ -190,8 +190,11 @@ def pretrained_run(path: str) -> tuple[Path, Path]:
     return run_dir, weights
 
 
-def copy_pretrained_tokenizer(path: str, run_dir: Path, log=print) -> Tokenizer:
-    """Copy the pretraining run's tokenizer into ``run_dir`` (or check that the one there is the same)."""
+def check_init_from(path: str, run_dir: Path) -> tuple[Path, list[str]]:
+    """``(pretraining run, its tokenizer files)`` after checking that ``run_dir`` holds no other tokenizer.
+
+    ``attnkit train`` calls it before it writes anything into ``run_dir``.
+    """
     source, _ = pretrained_run(path)
     names = [TOKENIZER_META, *sorted({m for m in json.loads((source / TOKENIZER_META).read_text()).values()
                                       if isinstance(m, str) and m.endswith(".model")})]
@@ -200,7 +203,13 @@ def copy_pretrained_tokenizer(path: str, run_dir: Path, log=print) -> Tokenizer:
         if differ:
             raise UserError(f"model.init_from: {run_dir} holds another tokenizer than {source} ({', '.join(differ)} "
                             f"differ); choose another --run-dir")
-    else:
+    return source, names
+
+
+def copy_pretrained_tokenizer(path: str, run_dir: Path, log=print) -> Tokenizer:
+    """Copy the pretraining run's tokenizer into ``run_dir`` (or check that the one there is the same)."""
+    source, names = check_init_from(path, run_dir)
+    if not (run_dir / TOKENIZER_META).exists():
         log(f"tokenizer: {source}'s (model.init_from; data.tokenizer is not used)")
         run_dir.mkdir(parents=True, exist_ok=True)
         for n in reversed(names):  # tokenizer.json last: it marks a complete tokenizer
