@@ -217,4 +217,4 @@ def test_demo_yaml_equals_demo_config():
 @pytest.mark.parametrize("path", sorted(CONFIGS.glob("*.yaml")), ids=lambda p: p.name)
 def test_every_shipped_config_loads(path):
     cfg = load_config(RunConfig, path)
-    assert cfg.task in ("translate", "classify")
+    assert cfg.task in ("translate", "classify", "pretrain")
