@@ -141,7 +141,8 @@ TOP_TOKENS = 40
 def _classifier_maps(run: LoadedRun, source: str, top: int = TOP_TOKENS) -> AttentionMaps:
     """Self-attention and token importance of a classifier; for an input over ``top`` pieces (a long
     review), only the ``top`` pieces the pooled vector drew on most, in text order, each labelled
-    ``piece@position``: a readable picture instead of a 256 x 256 grid."""
+    ``piece@position``: a readable picture instead of a 256 x 256 grid. Its self-attention rows are
+    the weights among the kept pieces, so they sum to at most 1."""
     model = run.model
     if not isinstance(model, TransformerClassifier) or run.classes is None:
         raise TypeError(f"expected a TransformerClassifier run with classes, got {type(model).__name__}")
