@@ -249,3 +249,23 @@ def test_pretraining_holds_out_the_rows_the_fine_tuning_run_validates_on(tmp_pat
     train_text, valid_text = read_texts(raw["data"]["train"], load_config(RunConfig, pretrain_raw(tmp_path)), quiet)
     assert valid.texts == valid_text  # the same rows, in the same order
     assert sorted(train_text + valid_text) == sorted(valid.texts + read_labelled_splits(cfg, quiet)[0].texts)
+
+
+def test_distributed_pretraining_resumes_exactly(tmp_path: Path, text: Path) -> None:
+    """Two workers under torchrun: stopped after 3 updates and resumed to 6 in new processes == straight to 6."""
+    import torch.distributed as dist
+
+    from test_distributed import torchrun
+
+    if not (dist.is_available() and dist.is_gloo_available()):
+        pytest.skip("this PyTorch build has no torch.distributed with the gloo backend")
+    raw = pretrain_raw(text, valid_every=3)
+    raw["model"]["transformer"]["dropout"] = 0.1
+    config = str(write_yaml(tmp_path / "p.yaml", raw))
+    straight, resumed = str(tmp_path / "straight"), str(tmp_path / "resumed")
+    torchrun([config, "--run-dir", straight, "train.max_updates=6"], [config, "--run-dir", resumed,
+                                                                      "train.max_updates=3"])
+    torchrun([config, "--run-dir", resumed, "--resume", "train.max_updates=6"])
+    a, b = weights(Path(straight), 6), weights(Path(resumed), 6)
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
