@@ -21,6 +21,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "src"))
 
 from attnkit.classify import evaluate_classifier  # noqa: E402
 from attnkit.data import read_labelled  # noqa: E402
