@@ -19,7 +19,7 @@ from attnkit.explorer import explorer_html, write_explorer
 from attnkit.plot import attention_grid, attention_heatmap
 from attnkit.runconfig import RunConfig
 from attnkit.search import greedy_search
-from attnkit.tasks import LoadedRun, load_run
+from attnkit.tasks import LoadedRun, classifier_inputs, load_run
 from attnkit.tokenizer import BOS_ID, EOS_ID
 from attnkit.train import Trainer
 
@@ -311,3 +311,19 @@ def test_heading_names_source_output_and_a_forced_target() -> None:
     assert maps.heading() == "Ein sehr langer Satz. -> A very long sentence."
     forced = AttentionMaps("transformer", "Ein sehr langer Satz.", "A long one.", True, ["x"])
     assert forced.heading(10) == "Ein seh... -> A long one. (given)"
+
+
+def test_a_long_text_shows_the_pieces_the_classifier_drew_on_most(classifier_run):
+    text = " ".join(["a good film", "a bad plot"] * 30)
+    ids = classifier_inputs(classifier_run.tok, [text], classifier_run.cfg.data)[0]
+    assert len(ids) > 40
+    maps = attention_maps(classifier_run, text)
+    importance = classifier_run.model.token_importance(torch.tensor([ids]))[0]
+    positions = [int(t.rsplit("@", 1)[1]) for t in maps.src_tokens]
+    assert len(positions) == 40 and positions == sorted(set(positions))  # in text order
+    torch.testing.assert_close(maps.pooling, importance[positions])
+    assert maps.pooling.min() >= importance.topk(40).values.min() - 1e-6  # the most important ones
+    assert all(w.shape == (2, 40, 40) for w in maps.encoder_self)
+    assert maps.output.endswith(f"the 40 of {len(ids)} pieces it drew on most")
+
+

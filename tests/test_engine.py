@@ -21,7 +21,7 @@ from attnkit.search import beam_search, greedy_search
 from test_transformer import batch, small_model
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "attnkit"
-REFERENCE_MODULES = ["attention", "multihead", "layers", "transformer", "classifier", "rnn"]
+REFERENCE_MODULES = ["attention", "multihead", "layers", "transformer", "classifier", "rnn", "mlm"]
 
 
 @pytest.mark.parametrize("module", REFERENCE_MODULES)
@@ -211,3 +211,26 @@ def test_fifty_updates_give_the_same_loss_curve_under_both_engines() -> None:
     fast, reference = train_losses("fast"), train_losses("reference")
     assert reference[-1] < 0.8 * reference[0]  # it learned something
     torch.testing.assert_close(torch.tensor(fast), torch.tensor(reference), atol=2e-3, rtol=1e-3)
+
+
+def test_fused_mlm_loss_equals_the_reference_loss_and_gradients() -> None:
+    from attnkit.engine import FusedMLMLoss
+    from attnkit.mlm import MaskedLanguageModel, MLMLoss, mask_tokens
+    from attnkit.transformer import TransformerConfig
+
+    torch.manual_seed(0)
+    model = MaskedLanguageModel(TransformerConfig(d_model=32, n_heads=2, d_ff=64, encoder_layers=2, dropout=0.0), 300)
+    g = torch.Generator().manual_seed(1)
+    tokens = torch.randint(5, 300, (6, 40), generator=g)
+    tokens[2, 25:] = 0
+    inputs, selected = mask_tokens(tokens, mask_id=4, special_ids=(1, 2, 3), vocab_size=300, generator=g)
+    results = []
+    for objective in (MLMLoss(model), FusedMLMLoss(model)):
+        model.zero_grad()
+        loss = objective(inputs, selected, tokens[selected], 0.1)
+        loss.backward()
+        results.append((loss.detach(), [p.grad.clone() for p in model.parameters()]))
+    (ref, ref_grads), (fast, fast_grads) = results
+    torch.testing.assert_close(fast, ref, atol=1e-4, rtol=1e-5)
+    for a, b in zip(fast_grads, ref_grads, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)

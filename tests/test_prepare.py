@@ -19,10 +19,11 @@ from attnkit import prepare as prep
 from attnkit.cli import main
 from attnkit.config import dump_config, load_config
 from attnkit.data import filter_examples, pad_batch
+from attnkit.documents import held_out_rows
 from attnkit.errors import UserError
-from attnkit.prepare import DATA_DIR, MANIFEST_FILE, classifier_inputs, prepare
+from attnkit.prepare import DATA_DIR, MANIFEST_FILE, classifier_inputs, prepare, text_windows
 from attnkit.runconfig import RunConfig
-from attnkit.tasks import TranslationTask, make_task
+from attnkit.tasks import TranslationTask, make_task, read_validation
 from attnkit.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 from test_data import reference_make_batches
 
@@ -121,9 +122,61 @@ def test_classification_round_trip(tmp_path):
     data = prepare(load_config(RunConfig, raw), tmp_path / "run", quiet, workers=2)
     assert data.classes == ["mid", "neg", "pos"]
     assert data.labels.tolist() == [data.classes.index(label) for _, label in rows]
-    expected = classifier_inputs(data.tok, [t for t, _ in rows], 5)
+    expected = classifier_inputs(data.tok, [t for t, _ in rows], load_config(RunConfig, raw).data)
     assert [data.sides["text"][i] for i in range(len(rows))] == expected
     assert json.loads((tmp_path / "run" / "classes.json").read_text()) == data.classes
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_classification_holds_out_whole_groups_and_trains_on_the_rest(tmp_path, workers):
+    """Streamed split == the split of the file read whole (held_out_rows); <br /> and head+tail truncation applied."""
+    rows = [(f"review {i} of movie {i % 25}<br />it was " + "very " * (i % 9) + ("good" if i % 2 else "bad"),
+             "pos" if i % 2 else "neg", f"tt{i % 25}") for i in range(300)]
+    path = tmp_path / "imdb.tsv"
+    path.write_text("label\tmovie\ttext\n" + "".join(f"{y}\t{g}\t{t}\n" for t, y, g in rows), encoding="utf-8")
+    raw = {"task": "classify", "data": {"train": str(path), "valid_fraction": 0.2, "group_column": "movie",
+                                        "max_len": 8, "truncate": "head+tail", "tokenizer": {"vocab_size": 60}}}
+    cfg = load_config(RunConfig, raw)
+    data = prepare(cfg, tmp_path / "run", quiet, workers=workers)
+    held = held_out_rows(len(rows), 0.2, cfg.data.valid_seed, [g for _, _, g in rows])
+    kept = [r for r, h in zip(rows, held, strict=True) if not h]
+    assert 0 < len(kept) < len(rows) and len(data) == len(kept)
+    assert [data.sides["text"][i] for i in range(len(kept))] == classifier_inputs(data.tok, [t for t, _, _ in kept],
+                                                                                  cfg.data)
+    assert all("br" not in "".join(data.tok.src_pieces_from_ids(data.sides["text"][i])) for i in range(len(kept)))
+    valid = read_validation(cfg, quiet)
+    assert valid.texts == [t for (t, _, _), h in zip(rows, held, strict=True) if h]
+    assert not {g for t, _, g in rows if t in set(valid.texts)} & {g for _, _, g in kept}
+
+
+def test_pretraining_data_are_windows_of_the_training_texts(tmp_path):
+    texts = [" ".join(f"word{(i * 7 + j) % 31}" for j in range(3 + i % 40)) for i in range(200)]
+    path = tmp_path / "text.txt"
+    path.write_text("".join(t + "\n\n" for t in texts), encoding="utf-8")  # blank lines are skipped
+    raw = {"task": "pretrain", "data": {"train": str(path), "valid_fraction": 0.1, "max_len": 12,
+                                        "tokenizer": {"vocab_size": 60}}, "mlm": {"min_len": 4}}
+    cfg = load_config(RunConfig, raw)
+    data = prepare(cfg, tmp_path / "run", quiet, workers=2)
+    assert data.tok.mask_id == 4 and data.labels is None
+    held = held_out_rows(len(texts), 0.1, cfg.data.valid_seed)
+    kept = [t for t, h in zip(texts, held, strict=True) if not h]
+    expected = text_windows(data.tok.encode_src(kept), 12, 4)
+    assert [data.sides["text"][i] for i in range(len(data))] == expected
+    assert all(4 <= len(w) <= 12 for w in expected)
+
+
+@pytest.mark.parametrize("change", ["data.truncate=head+tail", "data.line_break_tags=keep", "data.valid_fraction=0.3",
+                                    "data.valid_seed=2"])
+def test_a_changed_classification_setting_prepares_again(tmp_path, change):
+    path = tmp_path / "t.tsv"
+    path.write_text("label\ttext\n" + "".join(f"{'pos' if i % 2 else 'neg'}\tsome text {i}<br />more\n"
+                                               for i in range(100)), encoding="utf-8")
+    raw = {"task": "classify", "data": {"train": str(path), "valid_fraction": 0.1, "max_len": 4,
+                                        "tokenizer": {"vocab_size": 40}}}
+    prepare(load_config(RunConfig, raw), tmp_path / "run", quiet)
+    key = change.split("=")[0].removeprefix("data.")
+    with pytest.raises(UserError, match=rf"data settings changed \({key} "):
+        prepare(load_config(RunConfig, raw, [change]), tmp_path / "run", quiet, resume=True)
 
 
 # -- reuse and invalidation -----------------------------------------------------------------

@@ -145,20 +145,34 @@ def _translate_ids(model: Transformer | RNNSeq2Seq, src: Tensor, limit: int | No
     return hyp.tokens + ([EOS_ID] if hyp.ended_with_eos else [])
 
 
-def _classifier_maps(run: LoadedRun, source: str) -> AttentionMaps:
+#: A classifier's input longer than this many pieces is shown by its most important pieces only.
+TOP_TOKENS = 40
+
+
+def _classifier_maps(run: LoadedRun, source: str, top: int = TOP_TOKENS) -> AttentionMaps:
+    """Self-attention and token importance of a classifier; for an input over ``top`` pieces (a long
+    review), only the ``top`` pieces the pooled vector drew on most, in text order, each labelled
+    ``piece@position``: a readable picture instead of a 256 x 256 grid. Its self-attention rows are
+    the weights among the kept pieces, so they sum to at most 1."""
     model = run.model
     if not isinstance(model, TransformerClassifier) or run.classes is None:
         raise TypeError(f"expected a TransformerClassifier run with classes, got {type(model).__name__}")
-    ids = classifier_inputs(run.tok, [source], run.cfg.data.max_len)[0]
+    ids = classifier_inputs(run.tok, [source], run.cfg.data)[0]
     x = torch.tensor([ids], device=next(model.parameters()).device)  # (1, S)
     with torch.inference_mode():
         _, _, encoder_self = model.encoder(x, need_weights=True)  # per layer (1, H, S, S)
         probs = model(x).float().softmax(-1)[0]  # (C,)
-        importance = model.token_importance(x)[0]  # (S,)
+        importance = model.token_importance(x)[0].float().cpu()  # (S,)
     best = int(probs.argmax())
-    return AttentionMaps("classifier", source, f"{run.classes[best]} (p={float(probs[best]):.2f})", False,
-                         run.tok.src_pieces_from_ids(ids), encoder_self=_first(encoder_self),
-                         pooling=importance.float().cpu())
+    output = f"{run.classes[best]} (p={float(probs[best]):.2f})"
+    pieces, weights = run.tok.src_pieces_from_ids(ids), _first(encoder_self)
+    if len(ids) > top:
+        keep = importance.topk(top).indices.sort().values  # (top,), in text order
+        pieces = [f"{pieces[i]}@{i}" for i in keep.tolist()]
+        weights = [w[:, keep][:, :, keep] for w in weights]  # (H, top, top): weights among the kept pieces
+        importance = importance[keep]
+        output += f"; the {top} of {len(ids)} pieces it drew on most"
+    return AttentionMaps("classifier", source, output, False, pieces, encoder_self=weights, pooling=importance)
 
 
 def attention_maps(run: LoadedRun, source: str, target: str | None = None, *, beam: int = 1,

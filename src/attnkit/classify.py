@@ -19,7 +19,7 @@ def _classes(run: LoadedRun) -> list[str]:
 
 def predict(run: LoadedRun, texts: list[str], batch_size: int = 256) -> tuple[torch.Tensor, list[list[int]]]:
     """Class probabilities ``(N, C)`` and the token ids fed to the model."""
-    ids = classifier_inputs(run.tok, texts, run.cfg.data.max_len)
+    ids = classifier_inputs(run.tok, texts, run.cfg.data)
     probs = []
     with torch.inference_mode():
         for start in range(0, len(ids), batch_size):

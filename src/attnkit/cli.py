@@ -292,6 +292,10 @@ def cmd_train(args: argparse.Namespace) -> None:
         cfg = load_config(RunConfig, run_dir / CONFIG_FILE, args.overrides)  # the run's own config
     else:
         cfg = load_config(RunConfig, args.config, args.overrides)
+    if cfg.model.init_from:  # a missing or mismatched pretraining run: an error before the run directory is touched
+        from .pretrain import check_init_from
+
+        check_init_from(cfg.model.init_from, run_dir)
     trainer = Trainer(cfg, run_dir, resume=args.resume)
     metrics = trainer.run()
     if trainer.workers.is_main:  # under torchrun, one of several processes (see attnkit.distributed)
@@ -321,7 +325,8 @@ def cmd_translate(args: argparse.Namespace) -> None:
         raise UserError(f"{args.model}: an exported model gives no attention weights; use --attention-dir "
                         f"with the run directory it was exported from")
     if run is not None and run.cfg.task != "translate":
-        raise UserError(f"{args.model} is a {run.cfg.task} model; use `attnkit classify`")
+        hint = "use `attnkit classify`" if run.cfg.task == "classify" else "fine-tune it (model.init_from) first"
+        raise UserError(f"{args.model} is a {run.cfg.task} model; {hint}")
     beam = _beam(args.beam, beam)
     if not 1 <= args.n_best <= beam:
         raise UserError(f"--n-best {args.n_best} must be between 1 and --beam {beam}")
@@ -343,6 +348,8 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
     from .evaluate import translation_scores
 
     translate, beam, lenpen, run = _translation_model(args.model)
+    if run is not None and run.cfg.task == "pretrain":
+        raise UserError(f"{args.model} is a pretraining run; fine-tune it (model.init_from) and evaluate that")
     if run is not None and run.cfg.task == "classify":
         if not args.data:
             raise UserError("evaluating a classifier needs --data FILE (a labelled .tsv/.csv)")
@@ -371,7 +378,8 @@ def cmd_classify(args: argparse.Namespace) -> None:
 
     run = load_run(args.model)
     if run.cfg.task != "classify":
-        raise UserError(f"{args.model} is a {run.cfg.task} model; use `attnkit translate`")
+        hint = "use `attnkit translate`" if run.cfg.task == "translate" else "fine-tune it (model.init_from) first"
+        raise UserError(f"{args.model} is a {run.cfg.task} model; {hint}")
     _write_output(None, classify_texts(run, _read_input(args.input), with_attention=args.with_attention))
 
 
@@ -383,6 +391,8 @@ def cmd_attention(args: argparse.Namespace) -> None:
     if args.no_png and not args.html:
         raise UserError("--no-png without --html would write nothing; drop --no-png or add --html")
     run = load_run(args.model)
+    if run.cfg.task == "pretrain":
+        raise UserError(f"{args.model} is a pretraining run; look at the attention of a model fine-tuned from it")
     lenpen = run.cfg.decode_lenpen if args.lenpen is None else args.lenpen
     maps = attention_maps(run, args.src, args.tgt, beam=args.beam, lenpen=lenpen)
     out = Path(args.out_dir)

@@ -318,6 +318,7 @@ class LabelledData:
     :param text_column: header name the texts were read from.
     :param label_column: header name the labels were read from.
     :param path: the file they came from.
+    :param groups: one group id per row (e.g. the movie a review is about) when a group column was read.
     """
 
     texts: list[str]
@@ -325,6 +326,7 @@ class LabelledData:
     text_column: str
     label_column: str
     path: str
+    groups: list[str] | None = None
 
     def __len__(self) -> int:
         return len(self.texts)
@@ -398,13 +400,15 @@ class LabelledReader:
     :param path: the file (optionally ``.gz``).
     :param text_column: header name of the text column (config ``data.text_column``).
     :param label_column: header name of the label column (config ``data.label_column``).
+    :param group_column: header name of a column whose value is each row's group (config
+        ``data.group_column``), e.g. the movie, for a held-out split that keeps each group on one side.
     :param stats: counts rows skipped for a line over the length cap.
     :raises UserError: no/ambiguous header, a named column missing, a row with the wrong
         number of fields, an empty text or label (each naming ``file:line``).
     """
 
     def __init__(self, path: str | Path, *, text_column: str | None = None, label_column: str | None = None,
-                 stats: ReadStats | None = None) -> None:
+                 group_column: str | None = None, stats: ReadStats | None = None) -> None:
         self.path = str(path)
         self.stats = stats if stats is not None else ReadStats()
         suffix = _base_suffix(Path(path))
@@ -427,6 +431,8 @@ class LabelledReader:
         if self.text_column == self.label_column:
             raise UserError(f"{path}: text and label column are both '{self.text_column}'; set "
                             f"data.text_column and data.label_column to different columns")
+        self.group_column = (None if group_column is None
+                             else _choose_column(path, self.header, group_column, "group", ()))
 
     def _rows(self, stats: ReadStats, line_no: list[int]) -> Iterator[list[str]]:
         """csv records; ``line_no[0]`` is the file line where the latest record ends."""
@@ -443,8 +449,18 @@ class LabelledReader:
             raise UserError(f"{self.path}:{line_no[0]}: malformed {self._kind}-separated row ({e})") from None
 
     def __iter__(self) -> Iterator[tuple[str, str]]:
+        """``(text, label)`` rows."""
+        return ((text, label) for text, label, _ in self.keyed())
+
+    def keyed(self) -> Iterator[tuple[str, str, str]]:
+        """``(text, label, key)`` rows; the key is the row's group (``group_column``), else its row number.
+
+        The key decides which side of a held-out split the row lands on (:func:`attnkit.documents.is_held_out`).
+        """
         path, header = self.path, self.header
         text_idx, label_idx = header.index(self.text_column), header.index(self.label_column)
+        group_idx = None if self.group_column is None else header.index(self.group_column)
+        n = 0
         line_no = [0]
         rows = self._rows(self.stats, line_no)
         next(rows, None)  # the header
@@ -462,17 +478,20 @@ class LabelledReader:
             if not row_label:
                 raise UserError(f"{path}:{line_no[0]}:{self.label_column}: empty label; fill it in or "
                                 f"remove the row")
-            yield row_text, row_label
+            yield row_text, row_label, str(n) if group_idx is None else row[group_idx].strip()
+            n += 1
 
 
 def read_labelled(
-    path: str | Path, *, text_column: str | None = None, label_column: str | None = None
+    path: str | Path, *, text_column: str | None = None, label_column: str | None = None,
+    group_column: str | None = None,
 ) -> LabelledData:
     """All rows of a classification file in memory; see :class:`LabelledReader` for the format and errors."""
-    reader = LabelledReader(path, text_column=text_column, label_column=label_column)
-    rows = list(reader)
-    return LabelledData(texts=[t for t, _ in rows], labels=[label for _, label in rows],
-                        text_column=reader.text_column, label_column=reader.label_column, path=str(path))
+    reader = LabelledReader(path, text_column=text_column, label_column=label_column, group_column=group_column)
+    rows = list(reader.keyed())
+    return LabelledData(texts=[t for t, _, _ in rows], labels=[label for _, label, _ in rows],
+                        text_column=reader.text_column, label_column=reader.label_column, path=str(path),
+                        groups=None if group_column is None else [g for _, _, g in rows])
 
 
 # --------------------------------------------------------------------------------------

@@ -18,7 +18,8 @@ Layout in the run directory (beside the tokenizer files)::
     data/SIDE.lengths.npy         (N,) tokens per example
     data/labels.npy               (N,) class index per example (classification)
 
-SIDE is ``src`` and ``tgt`` (translation) or ``text`` (classification). A run reuses the data while
+SIDE is ``src`` and ``tgt`` (translation) or ``text`` (classification; pretraining, one example per
+window of ``data.max_len`` subwords). A run reuses the data while
 the manifest's sources (content), settings and tokenizer match; otherwise ``train`` prepares
 again and ``train --resume`` stops (its checkpoint's data position refers to the old data).
 """
@@ -43,13 +44,24 @@ from typing import BinaryIO
 import numpy as np
 
 from . import dates
-from .data import FilterStats, LabelledReader, ReadStats, TokenArrays, filter_lengths, iter_lines, iter_parallel
+from .data import (
+    FilterStats,
+    LabelledReader,
+    ReadStats,
+    TokenArrays,
+    _base_suffix,
+    filter_lengths,
+    iter_lines,
+    iter_parallel,
+)
+from .documents import clean_text, is_held_out, truncate
 from .errors import UserError
 from .files import atomic_write_text, fsync_dir
-from .runconfig import RunConfig
+from .runconfig import DataConfig, RunConfig
 from .tokenizer import PAD_ID, TOKENIZER_FILE, Tokenizer, train_tokenizer
 
-__all__ = ["CLASSES_FILE", "DATA_DIR", "MANIFEST_FILE", "Prepared", "classifier_inputs", "prepare"]
+__all__ = ["CLASSES_FILE", "DATA_DIR", "MANIFEST_FILE", "Prepared", "classifier_inputs", "labelled_reader",
+           "pretraining_texts", "prepare", "split_rows", "text_windows"]
 
 DATA_DIR, MANIFEST_FILE, CLASSES_FILE = "data", "manifest.json", "classes.json"
 _FORMAT_VERSION = 1
@@ -63,9 +75,17 @@ _HASH_BLOCK = 1 << 22
 _TOKENIZER_FILES = (TOKENIZER_FILE, "spm.model", "src.model", "tgt.model")
 
 
-def classifier_inputs(tok: Tokenizer, texts: list[str], max_len: int, *, threads: int = -1) -> list[list[int]]:
-    """Token ids the classifier reads: cut to ``max_len``; an empty text becomes one ``<pad>`` (pooled to zeros)."""
-    return [ids[:max_len] or [PAD_ID] for ids in tok.encode_src(texts, threads=threads)]
+def classifier_inputs(tok: Tokenizer, texts: list[str], data: DataConfig, *, threads: int = -1) -> list[list[int]]:
+    """Token ids the classifier reads: ``<br />`` tags and truncation to ``data.max_len`` as ``data`` says
+    (:mod:`attnkit.documents`); an empty text becomes one ``<pad>`` (pooled to zeros)."""
+    ids = tok.encode_src([clean_text(t, data.line_break_tags) for t in texts], threads=threads)
+    return [truncate(x, data.max_len, data.truncate) or [PAD_ID] for x in ids]
+
+
+def text_windows(ids: list[list[int]], max_len: int, min_len: int) -> list[list[int]]:
+    """Pretraining examples: every text cut into consecutive windows of ``max_len`` subwords; shorter than
+    ``min_len`` are dropped."""
+    return [x[i: i + max_len] for x in ids for i in range(0, len(x), max_len) if len(x[i: i + max_len]) >= min_len]
 
 
 @dataclass
@@ -73,7 +93,7 @@ class Prepared:
     """A run's prepared training data, memory-mapped.
 
     :param tok: the tokenizer the ids come from.
-    :param sides: ``{"src": ..., "tgt": ...}`` (translation) or ``{"text": ...}`` (classification).
+    :param sides: ``{"src": ..., "tgt": ...}`` (translation) or ``{"text": ...}`` (classification, pretraining).
     :param labels: (N,) class indices (classification), else None.
     :param classes: class names in index order (classification), else None.
     :param manifest: the manifest it was loaded with.
@@ -98,6 +118,8 @@ def _source_paths(cfg: RunConfig) -> list[str]:
     d = cfg.data
     if d.generate != "none":
         return []
+    if cfg.task == "pretrain":
+        return [d.train, *d.extra_text]
     return [d.train] + ([d.train_tgt] if cfg.task == "translate" and d.train_tgt else [])
 
 
@@ -106,8 +128,13 @@ def _settings(cfg: RunConfig) -> dict:
     d = cfg.data
     settings = {"task": cfg.task, "max_len": d.max_len, "tokenizer": asdict(d.tokenizer), "seed": cfg.train.seed,
                 "layout": "two files" if d.train_tgt else "one file", "max_line_bytes": ReadStats().max_line_bytes}
+    if cfg.task != "translate":
+        settings.update(text_column=d.text_column, label_column=d.label_column, group_column=d.group_column,
+                        valid_fraction=d.valid_fraction, valid_seed=d.valid_seed, line_break_tags=d.line_break_tags)
     if cfg.task == "classify":
-        settings.update(text_column=d.text_column, label_column=d.label_column)
+        settings.update(truncate=d.truncate)
+    if cfg.task == "pretrain":
+        settings.update(min_len=cfg.mlm.min_len)
     if d.generate != "none":
         settings.update(generate=d.generate, generate_train=d.generate_train)
     return settings
@@ -158,13 +185,55 @@ def _changes(manifest: dict, sources: list[dict], settings: dict, tok_hash: str 
     return None
 
 
-def _train_examples(cfg: RunConfig, stats: ReadStats | None = None) -> Iterator[tuple[str, str]]:
-    """The training examples, streamed: ``(source, target)`` or ``(text, label)``."""
+def split_rows(rows: Iterator[tuple[str, str, str]], data: DataConfig, *, held_out: bool
+               ) -> Iterator[tuple[str, str]]:
+    """``(text, label)`` of the keyed ``rows`` (:meth:`LabelledReader.keyed`) on one side of
+    ``data.valid_fraction``: the held-out ones for validation, or the others for training."""
+    for text, label, key in rows:
+        if (data.valid_fraction > 0 and is_held_out(key, data.valid_fraction, data.valid_seed)) == held_out:
+            yield text, label
+
+
+def labelled_reader(cfg: RunConfig, stats: ReadStats | None = None) -> LabelledReader:
+    """The reader of the classification training file, with the configured columns."""
+    d = cfg.data
+    return LabelledReader(d.train, text_column=d.text_column, label_column=d.label_column,
+                          group_column=d.group_column, stats=stats)
+
+
+def pretraining_texts(cfg: RunConfig, paths: list[str], *, held_out: bool = False, stats: ReadStats | None = None,
+                      log: Callable[[str], None] | None = None) -> Iterator[str]:
+    """The texts of pretraining files on one side of ``data.valid_fraction``, ``<br />`` treated as configured.
+
+    ``.txt`` (optionally ``.gz``): one text per line, blank lines skipped. ``.tsv`` / ``.csv``: the text column
+    (``data.text_column`` or detected; the first file's rows grouped by ``data.group_column``); labels unread.
+    """
+    d = cfg.data
+    for i, path in enumerate(paths):
+        if _base_suffix(Path(path)) in (".tsv", ".csv"):
+            reader = LabelledReader(path, text_column=d.text_column, label_column=d.label_column,
+                                    group_column=d.group_column if i == 0 else None, stats=stats)
+            if log is not None:
+                log(f"{path}: pretraining on column '{reader.text_column}'; the labels in "
+                    f"'{reader.label_column}' are ignored")
+            rows: Iterator[tuple[str, str, str]] = reader.keyed()
+        else:
+            lines = (line for line in iter_lines(path, stats) if line is not None and line.strip())
+            rows = ((line, "", str(n)) for n, line in enumerate(lines))
+        for text, _ in split_rows(rows, d, held_out=held_out):
+            yield clean_text(text, d.line_break_tags)
+
+
+def _train_examples(cfg: RunConfig, stats: ReadStats | None = None, log: Callable[[str], None] | None = None
+                    ) -> Iterator[tuple[str, str]]:
+    """The training examples, streamed: ``(source, target)``, ``(text, label)`` or ``(text, "")`` (pretraining)."""
     d = cfg.data
     if d.generate == "dates":
         return iter(dates.generate_pairs(d.generate_train, seed=cfg.train.seed, split="train"))
     if cfg.task == "classify":
-        return iter(LabelledReader(d.train, text_column=d.text_column, label_column=d.label_column, stats=stats))
+        return split_rows(labelled_reader(cfg, stats).keyed(), d, held_out=False)
+    if cfg.task == "pretrain":
+        return ((text, "") for text in pretraining_texts(cfg, _source_paths(cfg), stats=stats, log=log))
     return iter_parallel(d.train, d.train_tgt, stats=stats)
 
 
@@ -173,19 +242,27 @@ def _column(cfg: RunConfig, side: int) -> Iterator[str]:
     d = cfg.data
     if cfg.task == "translate" and d.generate == "none" and d.train_tgt:
         return (line for line in iter_lines(d.train if side == 0 else d.train_tgt) if line is not None)
+    if cfg.task == "classify":
+        return (clean_text(text, d.line_break_tags) for text, _ in _train_examples(cfg))
     return (example[side] for example in _train_examples(cfg))
 
 
 def load_or_train_tokenizer(cfg: RunConfig, run_dir: Path, log: Callable[[str], None], *, retrain: bool) -> Tokenizer:
-    """The run's tokenizer: loaded from ``run_dir``, or (``retrain`` or none there) trained on a sample of the data."""
+    """The run's tokenizer: loaded from ``run_dir``, copied from ``model.init_from``'s pretraining run, or
+    (``retrain`` or none there) trained on a sample of the data (with ``<mask>`` for pretraining)."""
+    if cfg.model.init_from:
+        from .pretrain import copy_pretrained_tokenizer
+
+        return copy_pretrained_tokenizer(cfg.model.init_from, run_dir, log)
     if not retrain and (run_dir / TOKENIZER_FILE).exists():
         return Tokenizer.load(run_dir)
     t = cfg.data.tokenizer
     log(f"training a {t.model_type} SentencePiece tokenizer (vocab {t.vocab_size}"
-        + (f", joint {t.joint})" if cfg.task == "translate" else ")"))
+        + (f", joint {t.joint})" if cfg.task == "translate" else ", with <mask>)" if cfg.task == "pretrain" else ")"))
     tgt = _column(cfg, 1) if cfg.task == "translate" else None
     tok = train_tokenizer(_column(cfg, 0), tgt, run_dir, vocab_size=t.vocab_size, model_type=t.model_type,
-                          joint=t.joint, seed=cfg.train.seed, max_sentences=t.max_sentences)
+                          joint=t.joint, seed=cfg.train.seed, max_sentences=t.max_sentences,
+                          mask=cfg.task == "pretrain", where=", ".join(_source_paths(cfg)) or "data.generate")
     log(f"trained the tokenizer: {tok!r}")
     return tok
 
@@ -266,13 +343,13 @@ def _read_manifest(path: Path) -> dict | None:
 def _encode_into(cfg: RunConfig, run_dir: Path, out: Path, tok: Tokenizer, workers: int,
                  log: Callable[[str], None]) -> dict:
     """Stream, encode, filter and write the training examples into ``out`` -> the manifest's counts."""
-    translate = cfg.task == "translate"
+    translate, labelled = cfg.task == "translate", cfg.task == "classify"
     vocab = max(tok.src_vocab_size, tok.tgt_vocab_size if translate else 0)
     id_dtype = np.dtype(np.uint16 if vocab <= 1 << 16 else np.int32)
     len_dtype = np.dtype(np.uint16 if cfg.data.max_len < 1 << 16 else np.int32)
     names = ("src", "tgt") if translate else ("text",)
     sides = {name: _SideWriter(out, name, id_dtype, len_dtype) for name in names}
-    labels = _NpyWriter(out / "labels.npy", np.dtype(np.int32)) if not translate else None
+    labels = _NpyWriter(out / "labels.npy", np.dtype(np.int32)) if labelled else None
     label_ids: dict[str, int] = {}  # first-seen order; sorted into the class order at the end
     stats = ReadStats()
     filtered = FilterStats(0, 0, 0, cfg.data.max_len)
@@ -289,11 +366,12 @@ def _encode_into(cfg: RunConfig, run_dir: Path, out: Path, tok: Tokenizer, worke
             sides["tgt"].add(tgt, tgt_lens, keep)
         else:
             sides["text"].add(*arrays, None)
+        if labels is not None:
             labels.write(np.array([label_ids.setdefault(c, len(label_ids)) for c in chunk_labels], dtype=np.int32))
 
-    examples = _train_examples(cfg, stats)
+    examples = _train_examples(cfg, stats, log)
     chunks = iter(lambda: list(islice(examples, _CHUNK)), [])
-    job = (translate, max_len, id_dtype.str)
+    job = _Job(cfg.task, id_dtype.str, cfg.data, cfg.mlm.min_len)
     if workers < 1:
         _init_worker(str(run_dir))
         for chunk in chunks:
@@ -321,6 +399,11 @@ def _encode_into(cfg: RunConfig, run_dir: Path, out: Path, tok: Tokenizer, worke
                                             f"{stats.max_line_bytes} bytes" if stats.long_lines else ""))
         if n == 0:
             raise UserError(f"{where}: no usable training pairs ({filtered})")
+    elif not labelled:
+        if n == 0:
+            raise UserError(f"{', '.join(_source_paths(cfg))}: no text of at least mlm.min_len={cfg.mlm.min_len} "
+                            f"subwords to pretrain on; give files with one text per line")
+        log(f"pretraining data: {n} windows of at most {max_len} subwords")
     else:
         labels.close()
         if n == 0:
@@ -357,18 +440,31 @@ def _flat(seqs: list[list[int]], dtype: str) -> tuple[np.ndarray, np.ndarray]:
     return np.fromiter(chain.from_iterable(seqs), dtype=dtype, count=int(lens.sum())), lens
 
 
-def _encode_chunk(job: tuple[bool, int, str], chunk: list[tuple[str, str]]) -> tuple[list[np.ndarray], list[str]]:
+@dataclass(frozen=True)
+class _Job:
+    """What an encoding process needs besides the tokenizer."""
+
+    task: str
+    dtype: str
+    data: DataConfig
+    min_len: int
+
+
+def _encode_chunk(job: _Job, chunk: list[tuple[str, str]]) -> tuple[list[np.ndarray], list[str]]:
     """Encode one chunk of examples (in a worker) -> (flat ids and lengths per side, labels)."""
-    translate, max_len, dtype = job
     tok = _worker_tok
     if tok is None:
         raise RuntimeError("encoding worker used before _init_worker")
     first = [a for a, _ in chunk]
-    if translate:  # one SentencePiece thread per process: the processes are the parallelism
-        src = _flat(tok.encode_src(first, threads=1), dtype)
-        tgt = _flat(tok.encode_tgt([b for _, b in chunk], threads=1), dtype)
+    # one SentencePiece thread per process: the processes are the parallelism
+    if job.task == "translate":
+        src = _flat(tok.encode_src(first, threads=1), job.dtype)
+        tgt = _flat(tok.encode_tgt([b for _, b in chunk], threads=1), job.dtype)
         return [*src, *tgt], []
-    return list(_flat(classifier_inputs(tok, first, max_len, threads=1), dtype)), [b for _, b in chunk]
+    if job.task == "pretrain":  # the texts come cleaned from pretraining_texts
+        windows = text_windows(tok.encode_src(first, threads=1), job.data.max_len, job.min_len)
+        return list(_flat(windows, job.dtype)), []
+    return list(_flat(classifier_inputs(tok, first, job.data, threads=1), job.dtype)), [b for _, b in chunk]
 
 
 # --------------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from .data import round_up
+from .documents import LineBreakTags, Truncation
 from .errors import UserError
 from .rnn import RNNConfig
 from .search import LENPEN
@@ -34,7 +35,11 @@ class DataConfig:
     Translation: ``train`` is the source file and ``train_tgt`` the line-aligned target file
     (plain text, optionally ``.gz``), or ``train`` alone is a ``.tsv`` / ``.jsonl`` holding
     both sides. Classification: ``train`` is a ``.tsv`` / ``.csv`` with a header.
+    Pretraining (``task: pretrain``): ``train`` (and ``extra_text``) are ``.txt`` files, one text
+    per line, or ``.tsv`` / ``.csv`` files whose text column is read (labels ignored).
     ``generate: dates`` uses the built-in date-normalisation task instead of files.
+    Classification and pretraining may hold out validation rows of ``train`` instead of reading
+    ``valid`` (``valid_fraction``; see :mod:`attnkit.documents`).
     """
 
     train: str = ""
@@ -46,6 +51,12 @@ class DataConfig:
     generate_valid: int = 500
     text_column: str | None = None  # classification: header names (detected when unambiguous)
     label_column: str | None = None
+    group_column: str | None = None  # held-out rows keep each value of this column on one side (IMDB: movie)
+    valid_fraction: float = 0.0  # > 0: validate on this share of the training rows (groups) instead of `valid`
+    valid_seed: int = 1  # which rows are held out (a stable hash of seed and row number or group)
+    line_break_tags: LineBreakTags = "newline"  # <br />: a line break (whitespace to SentencePiece), or keep
+    truncate: Truncation = "head"  # classification: keep the first max_len subwords, or the head and the tail
+    extra_text: list[str] = field(default_factory=list)  # pretraining: more unlabelled text files
     max_len: int = 100  # translation: pairs with a side longer than this many subwords are dropped from training;
     #                     classification: texts are cut to this many subwords
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
@@ -53,8 +64,12 @@ class DataConfig:
     def validate(self) -> None:
         if self.generate == "none" and not self.train:
             raise UserError("data.train is empty: give a training file (or data.generate: dates)")
-        if self.generate == "none" and not self.valid:
-            raise UserError("data.valid is empty: give a validation file")
+        if not 0.0 <= self.valid_fraction < 1.0:
+            raise UserError(f"data.valid_fraction must be in [0, 1), got {self.valid_fraction}")
+        if self.valid_fraction and self.valid:
+            raise UserError("give data.valid or data.valid_fraction, not both")
+        if self.generate == "none" and not self.valid and not self.valid_fraction:
+            raise UserError("data.valid is empty: give a validation file (or data.valid_fraction)")
 
 
 @dataclass
@@ -65,6 +80,24 @@ class ModelConfig:
     transformer: TransformerConfig = field(default_factory=TransformerConfig)
     rnn: RNNConfig = field(default_factory=RNNConfig)
     pooling: Literal["max", "mean", "first"] = "max"  # classification only
+    init_from: str | None = None  # classification: start from the encoder of this `task: pretrain` run
+
+
+@dataclass
+class MLMConfig:
+    """Masked-language-model pretraining (``task: pretrain``), BERT's recipe (Devlin et al. 2019)."""
+
+    select: float = 0.15  # share of the (non-special) subwords to predict
+    mask: float = 0.8  # of those: replaced by <mask>
+    random: float = 0.1  # of those: replaced by a random subword (the rest stay as they are)
+    min_len: int = 4  # text windows shorter than this many subwords are not trained on
+    valid_windows: int = 2000  # validate on at most this many held-out windows
+
+    def validate(self) -> None:
+        if not 0.0 < self.select < 1.0:
+            raise UserError(f"select must be in (0, 1), got {self.select}")
+        if self.mask < 0 or self.random < 0 or self.mask + self.random > 1.0:
+            raise UserError(f"mask ({self.mask}) and random ({self.random}) must be >= 0 and sum to at most 1")
 
 
 @dataclass
@@ -120,14 +153,19 @@ class TrainConfig:
 class RunConfig:
     """One training run."""
 
-    task: Literal["translate", "classify"] = "translate"
+    task: Literal["translate", "classify", "pretrain"] = "translate"
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    mlm: MLMConfig = field(default_factory=MLMConfig)
     decode_beam: int = 4  # defaults for `attnkit translate` / `evaluate`
     decode_lenpen: float = LENPEN
 
     def validate(self) -> None:
+        if self.task == "translate" and self.data.valid_fraction:
+            raise UserError("data.valid_fraction is for classification and pretraining; give data.valid")
+        if self.model.init_from and self.task != "classify":
+            raise UserError("model.init_from is for task: classify (fine-tuning a pretrained encoder)")
         if self.data.max_len < 1:
             raise UserError(f"data.max_len must be at least 1, got {self.data.max_len}")
         if self.model.arch == "transformer":

@@ -118,6 +118,9 @@ class RunServable:
     def __init__(self, run: LoadedRun, name: str) -> None:
         self.run = run
         cfg = run.cfg
+        if cfg.task == "pretrain":
+            raise UserError(f"{name} is a pretraining run: it neither translates nor classifies; serve a run "
+                            f"fine-tuned from it (model.init_from)")
         translate = cfg.task == "translate"
         self.info = ModelInfo(
             name=name, task=cfg.task,

@@ -39,6 +39,7 @@ from .classifier import TransformerClassifier
 from .config import load_config
 from .data import (
     Batches,
+    LabelledData,
     TokenArrays,
     filter_examples,
     make_batches,
@@ -49,7 +50,7 @@ from .data import (
 )
 from .engine import FusedSeq2SeqLoss, accelerate
 from .errors import UserError
-from .prepare import CLASSES_FILE, classifier_inputs, prepare
+from .prepare import CLASSES_FILE, classifier_inputs, labelled_reader, prepare, split_rows
 from .rnn import RNNSeq2Seq
 from .runconfig import RunConfig
 from .search import LENPEN, MAX_LEN_A, MAX_LEN_B, beam_search, greedy_search
@@ -350,6 +351,22 @@ def build_classifier(cfg: RunConfig, tok: Tokenizer, n_classes: int) -> nn.Modul
     return TransformerClassifier(cfg.model.transformer, tok.src_vocab_size, n_classes, pooling=cfg.model.pooling)
 
 
+def read_validation(cfg: RunConfig, log=print) -> LabelledData:
+    """The validation rows: ``data.valid``, or the rows of ``data.train`` held out (``data.valid_fraction``)."""
+    d = cfg.data
+    if not d.valid_fraction:
+        return read_labelled(d.valid, text_column=d.text_column, label_column=d.label_column)
+    reader = labelled_reader(cfg)
+    rows = list(split_rows(reader.keyed(), d, held_out=True))
+    by = f"grouped by column '{d.group_column}'" if d.group_column else "rows"
+    log(f"validation: {len(rows)} rows of {d.train} held out (data.valid_fraction {d.valid_fraction}, {by}, "
+        f"seed {d.valid_seed})")
+    if not rows:
+        raise UserError(f"{d.train}: data.valid_fraction {d.valid_fraction} holds out no rows; raise it")
+    return LabelledData([t for t, _ in rows], [label for _, label in rows], reader.text_column, reader.label_column,
+                        f"{d.train} (held-out rows)")
+
+
 class ClassificationTask:
     """Encoder-only classifier with (label-smoothed) cross-entropy; validation accuracy as the score."""
 
@@ -358,16 +375,17 @@ class ClassificationTask:
     def __init__(self, cfg: RunConfig, run_dir: Path, log=print, *, resume: bool = False) -> None:
         self.cfg = cfg
         d = cfg.data
-        valid = read_labelled(d.valid, text_column=d.text_column, label_column=d.label_column)
         data = prepare(cfg, run_dir, log, resume=resume)
         self.tok, self.manifest, self.classes = data.tok, data.manifest, data.classes or []
+        valid = read_validation(cfg, log)
         unknown = sorted(set(valid.labels) - set(self.classes))
         if unknown:
-            raise UserError(f"{d.valid}: label(s) {unknown} do not occur in the training data {d.train}")
+            raise UserError(f"{valid.path}: label(s) {unknown} in column '{valid.label_column}' do not occur in "
+                            f"the training rows of {d.train}")
         index = {c: i for i, c in enumerate(self.classes)}
         self.x = data.sides["text"]  # memory-mapped ids, cut to max_len
         self.y = data.labels
-        self.valid_x = TokenArrays.from_lists(classifier_inputs(self.tok, valid.texts, d.max_len))
+        self.valid_x = TokenArrays.from_lists(classifier_inputs(self.tok, valid.texts, d))
         self.valid_y = [index[label] for label in valid.labels]
         self._batches: tuple[int, Batches] | None = None
         batches = self.batches(0)
@@ -376,7 +394,12 @@ class ClassificationTask:
             f"{len(batches)} batches per epoch, {padding:.1%} of positions padding")
 
     def build_model(self) -> nn.Module:
-        return build_classifier(self.cfg, self.tok, len(self.classes))
+        model = build_classifier(self.cfg, self.tok, len(self.classes))
+        if self.cfg.model.init_from:
+            from .pretrain import load_pretrained_encoder
+
+            load_pretrained_encoder(model, self.cfg.model.init_from)
+        return model
 
     def objective(self, model: nn.Module) -> nn.Module:
         return ClassificationLoss(model)
@@ -414,6 +437,10 @@ class ClassificationTask:
 
 def make_task(cfg: RunConfig, run_dir: Path, log=print, *, resume: bool = False) -> Task:
     """The task of ``cfg``, its training data prepared (or reused) in ``run_dir`` (:func:`attnkit.prepare.prepare`)."""
+    if cfg.task == "pretrain":
+        from .pretrain import PretrainTask
+
+        return PretrainTask(cfg, run_dir, log, resume=resume)
     task = ClassificationTask if cfg.task == "classify" else TranslationTask
     return task(cfg, run_dir, log, resume=resume)
 
@@ -475,6 +502,10 @@ def load_run(path: str | Path, device: torch.device | None = None) -> LoadedRun:
     if cfg.task == "classify":
         classes = read_classes(run_dir / CLASSES_FILE)
         model: nn.Module = build_classifier(cfg, tok, len(classes))
+    elif cfg.task == "pretrain":
+        from .mlm import MaskedLanguageModel
+
+        model = MaskedLanguageModel(cfg.model.transformer, tok.src_vocab_size)
     else:
         model = build_translation_model(cfg, tok)
     state, _ = load_weights(weights)

@@ -10,7 +10,13 @@ batching code can use the constants below without asking the tokenizer:
  1      ``<unk>``  characters outside the vocabulary
  2      ``<s>``    beginning of sentence, added by callers
  3      ``</s>``   end of sentence, added by callers
+ 4      ``<mask>`` masked-language-model input (:attr:`Tokenizer.mask_id`); only in
+                   tokenizers trained with ``mask=True``, for ``task: pretrain``
 =====  =========  ==========================================
+
+``<mask>`` is a SentencePiece control symbol: text never encodes to it (a review that
+contains the characters ``<mask>`` reads them as text), and tokenizers trained without it
+keep their ids.
 
 A trained tokenizer is a directory holding ``tokenizer.json`` and one model file
 (``spm.model``, joint or classification) or two (``src.model``, ``tgt.model``).
@@ -40,6 +46,7 @@ __all__ = [
     "BOS_PIECE",
     "EOS_ID",
     "EOS_PIECE",
+    "MASK_PIECE",
     "MODEL_TYPES",
     "PAD_ID",
     "PAD_PIECE",
@@ -51,7 +58,7 @@ __all__ = [
     "train_tokenizer",
 ]
 
-PAD_PIECE, UNK_PIECE, BOS_PIECE, EOS_PIECE = "<pad>", "<unk>", "<s>", "</s>"
+PAD_PIECE, UNK_PIECE, BOS_PIECE, EOS_PIECE, MASK_PIECE = "<pad>", "<unk>", "<s>", "</s>", "<mask>"
 #: Ids that never carry text; decoding drops them.
 SPECIAL_IDS: frozenset[int] = frozenset({PAD_ID, BOS_ID, EOS_ID})
 _NUM_SPECIAL = 4  # pad, unk, bos, eos
@@ -78,6 +85,8 @@ def _train_one(
     seed: int,
     max_sentences: int,
     what: str,
+    where: str,
+    mask: bool = False,
 ) -> bytes:
     """Train one SentencePiece model in memory from streamed ``texts`` and return its serialized proto.
 
@@ -110,6 +119,7 @@ def _train_one(
             hard_vocab_limit=False,  # tiny corpora: shrink the vocab instead of failing
             pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID,
             pad_piece=PAD_PIECE, unk_piece=UNK_PIECE, bos_piece=BOS_PIECE, eos_piece=EOS_PIECE,
+            control_symbols=[MASK_PIECE] if mask else [],  # id 4, right after the four special ids
             input_sentence_size=max_sentences,  # a seeded reservoir sample of the stream
             shuffle_input_sentence=True,
             max_sentence_length=_MAX_SENTENCE_BYTES,
@@ -118,7 +128,7 @@ def _train_one(
         )
     except RuntimeError as e:
         if not seen[0]:
-            raise _no_text(what) from None
+            raise _no_text(what, where) from None
         msg = str(e)
         m = re.search(r"Vocabulary size is smaller than required_chars\. (\d+) vs (\d+)", msg)
         if m:
@@ -130,12 +140,12 @@ def _train_one(
         raise UserError(f"SentencePiece could not train the {what} tokenizer: "
                         f"{msg.splitlines()[0] if msg else type(e).__name__}") from None
     if not seen[0]:
-        raise _no_text(what)
+        raise _no_text(what, where)
     return model.getvalue()
 
 
-def _no_text(what: str) -> UserError:
-    return UserError(f"no non-empty {what} text to train the tokenizer on; check the training data files")
+def _no_text(what: str, where: str) -> UserError:
+    return UserError(f"{where}: no non-empty {what} text to train the tokenizer on; check the file(s)")
 
 
 def train_tokenizer(
@@ -149,6 +159,8 @@ def train_tokenizer(
     character_coverage: float = 1.0,
     seed: int = 1,
     max_sentences: int = 1_000_000,
+    mask: bool = False,
+    where: str = "the training data",
 ) -> Tokenizer:
     """Train SentencePiece model(s) from text (lists, or streams read once) and save them in ``out_dir``.
 
@@ -171,6 +183,8 @@ def train_tokenizer(
     :param seed: seed of SentencePiece's library-wide generator.
     :param max_sentences: sample at most this many sentences per model for training (SentencePiece's
         ``input_sentence_size``, more than 100).
+    :param where: the training files, named in errors.
+    :param mask: also reserve ``<mask>`` (id 4) for masked-language-model pretraining (classification only).
     :raises UserError: invalid option, no text, or vocab_size too small for the alphabet.
     """
     if model_type not in MODEL_TYPES:
@@ -191,15 +205,15 @@ def train_tokenizer(
 
     if tgt_texts is None:
         files = {"src": _JOINT_MODEL, "tgt": None}
-        protos = {_JOINT_MODEL: _train_one(src_texts, what="source", **options)}
+        protos = {_JOINT_MODEL: _train_one(src_texts, what="source", mask=mask, where=where, **options)}
         joint = True
     elif joint:
         files = {"src": _JOINT_MODEL, "tgt": _JOINT_MODEL}
-        protos = {_JOINT_MODEL: _train_one(chain(src_texts, tgt_texts), what="source+target", **options)}
+        protos = {_JOINT_MODEL: _train_one(chain(src_texts, tgt_texts), what="source+target", where=where, **options)}
     else:
         files = {"src": _SRC_MODEL, "tgt": _TGT_MODEL}
-        protos = {_SRC_MODEL: _train_one(src_texts, what="source", **options),
-                  _TGT_MODEL: _train_one(tgt_texts, what="target", **options)}
+        protos = {_SRC_MODEL: _train_one(src_texts, what="source", where=where, **options),
+                  _TGT_MODEL: _train_one(tgt_texts, what="target", where=where, **options)}
     for name, proto in protos.items():
         atomic_write_bytes(out / name, proto)
 
@@ -314,6 +328,12 @@ class Tokenizer:
     def has_target(self) -> bool:
         """False for a classification tokenizer, which has only a source model."""
         return self._tgt is not None
+
+    @property
+    def mask_id(self) -> int | None:
+        """The id of ``<mask>``, or None when the tokenizer was trained without it."""
+        i = self._src.piece_to_id(MASK_PIECE)
+        return i if i != UNK_ID and self._src.is_control(i) else None
 
     @property
     def src_vocab_size(self) -> int:

@@ -15,6 +15,9 @@ weights, grouped queries
 :class:`FusedSeq2SeqLoss`: output layer       :class:`attnkit.tasks.Seq2SeqLoss`: logits,   ``engine/loss.py``
 fused with label-smoothed cross-entropy,      then ``F.cross_entropy``
 ``index_select`` of scored positions
+:class:`FusedMLMLoss`: the tied MLM output     :class:`attnkit.mlm.MLMLoss`                  ``engine/mlm.py``
+layer fused with the loss at the masked
+positions only
 :class:`SharedMemoryState`: one memory row    :class:`attnkit.transformer.TransformerState` ``engine/decoding.py``
 per sentence in beam search
 ============================================  ============================================  =======================
@@ -34,11 +37,12 @@ from .attention import fast_attend
 from .decoding import SharedMemoryState
 from .dropout import ByteDropout
 from .loss import FusedSeq2SeqLoss
+from .mlm import FusedMLMLoss
 
 Engine = Literal["fast", "reference"]
 ENGINES: tuple[Engine, ...] = ("fast", "reference")
 
-__all__ = ["ENGINES", "ByteDropout", "Engine", "FusedSeq2SeqLoss", "SharedMemoryState", "accelerate",
+__all__ = ["ENGINES", "ByteDropout", "Engine", "FusedMLMLoss", "FusedSeq2SeqLoss", "SharedMemoryState", "accelerate",
            "fast_attend"]
 
 

@@ -1,0 +1,126 @@
+"""IMDB sentiment (the seeds' data set) and MLM pretraining: held-out accuracy, minutes, updates.
+
+    python benchmarks/imdb.py configs/seed-imdb.yaml                 # train, then score the held-out reviews
+    python benchmarks/imdb.py configs/imdb-pretrain.yaml configs/imdb-finetune.yaml
+    python benchmarks/imdb.py configs/seed-imdb.yaml --record-only   # score a run trained before (runs/<name>)
+
+Each config trains into ``runs/<config name>`` (the path ``model.init_from`` of a fine-tuning
+config points at) with ``train.threads=1``: these are accuracy runs on a 2-core machine shared
+with other sessions, not speed measurements. A classifier is then scored with its best checkpoint
+on the validation rows its config holds out of the training file (10% of the IMDB reviews, by
+movie; the IMDB test set is scored independently by others), and its predictions go to
+``benchmarks/results/<name>.valid-pred.txt``; a pretraining run records its best validation MLM
+accuracy. Results are merged into ``benchmarks/results/imdb.json`` (one entry per config, with
+date and commit); ``markdown_table`` renders them for the README.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+from attnkit.classify import evaluate_classifier  # noqa: E402
+from attnkit.config import load_config  # noqa: E402
+from attnkit.measure import stamp  # noqa: E402
+from attnkit.runconfig import RunConfig  # noqa: E402
+from attnkit.tasks import load_run, read_validation  # noqa: E402
+from tables import markdown, num  # noqa: E402
+
+RESULTS = ROOT / "benchmarks" / "results"
+#: What each config is for and the issue's target on the held-out test set (accuracy %, minutes).
+TARGETS: dict[str, tuple[str, float | None, float]] = {
+    "seed-imdb": ("the seeds' model (1 layer, d_model 32), from scratch", 85.0, 5),
+    "imdb": ("the best from scratch", 89.0, 20),
+    "imdb-pretrain": ("MLM on the IMDB training text", None, 60),
+    "imdb-finetune": ("fine-tuned from imdb-pretrain", 91.5, 60),
+    "sst2-pretrain": ("MLM on IMDB + SST-2 training text", None, 0),
+    "sst2-finetune": ("fine-tuned from sst2-pretrain, on SST-2", 85.0, 15),
+}
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines()]
+
+
+def measure(config: str, record_only: bool, overrides: list[str]) -> dict:
+    """Train ``config`` (unless ``record_only``) into ``runs/<name>`` and score it."""
+    from attnkit.train import Trainer
+
+    name = Path(config).stem
+    run_dir = ROOT / "runs" / name
+    minutes_total = None
+    if not record_only:
+        cfg = load_config(RunConfig, config, ["train.threads=1", *overrides])
+        if run_dir.exists():
+            shutil.rmtree(run_dir)
+        start = time.perf_counter()
+        Trainer(cfg, run_dir).run()
+        minutes_total = round((time.perf_counter() - start) / 60, 2)  # tokenizer + data + training + validations
+    cfg = load_config(RunConfig, run_dir / "config.yaml")
+    metrics = read_metrics(run_dir)
+    result = {"config": f"configs/{name}.yaml", "what": TARGETS.get(name, ("", None, 0))[0], "task": cfg.task,
+              "train_minutes": metrics[-1]["minutes"], "minutes_total": minutes_total,
+              "updates": metrics[-1]["step"], "threads": cfg.train.threads, "run_dir": f"runs/{name}", **stamp()}
+    if cfg.task == "pretrain":
+        best = max(metrics, key=lambda m: m["score"])
+        result.update(valid_mlm_accuracy=best["valid_mlm_acc"], valid_mlm_loss=best["valid_loss"],
+                      best_step=best["step"])
+        return result
+    valid = read_validation(cfg, log=lambda msg: None)
+    run = load_run(run_dir / "best.safetensors")
+    scores, predictions = evaluate_classifier(run, valid)
+    pred_path = RESULTS / f"{name}.valid-pred.txt"
+    pred_path.write_text("".join(p + "\n" for p in predictions), encoding="utf-8")
+    result.update(valid_accuracy=round(scores.accuracy, 2), valid_macro_f1=round(scores.macro_f1, 2),
+                  confusion=scores.confusion, classes=scores.classes, valid_rows=len(valid),
+                  best_step=max(metrics, key=lambda m: m["score"])["step"],
+                  parameters=sum(p.numel() for p in run.model.parameters()),
+                  predictions=str(pred_path.relative_to(ROOT)))
+    return result
+
+
+def markdown_table(results: dict) -> str:
+    """The README table: one row per config, in the order of :data:`TARGETS`."""
+    rows = []
+    entries = results["results"]
+    for name, (what, target, _) in TARGETS.items():
+        r = entries.get(f"configs/{name}.yaml")
+        if r is None:
+            continue
+        acc = f"MLM {r['valid_mlm_accuracy']:.1f}" if r["task"] == "pretrain" else f"{r['valid_accuracy']:.2f}"
+        rows.append([f"`{r['config']}`", what, acc, "" if target is None else f"{target:.1f}",
+                     f"{r['train_minutes']:.1f}", num(r["updates"]), r["threads"],
+                     f"{r['date'][:10]}, `{r['commit']}`"])
+    return markdown(["config", "what", "held-out accuracy", "target (test)", "train minutes", "updates", "threads",
+                     "measured"], rows, "llrrrrrl")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("configs", nargs="+", help="config files, and KEY=VALUE overrides for all of them")
+    p.add_argument("--record-only", action="store_true", help="score runs/<name> as it is, without training")
+    p.add_argument("--out", default=str(RESULTS / "imdb.json"))
+    args = p.parse_args()
+    out = Path(args.out)
+    results = json.loads(out.read_text()) if out.exists() else {"results": {}}
+    overrides = [c for c in args.configs if "=" in c]
+    for config in [c for c in args.configs if "=" not in c]:
+        r = measure(config, args.record_only, overrides)
+        results["results"][r["config"]] = r
+        results.update(date=r["date"], commit=r["commit"])  # the latest measurement in the file
+        results["note"] = ("train.threads=1 on a 2-core machine shared with other sessions: accuracy runs, not speed "
+                           "measurements. Held-out = 10% of the training reviews (by movie) the config validates on.")
+        out.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+        print(json.dumps(r, indent=2), flush=True)
+    print(markdown_table(results))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,275 @@
+"""Masked-language-model pretraining (task: pretrain) and fine-tuning from it (model.init_from)."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from attnkit.checkpoint import load_weights
+from attnkit.cli import main
+from attnkit.config import load_config
+from attnkit.data import read_labelled
+from attnkit.errors import UserError
+from attnkit.mlm import MaskedLanguageModel, mask_tokens
+from attnkit.runconfig import RunConfig
+from attnkit.tasks import load_run, make_task
+from attnkit.train import Trainer
+from attnkit.transformer import TransformerConfig
+
+TINY = {"d_model": 32, "n_heads": 2, "d_ff": 64, "encoder_layers": 1, "dropout": 0.0, "max_len": 64}
+
+
+def quiet(msg: str) -> None:
+    pass
+
+
+def sentences(n: int, seed: int = 0) -> list[str]:
+    rng = random.Random(seed)
+    subjects, verbs, objects = ["the film", "this movie", "the actor", "the plot"], ["was", "seemed", "felt"], [
+        "great", "awful", "boring", "moving", "funny"]
+    return [f"{rng.choice(subjects)} {rng.choice(verbs)} {rng.choice(objects)} and {rng.choice(subjects)} "
+            f"{rng.choice(verbs)} {rng.choice(objects)}" for _ in range(n)]
+
+
+def pretrain_raw(text: Path, **train) -> dict:
+    return {"task": "pretrain",
+            "data": {"train": str(text), "valid_fraction": 0.2, "max_len": 32, "tokenizer": {"vocab_size": 60}},
+            "model": {"transformer": dict(TINY)},
+            "train": {"max_tokens": 256, "max_updates": 12, "valid_every": 1000, "progress": False,
+                      "precision": "fp32", "threads": 1, "warmup": 5, "lr": 3e-3, "average_last": 0, **train}}
+
+
+def write_yaml(path: Path, raw: dict) -> Path:
+    path.write_text(yaml.safe_dump(raw), encoding="utf-8")
+    return path
+
+
+@pytest.fixture
+def text(tmp_path: Path) -> Path:
+    path = tmp_path / "text.txt"
+    path.write_text("".join(s + "\n" for s in sentences(200)), encoding="utf-8")
+    return path
+
+
+# -- masking -----------------------------------------------------------------------------
+
+
+def test_masking_follows_berts_15_80_10_10_and_never_touches_special_tokens() -> None:
+    g = torch.Generator().manual_seed(0)
+    tokens = torch.randint(5, 1000, (400, 500), generator=g)
+    tokens[:, 400:] = 0  # padding
+    tokens[:, 0], tokens[:, 1] = 2, 3  # <s>, </s>
+    tokens[:, 2] = 1  # <unk>
+    inputs, selected = mask_tokens(tokens, mask_id=4, special_ids=(1, 2, 3), vocab_size=1000,
+                                   generator=torch.Generator().manual_seed(1))
+    candidates = tokens >= 5
+    assert not selected[~candidates].any()
+    assert torch.equal(inputs[~selected], tokens[~selected])  # only selected positions change
+    share = selected.sum().item() / candidates.sum().item()
+    assert abs(share - 0.15) < 0.003
+    n = selected.sum().item()
+    masked = (inputs[selected] == 4).sum().item() / n
+    kept = (inputs[selected] == tokens[selected]).sum().item() / n
+    replaced = inputs[selected][(inputs[selected] != 4) & (inputs[selected] != tokens[selected])]
+    assert abs(masked - 0.8) < 0.01 and abs(kept - 0.1) < 0.01 and abs(len(replaced) / n - 0.1) < 0.01
+    assert replaced.min() >= 5  # a random replacement is never a special piece
+
+
+def test_masking_selects_at_least_one_position() -> None:
+    tokens = torch.tensor([[7, 8, 0, 0]])
+    _, selected = mask_tokens(tokens, mask_id=4, special_ids=(1, 2, 3), vocab_size=10, select=1e-9)
+    assert selected.tolist() == [[True, False, False, False]]
+
+
+def test_prediction_layer_is_tied_to_the_embeddings() -> None:
+    model = MaskedLanguageModel(TransformerConfig(**TINY), 50)
+    names = [n for n, _ in model.named_parameters()]
+    assert "encoder.embed.embedding.weight" in names and not any("decoder" in n or "output.weight" in n
+                                                                 for n in names)
+    tokens = torch.randint(5, 50, (2, 7))
+    selected = torch.zeros(2, 7, dtype=torch.bool)
+    selected[0, 3] = selected[1, 5] = True
+    logits = model(tokens, selected)
+    assert logits.shape == (2, 50)
+    logits.sum().backward()
+    assert model.encoder.embed.weight.grad is not None
+
+
+# -- pretraining runs ----------------------------------------------------------------------
+
+
+def test_tiny_encoder_overfits_a_tiny_text(tmp_path: Path) -> None:
+    path = tmp_path / "t.txt"
+    rows = ["one two three four five six seven eight nine ten", "red orange yellow green blue indigo violet",
+            "monday tuesday wednesday thursday friday saturday sunday"]
+    path.write_text("".join(r + "\n" for r in rows * 4), encoding="utf-8")
+    raw = pretrain_raw(path, max_updates=400, lr=1e-2, warmup=30, max_epochs=1000)
+    raw["data"].update(valid_fraction=0.0, valid=str(path))  # validate on the training text itself
+    raw["mlm"] = {"min_len": 2}
+    trainer = Trainer(load_config(RunConfig, raw), tmp_path / "run", log=quiet)
+    first = trainer.validate()["valid_mlm_acc"]
+    metrics = trainer.run()
+    assert metrics["valid_mlm_acc"] > 80.0 > first
+
+
+def weights(run: Path, step: int) -> dict[str, torch.Tensor]:
+    return load_weights(run / "checkpoints" / f"step-{step:08d}" / "model.safetensors")[0]
+
+
+def test_resume_of_a_pretraining_run_is_bitwise_identical(tmp_path: Path, text: Path, capsys) -> None:
+    raw = pretrain_raw(text, valid_every=5, keep_checkpoints=10)
+    raw["model"]["transformer"]["dropout"] = 0.1
+    config = write_yaml(tmp_path / "p.yaml", raw)
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    assert main(["train", str(config), "--run-dir", str(straight), "train.max_updates=12"]) == 0
+    assert main(["train", str(config), "--run-dir", str(resumed), "train.max_updates=7"]) == 0
+    assert main(["train", str(config), "--run-dir", str(resumed), "--resume", "train.max_updates=12"]) == 0
+    capsys.readouterr()
+    a, b = weights(straight, 12), weights(resumed, 12)
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+
+
+def test_pretraining_reads_the_text_column_and_says_labels_are_ignored(tmp_path: Path) -> None:
+    path = tmp_path / "l.tsv"
+    path.write_text("label\ttext\n" + "".join(f"{i % 2}\t{s}\n" for i, s in enumerate(sentences(60))))
+    logged: list[str] = []
+    task = make_task(load_config(RunConfig, pretrain_raw(path)), tmp_path / "run", logged.append)
+    assert any("column 'text'" in m and "labels in 'label' are ignored" in m for m in logged)
+    assert task.tok.mask_id == 4
+    assert all(4 not in x for x in task.x)  # text never encodes to <mask>
+
+
+def test_a_pretraining_file_without_text_is_an_error(tmp_path: Path, capsys) -> None:
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n  \n\n", encoding="utf-8")
+    config = write_yaml(tmp_path / "p.yaml", pretrain_raw(empty))
+    assert main(["train", str(config), "--run-dir", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]  # the log lines come before it
+    assert err.startswith(f"attnkit: error: {empty}: no non-empty source text")
+
+
+# -- fine-tuning from a pretraining run ----------------------------------------------------------
+
+
+@pytest.fixture
+def pretrained(tmp_path: Path, text: Path) -> Path:
+    run = tmp_path / "pre"
+    Trainer(load_config(RunConfig, pretrain_raw(text)), run, log=quiet).run()
+    return run
+
+
+def classify_raw(tmp_path: Path, init_from: Path | None, **transformer) -> dict:
+    path = tmp_path / "labelled.tsv"
+    path.write_text("label\ttext\n" + "".join(f"{'pos' if 'great' in s else 'neg'}\t{s}\n"
+                                              for s in sentences(80, seed=1)))
+    return {"task": "classify",
+            "data": {"train": str(path), "valid_fraction": 0.2, "max_len": 32, "tokenizer": {"vocab_size": 50}},
+            "model": {"init_from": str(init_from) if init_from else None, "transformer": {**TINY, **transformer}},
+            "train": {"max_tokens": 256, "max_updates": 3, "valid_every": 1000, "progress": False,
+                      "precision": "fp32", "threads": 1, "average_last": 0}}
+
+
+def test_init_from_copies_exactly_the_encoder_weights(tmp_path: Path, pretrained: Path) -> None:
+    run = tmp_path / "fine"
+    cfg = load_config(RunConfig, classify_raw(tmp_path, pretrained))
+    task = make_task(cfg, run, quiet)
+    torch.manual_seed(99)
+    model = task.build_model()
+    source = load_weights(pretrained / "best.safetensors")[0]
+    own = model.state_dict()
+    encoder = [k for k in own if k.startswith("encoder.")]
+    assert encoder and all(torch.equal(own[k], source[k]) for k in encoder)
+    assert "head.weight" in own and "head.weight" not in source
+    assert (run / "spm.model").read_bytes() == (pretrained / "spm.model").read_bytes()
+    assert task.tok.mask_id == 4
+
+
+def test_init_from_with_another_shape_lists_the_mismatched_keys(tmp_path: Path, pretrained: Path, capsys) -> None:
+    config = write_yaml(tmp_path / "f.yaml", classify_raw(tmp_path, pretrained, d_ff=48))
+    assert main(["train", str(config), "--run-dir", str(tmp_path / "fine")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("attnkit: error: model.init_from:")
+    assert "'encoder.layers.0.ff.w1.weight' checkpoint (64, 32) vs model (48, 32)" in err
+    with pytest.raises(UserError, match="missing key"):
+        make_task(load_config(RunConfig, classify_raw(tmp_path, pretrained, encoder_layers=2)),
+                  tmp_path / "fine2", quiet).build_model()
+
+
+def test_init_from_a_missing_or_non_pretraining_run_is_an_error(tmp_path: Path, pretrained: Path, capsys) -> None:
+    config = write_yaml(tmp_path / "f.yaml", classify_raw(tmp_path, tmp_path / "nowhere"))
+    assert main(["train", str(config), "--run-dir", str(tmp_path / "fine")]) == 2
+    assert "model.init_from:" in capsys.readouterr().err and not (tmp_path / "fine").exists()
+    scratch = tmp_path / "scratch"
+    assert main(["train", str(write_yaml(tmp_path / "s.yaml", classify_raw(tmp_path, None))),
+                 "--run-dir", str(scratch)]) == 0
+    capsys.readouterr()
+    config = write_yaml(tmp_path / "g.yaml", classify_raw(tmp_path, scratch))
+    assert main(["train", str(config), "--run-dir", str(tmp_path / "fine3")]) == 2
+    assert "is a classify run; give a `task: pretrain` run" in capsys.readouterr().err
+
+
+def test_init_from_refuses_a_run_dir_with_another_tokenizer(tmp_path: Path, pretrained: Path, capsys) -> None:
+    other = tmp_path / "other"
+    assert main(["train", str(write_yaml(tmp_path / "s.yaml", classify_raw(tmp_path, None))),
+                 "--run-dir", str(other), "train.max_updates=1"]) == 0
+    capsys.readouterr()
+    before = {p.name: p.read_bytes() for p in other.iterdir() if p.is_file()}
+    config = write_yaml(tmp_path / "f.yaml", classify_raw(tmp_path, pretrained))
+    assert main(["train", str(config), "--run-dir", str(other), "--resume", f"model.init_from={pretrained}"]) == 2
+    assert "another tokenizer" in capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in other.iterdir() if p.is_file()} == before  # nothing overwritten
+
+
+def test_a_fine_tuned_run_classifies_and_evaluates(tmp_path: Path, pretrained: Path, capsys) -> None:
+    fine = tmp_path / "fine"
+    config = write_yaml(tmp_path / "f.yaml", classify_raw(tmp_path, pretrained))
+    assert main(["train", str(config), "--run-dir", str(fine)]) == 0
+    run = load_run(fine)
+    assert run.tok.mask_id == 4 and run.classes == ["neg", "pos"]
+    capsys.readouterr()
+    assert main(["evaluate", str(fine), "--data", str(tmp_path / "labelled.tsv")]) == 0
+    assert "accuracy" in capsys.readouterr().out
+    assert main(["evaluate", str(pretrained), "--data", str(tmp_path / "labelled.tsv")]) == 2
+    assert "pretraining run" in capsys.readouterr().err
+
+
+def test_pretraining_holds_out_the_rows_the_fine_tuning_run_validates_on(tmp_path: Path) -> None:
+    """With the same data.valid_fraction and valid_seed, no validation text of the fine-tuning run is pretrained on."""
+    from attnkit.documents import clean_text
+    from attnkit.prepare import pretraining_texts
+    from attnkit.tasks import read_validation
+
+    raw = classify_raw(tmp_path, None)
+    cfg = load_config(RunConfig, raw)
+    valid = read_validation(cfg, quiet)
+    pretraining = load_config(RunConfig, pretrain_raw(tmp_path))
+    held = list(pretraining_texts(pretraining, [raw["data"]["train"]], held_out=True))
+    kept = list(pretraining_texts(pretraining, [raw["data"]["train"]], held_out=False))
+    assert [clean_text(t, cfg.data.line_break_tags) for t in valid.texts] == held  # the same rows, in order
+    assert held and len(held) + len(kept) == len(read_labelled(raw["data"]["train"]))
+
+
+def test_distributed_pretraining_resumes_exactly(tmp_path: Path, text: Path) -> None:
+    """Two workers under torchrun: stopped after 3 updates and resumed to 6 in new processes == straight to 6."""
+    import torch.distributed as dist
+
+    from test_distributed import torchrun
+
+    if not (dist.is_available() and dist.is_gloo_available()):
+        pytest.skip("this PyTorch build has no torch.distributed with the gloo backend")
+    raw = pretrain_raw(text, valid_every=3)
+    raw["model"]["transformer"]["dropout"] = 0.1
+    config = str(write_yaml(tmp_path / "p.yaml", raw))
+    straight, resumed = str(tmp_path / "straight"), str(tmp_path / "resumed")
+    torchrun([config, "--run-dir", straight, "train.max_updates=6"], [config, "--run-dir", resumed,
+                                                                      "train.max_updates=3"])
+    torchrun([config, "--run-dir", resumed, "--resume", "train.max_updates=6"])
+    a, b = weights(Path(straight), 6), weights(Path(resumed), 6)
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
