@@ -212,7 +212,8 @@ def pretraining_texts(cfg: RunConfig, paths: list[str], *, held_out: bool = Fals
     for i, path in enumerate(paths):
         if _base_suffix(Path(path)) in (".tsv", ".csv"):
             reader = LabelledReader(path, text_column=d.text_column, label_column=d.label_column,
-                                    group_column=d.group_column if i == 0 else None, stats=stats)
+                                    group_column=d.group_column if i == 0 and d.valid_fraction else None,
+                                    stats=stats)
             if log is not None:
                 log(f"{path}: pretraining on column '{reader.text_column}'; the labels in "
                     f"'{reader.label_column}' are ignored")
