@@ -97,8 +97,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="encoding processes (default: one per CPU, none for inputs under a few MB)")
 
     p = sub.add_parser("train", help="train a model from a YAML config",
-                       description="Train a translation or classification model. The run directory receives "
-                                   "the resolved config, the tokenizer, checkpoints and metrics.jsonl.")
+                       description="Train a translation or classification model, or pretrain an encoder on "
+                                   "unlabelled text (task: pretrain; fine-tune it with model.init_from). The run "
+                                   "directory receives the resolved config, the tokenizer, the prepared data, "
+                                   "checkpoints and metrics.jsonl.")
     p.add_argument("config", help="YAML config file (see configs/)")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, e.g. train.lr=5e-4")
     p.add_argument("--run-dir", help="output directory (default: runs/<config name>)")
