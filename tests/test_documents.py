@@ -9,9 +9,10 @@ import pytest
 
 from attnkit.cli import main
 from attnkit.config import load_config
-from attnkit.data import read_labelled
-from attnkit.documents import clean_text, held_out_rows, split_labelled, truncate
+from attnkit.data import LabelledReader, read_labelled
+from attnkit.documents import clean_text, is_held_out, truncate
 from attnkit.errors import UserError
+from attnkit.prepare import split_rows
 from attnkit.runconfig import RunConfig
 from attnkit.tasks import classifier_inputs
 from attnkit.tokenizer import train_tokenizer
@@ -54,6 +55,10 @@ def test_classifier_inputs_clean_then_truncate(tmp_path: Path) -> None:
     assert classifier_inputs(tok, ["one<br />two"], d) == [full[:1] + full[-5:]]
 
 
+def held_out_rows(n: int, fraction: float, seed: int, groups: list[str] | None = None) -> list[bool]:
+    return [is_held_out(key, fraction, seed) for key in (groups or [str(i) for i in range(n)])]
+
+
 def test_held_out_rows_keep_each_group_on_one_side() -> None:
     groups = [f"tt{i % 300}" for i in range(3000)]
     held = held_out_rows(len(groups), 0.1, seed=1, groups=groups)
@@ -76,13 +81,20 @@ def write_tsv(path: Path, rows: list[tuple[str, str, str]]) -> Path:
     return path
 
 
-def test_split_labelled_by_movie(tmp_path: Path) -> None:
+def split_by_movie(path: Path, fraction: float, seed: int = 1) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """``(training rows, held-out rows)`` as ``(text, movie)``, split as a classification run splits the file."""
+    data = load_config(RunConfig, {"task": "classify", "data": {"train": str(path), "valid_fraction": fraction,
+                                                              "valid_seed": seed, "group_column": "movie"}}).data
+    keyed = [(text, movie, movie) for text, _, movie in LabelledReader(path, group_column="movie").keyed()]
+    return list(split_rows(iter(keyed), data, held_out=False)), list(split_rows(iter(keyed), data, held_out=True))
+
+
+def test_split_by_movie(tmp_path: Path) -> None:
     rows = [("pos" if i % 2 else "neg", f"tt{i % 40}", f"review {i}") for i in range(400)]
-    data = read_labelled(write_tsv(tmp_path / "t.tsv", rows), group_column="movie")
-    train, valid = split_labelled(data, 0.2, seed=1)
-    assert len(train) + len(valid) == 400 and valid.texts
-    assert not set(train.groups or []) & set(valid.groups or [])
-    assert sorted(train.texts + valid.texts) == sorted(data.texts)
+    train, valid = split_by_movie(write_tsv(tmp_path / "t.tsv", rows), 0.2)
+    assert len(train) + len(valid) == 400 and valid
+    assert not {m for _, m in train} & {m for _, m in valid}
+    assert sorted(train + valid) == sorted((text, movie) for _, movie, text in rows)
 
 
 def test_a_review_with_u0085_stays_one_row(tmp_path: Path) -> None:
@@ -127,6 +139,6 @@ def test_a_held_out_label_never_seen_in_training_is_an_error(tmp_path: Path, cap
 def test_imdb_split_is_grouped_by_movie() -> None:
     data = read_labelled(IMDB, text_column="text", label_column="label", group_column="movie")
     assert len(data) == 25000  # U+0085 inside reviews splits none of them
-    train, valid = split_labelled(data, 0.1, seed=1)
-    assert 0.07 < len(valid) / len(data) < 0.13
-    assert not set(train.groups or []) & set(valid.groups or [])
+    train, valid = split_by_movie(IMDB, 0.1)
+    assert len(train) + len(valid) == len(data) and 0.07 < len(valid) / len(data) < 0.13
+    assert not {m for _, m in train} & {m for _, m in valid}

@@ -19,7 +19,7 @@ from attnkit import prepare as prep
 from attnkit.cli import main
 from attnkit.config import dump_config, load_config
 from attnkit.data import filter_examples, pad_batch
-from attnkit.documents import held_out_rows
+from attnkit.documents import is_held_out
 from attnkit.errors import UserError
 from attnkit.prepare import DATA_DIR, MANIFEST_FILE, classifier_inputs, prepare, text_windows
 from attnkit.runconfig import RunConfig
@@ -129,7 +129,7 @@ def test_classification_round_trip(tmp_path):
 
 @pytest.mark.parametrize("workers", [0, 2])
 def test_classification_holds_out_whole_groups_and_trains_on_the_rest(tmp_path, workers):
-    """Streamed split == the split of the file read whole (held_out_rows); <br /> and head+tail truncation applied."""
+    """The held-out rows are whole groups (is_held_out per movie); <br /> and head+tail truncation are applied."""
     rows = [(f"review {i} of movie {i % 25}<br />it was " + "very " * (i % 9) + ("good" if i % 2 else "bad"),
              "pos" if i % 2 else "neg", f"tt{i % 25}") for i in range(300)]
     path = tmp_path / "imdb.tsv"
@@ -138,7 +138,7 @@ def test_classification_holds_out_whole_groups_and_trains_on_the_rest(tmp_path, 
                                         "max_len": 8, "truncate": "head+tail", "tokenizer": {"vocab_size": 60}}}
     cfg = load_config(RunConfig, raw)
     data = prepare(cfg, tmp_path / "run", quiet, workers=workers)
-    held = held_out_rows(len(rows), 0.2, cfg.data.valid_seed, [g for _, _, g in rows])
+    held = [is_held_out(g, 0.2, cfg.data.valid_seed) for _, _, g in rows]
     kept = [r for r, h in zip(rows, held, strict=True) if not h]
     assert 0 < len(kept) < len(rows) and len(data) == len(kept)
     assert [data.sides["text"][i] for i in range(len(kept))] == classifier_inputs(data.tok, [t for t, _, _ in kept],
@@ -158,7 +158,7 @@ def test_pretraining_data_are_windows_of_the_training_texts(tmp_path):
     cfg = load_config(RunConfig, raw)
     data = prepare(cfg, tmp_path / "run", quiet, workers=2)
     assert data.tok.mask_id == 4 and data.labels is None
-    held = held_out_rows(len(texts), 0.1, cfg.data.valid_seed)
+    held = [is_held_out(str(i), 0.1, cfg.data.valid_seed) for i in range(len(texts))]
     kept = [t for t, h in zip(texts, held, strict=True) if not h]
     expected = text_windows(data.tok.encode_src(kept), 12, 4)
     assert [data.sides["text"][i] for i in range(len(data))] == expected

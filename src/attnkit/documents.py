@@ -26,8 +26,6 @@ import re
 from collections.abc import Sequence
 from typing import Literal
 
-from .data import LabelledData
-
 LineBreakTags = Literal["newline", "keep"]
 Truncation = Literal["head", "head+tail"]
 
@@ -55,35 +53,11 @@ def _unit_hash(seed: int, key: str) -> float:
     return int.from_bytes(digest, "big") / 2.0**64
 
 
-def held_out_rows(n: int, fraction: float, seed: int, groups: Sequence[str] | None = None) -> list[bool]:
-    """Which of ``n`` rows are held out: a fixed ``fraction`` of the groups (or of the rows, without groups).
-
-    A row (or its group) is held out when a stable hash of ``(seed, group id or row number)`` is
-    below ``fraction``, so the split does not depend on the file's order beyond the row numbers,
-    and every row of a group lands on the same side.
-    """
-    keys = groups if groups is not None else [str(i) for i in range(n)]
-    if len(keys) != n:
-        raise ValueError(f"{len(keys)} group ids for {n} rows")
-    return [is_held_out(key, fraction, seed) for key in keys]
-
-
 def is_held_out(key: str, fraction: float, seed: int) -> bool:
     """Whether the row (or group) ``key`` is held out: a stable hash of ``(seed, key)`` is below ``fraction``.
 
-    Decided row by row, so a streamed file splits as the same file read whole (:func:`held_out_rows`).
+    A key is the row's group (``data.group_column``), else its row number (:meth:`attnkit.data.LabelledReader.keyed`):
+    every row of a group lands on one side, and a row's side does not depend on the rest of the file, so a
+    streamed file splits row by row (:func:`attnkit.prepare.split_rows`).
     """
     return _unit_hash(seed, key) < fraction
-
-
-def split_labelled(data: LabelledData, fraction: float, seed: int) -> tuple[LabelledData, LabelledData]:
-    """``(training rows, held-out rows)`` of ``data`` (grouped by ``data.groups`` when it has them)."""
-    held = held_out_rows(len(data), fraction, seed, data.groups)
-
-    def part(keep: bool, name: str) -> LabelledData:
-        rows = [i for i, h in enumerate(held) if h == keep]
-        groups = None if data.groups is None else [data.groups[i] for i in rows]
-        return LabelledData([data.texts[i] for i in rows], [data.labels[i] for i in rows], data.text_column,
-                            data.label_column, f"{data.path} ({name})", groups)
-
-    return part(False, "training rows"), part(True, "held-out rows")
