@@ -193,8 +193,21 @@ def _gb(x: float) -> str:
     return f"{x:.2f} GB"
 
 
-def markdown_table(results: dict) -> str:
-    """The README table of one race (``benchmarks/results/decode.json``)."""
+def markdown_table(runs: dict[str, dict]) -> str:
+    """The README table of the newest race (``results/decode.json``), then one line per earlier race
+    (``results/earlier/decode.*.json``): each measurement is reported, not only the best."""
+    ordered = sorted(runs.values(), key=lambda r: r["date"], reverse=True)
+    text = _race_table(ordered[0])
+    for r in ordered[1:]:
+        ratio = r["attnkit_over_ct2_int8_tokens"]
+        text += (f"\nEarlier race, {r['date'][:10]} at commit {r['commit']}, {r['threads']} thread(s): attnkit "
+                 f"{ratio['attnkit-fp32']:.2f}x (float32) / {ratio['attnkit-bf16']:.2f}x (bf16) of CTranslate2 int8's "
+                 f"tokens/s (`benchmarks/results/earlier/`).\n")
+    return text
+
+
+def _race_table(results: dict) -> str:
+    """One race: the contenders, the ratios, the cache comparison."""
     c = results["contenders"]
     loads = [r["load_average_1min"] for r in c.values() if "load_average_1min" in r]
     shared = f"; 1-min load average {min(loads):.1f}-{max(loads):.1f} on the 2 cores while it ran" if loads else ""
@@ -244,7 +257,7 @@ def main() -> None:
         worker(args)
         return
     if args.table:
-        print(markdown_table(json.loads(RESULTS.read_text(encoding="utf-8"))), end="")
+        print(markdown_table({str(RESULTS): json.loads(RESULTS.read_text(encoding="utf-8"))}), end="")
         return
     if not DATA.exists():
         sys.exit(f"{DATA} is missing: this benchmark needs ../shared/data/multi30k beside the repository")
@@ -253,7 +266,7 @@ def main() -> None:
     results = race(args)
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
-    print(markdown_table(results))
+    print(markdown_table({str(RESULTS): results}))
     print(f"wrote {RESULTS.relative_to(ROOT)}")
 
 
