@@ -86,6 +86,7 @@ TABLES: dict[str, Table] = {
     "decode-probes": Table(f"{RESULTS}/decode-probes.json", "benchmarks/decode_probes.py"),
     "serve": Table(f"{RESULTS}/serve.json", "benchmarks/serve.py"),
     "scale": Table(f"{RESULTS}/scale.json", "benchmarks/scale.py"),
+    "scale-earlier": Table((f"{RESULTS}/earlier/scale.*.json",), "benchmarks/scale.py", "markdown_earlier"),
     "compare": Table((f"{RESULTS}/compare-*.json",), "benchmarks/compare_commits.py"),
     "attention": Table(f"{RESULTS}/attention.json", "benchmarks/attention.py"),
     "ddp": Table(f"{RESULTS}/ddp.json", "benchmarks/ddp.py"),

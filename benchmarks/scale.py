@@ -30,6 +30,8 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+from tables import markdown, num
+
 START = time.perf_counter()  # process start, for the time to the first update (before torch is imported)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -232,6 +234,22 @@ def run_child(args: list[str]) -> dict:
 def commit() -> str:
     return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                           cwd=ROOT).stdout.strip()
+
+
+def markdown_earlier(runs: dict[str, dict]) -> str:
+    """benchmarks/README.md: the headline figures of every earlier run (``results/earlier/scale.*.json``)."""
+    rows = []
+    for run in sorted(runs.values(), key=lambda r: r["date"]):
+        sizes = {r["pairs"]: r for r in run["sizes"]}
+        small, large = sizes[min(sizes)], sizes[max(sizes)]
+        speed = large["train"]["tgt_tok_per_s"] / small["train"]["tgt_tok_per_s"]
+        rows.append([f"{run['date'][:10]}, `{run['commit']}`", num(large["pairs"]),
+                     num(large["prepare"]["pairs_per_s"]), run["updates"],
+                     f"{num(small['train']['tgt_tok_per_s'])} / {num(large['train']['tgt_tok_per_s'])} = {speed:.2f}",
+                     f"{large['train']['peak_rss_gb'] - small['train']['peak_rss_gb']:+.2f}",
+                     run.get("train_note") or run.get("note", "")])
+    return markdown(["prepared", "largest corpus", "prepare pairs/s", "updates", "tok/s smallest / largest",
+                     "train RSS GB, largest - smallest", "what ran beside it"], rows, "lrrrrrl")
 
 
 def markdown_table(results: dict) -> str:
