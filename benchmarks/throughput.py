@@ -253,6 +253,19 @@ def peak_worker(sizes: list[int], repeats: int) -> None:
                                   "threads": torch.get_num_threads(), "sizes": sizes}), flush=True)
 
 
+def cpu_info() -> dict:
+    """The CPU's model name and whether it has the bf16 matrix instructions that set the bf16 peak."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return {}
+    model = re.search(r"^model name\s*:\s*(.+)$", text, re.M)
+    found = re.search(r"^flags\s*:\s*(.+)$", text, re.M)
+    flags = set(found[1].split()) if found else set()
+    return {"model": model[1].strip() if model else None, "amx_bf16": "amx_bf16" in flags,
+            "avx512_bf16": "avx512_bf16" in flags}
+
+
 def run_child(cmd: list[str]) -> tuple[dict, float, str]:
     """Run ``cmd``; return its RESULT json, its peak RSS in GB, and its output tail."""
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
@@ -454,7 +467,8 @@ def main() -> None:
     out = Path(args.out or ROOT / "benchmarks" / "results" / name)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({
-        **stamped, "torch": torch.__version__, "threads": torch.get_num_threads(), "model": args.model,
+        **stamped, "torch": torch.__version__, "threads": torch.get_num_threads(), "cpu": cpu_info(),
+        "model": args.model,
         "dims": asdict(dims), "measured_seconds": args.time, "max_tokens": args.max_tokens,
         "attnkit_max_tokens": args.attnkit_max_tokens, "peers": peers,
         "matmul_peak_gflops": peak, "matmul_peak_runs": peaks,
