@@ -501,22 +501,35 @@ def target_text(run: dict, row: dict) -> str:
     return ", ".join(parts)
 
 
+def cpu_text(cpu: dict | None) -> str:
+    if not cpu:
+        return "CPU not recorded"
+    bf16 = "AMX-BF16" if cpu.get("amx_bf16") else "AVX512-BF16, no AMX" if cpu.get("avx512_bf16") else "no bf16 units"
+    return f"{cpu.get('model')}, {bf16}"
+
+
 def markdown_table(results: dict[str, dict]) -> str:
-    """README: every run in ``benchmarks/results/`` (``{path: result JSON}``), newest first, one row per contender.
+    """README: every run in ``benchmarks/results/`` (``{path: result JSON}``), newest first, one row per contender,
+    then a line per run that measured the matmul peak: the peak, the CPU and why a contender was skipped.
 
     Older runs lack the matmul peak (blank GFLOP/s) and the model (`small`), and give the ratio to the
     reference loop's fp32 speed that their targets were set in.
     """
-    rows = []
+    rows, notes = [], []
     for run in sorted(results.values(), key=lambda r: r["date"], reverse=True):
         best = best_peer(run["rows"])  # as score() found it
         peak = run.get("matmul_peak_gflops")
+        if peak:
+            skipped = "".join(f"; {r['contender']} skipped: {r['skipped']}" for r in run["rows"] if "skipped" in r)
+            notes.append(f"- {measured(run)}, {run.get('model', 'small')}: matmul peak fp32 {num(peak['fp32'])} / "
+                         f"bf16 {num(peak['bf16'])} GFLOP/s at {run['threads']} threads ({cpu_text(run.get('cpu'))})"
+                         f"{skipped}.")
         for r in run["rows"]:
             ours_bf16 = r["contender"] == "attnkit" and r["precision"] == "bf16"
             bold = (lambda text: f"**{text}**") if ours_bf16 else (lambda text: text)
             head = [measured(run), run.get("model", "small"), r["contender"], r["precision"]]
             if "skipped" in r:
-                rows.append([*head, "", "", "", "", "", f"skipped: {r['skipped']}", ""])
+                rows.append([*head, "", "", "", "", "", "skipped (below)", ""])
                 continue
             if "ratio_to_reference_fp32" in r:  # older runs: the ratio they were made for
                 ratio = f"{r['ratio_to_reference_fp32']:.2f}x ref. fp32"
@@ -529,9 +542,10 @@ def markdown_table(results: dict[str, dict]) -> str:
                          bold(of_peak) if of_peak else "",
                          f"{run['measured_seconds']:g} s, {run['threads']} threads, ~{num(r['tok_per_update'])}",
                          target_text(run, r)])
-    return markdown(["measured", "model", "contender", "precision", "target tok/s", "x best peer", "peak RSS GB",
-                     "GFLOP/s", "of the matmul peak (GFLOP/s)", "timed, threads, target tokens per update", "target"],
-                    rows, "llllrrrrrll")
+    table = markdown(["measured", "model", "contender", "precision", "target tok/s", "x best peer", "peak RSS GB",
+                      "GFLOP/s", "of the matmul peak (GFLOP/s)", "timed, threads, target tokens per update",
+                      "target"], rows, "llllrrrrrll")
+    return table + ("\n\n" + "\n".join(notes) if notes else "")
 
 
 if __name__ == "__main__":

@@ -97,9 +97,13 @@ def test_score_and_markdown_table(bench) -> None:
                      "tok_per_update": 4000.0, "updates": 30, "peak_rss_gb": 2.8, "ratio_to_reference_fp32": 1.0},
                     {"contender": "attnkit", "precision": "bf16", "tgt_tok_per_s": 3500.0, "tok_per_update": 4000.0,
                      "updates": 90, "peak_rss_gb": 1.9, "ratio_to_reference_fp32": 3.5}]}
-    lines = bench.markdown_table({"old.json": old, "new.json": new}).splitlines()
+    new["cpu"] = {"model": "Some CPU", "amx_bf16": True, "avx512_bf16": True}
+    table, notes = bench.markdown_table({"old.json": old, "new.json": new}).split("\n\n")
+    assert notes == ("- 2026-11-23, `abc1234`, small: matmul peak fp32 300 / bf16 2,000 GFLOP/s at 2 threads "
+                     "(Some CPU, AMX-BF16); fairseq transformer skipped: pip install failed: X.")
+    lines = table.splitlines()
     assert len(lines) == 2 + 5 and "`abc1234`" in lines[2] and "`b73c08f`" in lines[-1]  # newest first
-    assert "| skipped: pip install failed: X |" in lines[3]
+    assert "| skipped (below) |" in lines[3]
     assert "| **3.00x** |" in lines[4] and f"**{ours['fraction_of_peak']:.1%} of 2,000**" in lines[4]
     assert ">= 3x, <= 2 GB, >= 35% of peak" in lines[4]
     assert "| **3.50x ref. fp32** |" in lines[-1] and ">= 3x the reference's fp32" in lines[-1]  # as measured
