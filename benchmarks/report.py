@@ -77,8 +77,9 @@ EVERY_RESULT = (f"{RESULTS}/*.json", f"{RESULTS}/earlier/*.json")
 TABLES: dict[str, Table] = {
     "translation": Table(MULTI30K, "benchmarks/multi30k.py"),
     "decoding": Table(MULTI30K, "benchmarks/multi30k.py", "markdown_decoding"),
-    "throughput": Table((f"{RESULTS}/throughput.json", f"{RESULTS}/earlier/throughput.*.json"),
-                        "benchmarks/throughput.py"),
+    "throughput": Table((f"{RESULTS}/throughput.json", f"{RESULTS}/throughput-base.json",
+                         f"{RESULTS}/earlier/throughput.*.json"), "benchmarks/throughput.py"),
+    "profile": Table(f"{RESULTS}/profile.json", "benchmarks/profile_update.py"),
     "sst2": Table((f"{RESULTS}/sst2.json", f"{RESULTS}/earlier/sst2.*.json"), "benchmarks/sst2.py"),
     "imdb": Table(f"{RESULTS}/imdb.json", "benchmarks/imdb.py"),
     "demo": Table(f"{RESULTS}/demo.json", "benchmarks/demo.py"),
