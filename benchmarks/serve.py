@@ -282,12 +282,30 @@ def main() -> None:
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(results, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    print(markdown_table(results))
+    print(markdown_table({args.out: results}))
 
 
-def markdown_table(results: dict) -> str:
-    """The README table: latency and throughput per client level against offline decoding, then the
-    malformed-request check."""
+def markdown_table(runs: dict[str, dict]) -> str:
+    """The README table of the newest run (``results/serve.json``), then one line per other run
+    (``results/serve-*.json``, ``results/earlier/serve*.json``): each measurement is reported."""
+    ordered = sorted(runs.values(), key=lambda r: r["date"], reverse=True)
+    text = _run_table(ordered[0])
+    others = []
+    for r in ordered[1:]:
+        by, m = {c["clients"]: c for c in r["clients"]}, r["malformed"]
+        shares = ", ".join(f"{n} client{'s' if n != 1 else ''} {c['vs_offline']:.2f}" for n, c in sorted(by.items()))
+        p50 = f"; one client's p50 {by[1]['p50_ms']:.1f} ms" if 1 in by else ""
+        others.append(f"- {r['date'][:10]} at {r['commit']}, {r['threads']} thread{'s' if r['threads'] != 1 else ''}, "
+                      f"`--max-batch {r['server']['max_batch']}` `--max-wait-ms {r['server']['max_wait_ms']:g}`: "
+                      f"share of offline throughput {shares}{p50}; {m['bad_4xx_json']:,} of {m['bad']:,} malformed "
+                      f"requests got a 4xx JSON error, {m['good_200']:,} of {m['good']:,} good ones a 200")
+    if others:
+        text += "\n\nOther runs:\n\n" + "\n".join(others)
+    return text
+
+
+def _run_table(results: dict) -> str:
+    """One run: latency and throughput per client level against offline decoding, then the malformed requests."""
     offline = results["offline"]
     rows = ["| clients (one sentence per request, greedy) | p50 ms | p95 ms | p99 ms | sentences/s | "
             "vs offline batched | mean batch | same output as offline |",
