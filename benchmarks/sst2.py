@@ -67,7 +67,7 @@ def main() -> None:
     if not DATA.exists():
         sys.exit(f"{DATA} is missing: this benchmark needs ../shared/data/sst2 beside the repository")
     out = Path(args.out)
-    results = json.loads(out.read_text()) if out.exists() else {}
+    results = json.loads(out.read_text()) if out.exists() else {"results": {}}
     if not isinstance(results.get("results"), dict):  # the earlier format: kept in results/earlier/
         sys.exit(f"{out} holds results in the earlier format; move it to benchmarks/results/earlier/ first")
     overrides = [c for c in args.configs if "=" in c]
