@@ -36,7 +36,7 @@ from .errors import UserError
 from .mlm import MaskedLanguageModel, MLMLoss, mask_tokens
 from .prepare import prepare, pretraining_texts, text_windows
 from .runconfig import RunConfig
-from .tasks import CONFIG_FILE, TOKENIZER_META, find_weights
+from .tasks import CONFIG_FILE, TOKENIZER_META, EpochBatches, find_weights
 from .tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
 
 #: Validation always corrupts the held-out texts with this seed, so every validation scores the same task.
@@ -84,7 +84,7 @@ class PretrainTask:
         if not len(self.valid_x):
             raise UserError(f"{d.valid or d.train}: no validation text of at least mlm.min_len={cfg.mlm.min_len} "
                             f"subwords; set data.valid_fraction (e.g. 0.1) or data.valid")
-        self._batches: tuple[int, Batches] | None = None
+        self._batches = EpochBatches(cfg, self.x.lengths)
         batches = self.batches(0)
         padding = padding_fraction(batches, self.x.lengths, None, cfg.train.pad_multiple)
         log(f"pretraining data: {len(self.x)} windows of at most {d.max_len} subwords "
@@ -99,11 +99,7 @@ class PretrainTask:
         return FusedMLMLoss(model) if self.cfg.train.engine == "fast" else MLMLoss(model)
 
     def batches(self, epoch: int) -> Batches:
-        if self._batches is None or self._batches[0] != epoch:  # the epoch's batches, made once
-            self._batches = epoch, make_batches(self.x.lengths, None, self.cfg.train.max_tokens,
-                                                seed=self.cfg.train.seed, epoch=epoch,
-                                                pad_multiple=self.cfg.train.pad_multiple)
-        return self._batches[1]
+        return self._batches(epoch)
 
     def _corrupt(self, tokens: Tensor, device: torch.device, generator: torch.Generator | None) -> MLMBatch:
         """BERT's corruption of ``tokens`` (B, T), padded, on the CPU: the masks come from the CPU generator."""

@@ -250,6 +250,22 @@ def translate_texts(model: nn.Module, tok: Tokenizer, texts: list[str], *, beam:
     return out
 
 
+class EpochBatches:
+    """A task's training batches: length-bucketed by :func:`attnkit.data.make_batches`, shuffled per epoch,
+    made once per epoch (the trainer asks for the same epoch's batches many times)."""
+
+    def __init__(self, cfg: RunConfig, src_lens: np.ndarray, tgt_lens: np.ndarray | None = None) -> None:
+        self.cfg, self.src_lens, self.tgt_lens = cfg, src_lens, tgt_lens
+        self._made: tuple[int, Batches] | None = None
+
+    def __call__(self, epoch: int) -> Batches:
+        if self._made is None or self._made[0] != epoch:
+            t = self.cfg.train
+            self._made = epoch, make_batches(self.src_lens, self.tgt_lens, t.max_tokens, seed=t.seed, epoch=epoch,
+                                             pad_multiple=t.pad_multiple)
+        return self._made[1]
+
+
 class TranslationTask:
     """Sequence-to-sequence with teacher forcing and label-smoothed cross-entropy."""
 
@@ -274,7 +290,7 @@ class TranslationTask:
         self.valid_pairs = [self.valid_pairs[i] for i in v_keep]
         self.valid_src = TokenArrays.from_lists([v_src[i] for i in v_keep])
         self.valid_tgt = TokenArrays.from_lists([v_tgt[i] for i in v_keep])
-        self._batches: tuple[int, Batches] | None = None
+        self._batches = EpochBatches(cfg, *self.lengths(self.src, self.tgt))
         batches = self.batches(0)
         padding = padding_fraction(batches, *self.lengths(self.src, self.tgt), cfg.train.pad_multiple)
         log(f"{len(batches)} batches per epoch (max_tokens {cfg.train.max_tokens}), {padding:.1%} of positions padding")
@@ -292,11 +308,7 @@ class TranslationTask:
         return FusedSeq2SeqLoss(model) if self.cfg.train.engine == "fast" else Seq2SeqLoss(model)
 
     def batches(self, epoch: int) -> Batches:
-        if self._batches is None or self._batches[0] != epoch:  # the epoch's batches, made once
-            self._batches = epoch, make_batches(*self.lengths(self.src, self.tgt), self.cfg.train.max_tokens,
-                                                seed=self.cfg.train.seed, epoch=epoch,
-                                                pad_multiple=self.cfg.train.pad_multiple)
-        return self._batches[1]
+        return self._batches(epoch)
 
     @staticmethod
     def _collate(src: TokenArrays, tgt: TokenArrays, indices: Sequence[int], device: torch.device,
@@ -387,7 +399,7 @@ class ClassificationTask:
         self.y = data.labels
         self.valid_x = TokenArrays.from_lists(classifier_inputs(self.tok, valid.texts, d))
         self.valid_y = [index[label] for label in valid.labels]
-        self._batches: tuple[int, Batches] | None = None
+        self._batches = EpochBatches(cfg, self.x.lengths)
         batches = self.batches(0)
         padding = padding_fraction(batches, self.x.lengths, None, cfg.train.pad_multiple)
         log(f"training data: {len(self.x)} texts, {len(self.classes)} classes {self.classes}; "
@@ -405,11 +417,7 @@ class ClassificationTask:
         return ClassificationLoss(model)
 
     def batches(self, epoch: int) -> Batches:
-        if self._batches is None or self._batches[0] != epoch:  # the epoch's batches, made once
-            self._batches = epoch, make_batches(self.x.lengths, None, self.cfg.train.max_tokens,
-                                                seed=self.cfg.train.seed, epoch=epoch,
-                                                pad_multiple=self.cfg.train.pad_multiple)
-        return self._batches[1]
+        return self._batches(epoch)
 
     def collate(self, indices: Sequence[int], device: torch.device) -> ClassificationBatch:
         x = self.x.pad(indices, PAD_ID, self.cfg.train.pad_multiple).to(device)  # (B, T)
