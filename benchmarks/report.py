@@ -80,6 +80,8 @@ TABLES: dict[str, Table] = {
     "throughput": Table((f"{RESULTS}/throughput.json", f"{RESULTS}/throughput-base.json",
                          f"{RESULTS}/earlier/throughput.*.json"), "benchmarks/throughput.py"),
     "profile": Table(f"{RESULTS}/profile.json", "benchmarks/profile_update.py"),
+    "ceiling": Table((f"{RESULTS}/throughput.json", f"{RESULTS}/profile.json"), "benchmarks/throughput.py",
+                     "markdown_ceiling"),
     "sst2": Table((f"{RESULTS}/sst2.json", f"{RESULTS}/earlier/sst2.*.json"), "benchmarks/sst2.py"),
     "imdb": Table(f"{RESULTS}/imdb.json", "benchmarks/imdb.py"),
     "demo": Table(f"{RESULTS}/demo.json", "benchmarks/demo.py"),

@@ -547,5 +547,47 @@ def markdown_table(results: dict[str, dict]) -> str:
     return table + ("\n\n" + "\n".join(notes) if notes else "")
 
 
+#: The profiler's names of the matrix products in an update.
+MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm")
+
+
+def markdown_ceiling(results: dict[str, dict]) -> str:
+    """README: what the CPU allows `small` in bf16, from ``throughput.json`` and ``profile.json``.
+
+    Two upper bounds on attnkit's target tokens/s, each divided by the peers' tokens/s of the same
+    throughput run: (1) only the update's matrix products, at the speed they ran under the profiler,
+    everything else free; (2) only the useful matmul FLOPs (real tokens, no padding) at the measured
+    bf16 ``torch.mm`` peak. The profile and the throughput run are separate runs at the same thread count.
+    """
+    runs = [r for r in results.values() if "rows" in r and r.get("matmul_peak_gflops") and r.get("model", "small")
+            == "small"]
+    profiles = [r for r in results.values() if "ops" in r]
+    if not runs or not profiles:
+        return ""
+    run, profile = max(runs, key=lambda r: r["date"]), max(profiles, key=lambda r: r["date"])
+    ours = next(r for r in run["rows"] if r["contender"] == "attnkit" and r["precision"] == "bf16")
+    peers = [r for r in run["rows"] if r["contender"] != "attnkit" and r.get("tgt_tok_per_s")]
+    marian = max((r for r in peers if "Marian" in r["contender"]), key=lambda r: r["tgt_tok_per_s"])
+    best = best_peer(run["rows"])
+    peak = run["matmul_peak_gflops"]["bf16"]
+    matmul_s = sum(op["self_ms_per_update"] for op in profile["ops"] if op["op"] in MATMUL_OPS) / 1000
+    bounds = [
+        ("measured (the throughput run)", ours["tgt_tok_per_s"]),
+        (f"only the matrix products, at the speed they ran under the profiler ({matmul_s * 1000:,.0f} ms of "
+         f"{profile['self_ms_per_update']:,.0f} ms per update), the rest free",
+         profile["tgt_tokens_per_update"] / matmul_s),
+        (f"only the useful matmul FLOPs ({ours['gflop_per_update']:.1f} GFLOP per update, real tokens), at the "
+         f"bf16 peak ({num(peak)} GFLOP/s)", ours["tok_per_update"] * peak / ours["gflop_per_update"]),
+        (f"the target: 3x the best peer ({best['contender']} {best['precision']})", 3 * best["tgt_tok_per_s"]),
+    ]
+    rows = [[what, num(tok_s), f"{tok_s / marian['tgt_tok_per_s']:.2f}x", f"{tok_s / best['tgt_tok_per_s']:.2f}x",
+             f"{tok_s * ours['gflop_per_update'] / ours['tok_per_update'] / peak:.0%}"] for what, tok_s in bounds]
+    table = markdown(["attnkit `small` bf16", "target tok/s", f"x {marian['contender']} {marian['precision']}",
+                      f"x {best['contender']} {best['precision']}", "of the bf16 peak"], rows, "lrrrr")
+    threads = (f"both at {run['threads']} threads" if run["threads"] == profile["threads"]
+               else f"at {run['threads']} and {profile['threads']} threads")
+    return table + f"\n\nThroughput run {measured(run)} and profile {measured(profile)}, {threads}."
+
+
 if __name__ == "__main__":
     main()
