@@ -21,6 +21,7 @@ import json
 import shutil
 import sys
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -57,7 +58,7 @@ def measure(config: str, record_only: bool, overrides: list[str]) -> dict:
     run_dir = ROOT / "runs" / name
     minutes_total = None
     if not record_only:
-        cfg = load_config(RunConfig, config, ["train.threads=1", *overrides])
+        cfg = load_config(RunConfig, config, overrides)
         if run_dir.exists():
             shutil.rmtree(run_dir)
         start = time.perf_counter()
@@ -102,12 +103,60 @@ def markdown_table(results: dict) -> str:
                      "measured"], rows, "llrrrrrl")
 
 
+def record_probe(run_dir: Path, settings: str, out: Path, commit: str | None) -> dict:
+    """Append a short pretraining probe (any run directory, e.g. one trained with overrides) to ``out``:
+    its settings, threads and every validation of its ``metrics.jsonl``; dated when that file was last
+    written, at ``commit`` (the checkout it ran from; default: this one)."""
+    cfg = load_config(RunConfig, run_dir / "config.yaml")
+    t, tr = cfg.model.transformer, cfg.train
+    probe = {"run_dir": str(run_dir), "settings": settings, "lr": tr.lr, "warmup": tr.warmup,
+             "dropout": t.dropout, "norm_first": t.norm_first, "window": cfg.data.max_len,
+             "vocab_size": cfg.data.tokenizer.vocab_size, "threads": tr.threads, "max_minutes": tr.max_minutes,
+             "curve": read_metrics(run_dir), **stamp()}
+    probe["date"] = datetime.fromtimestamp((run_dir / "metrics.jsonl").stat().st_mtime, timezone.utc).isoformat(
+        timespec="seconds")
+    if commit:
+        probe["commit"] = commit
+        probe.pop("uncommitted_changes", None)
+    probes = json.loads(out.read_text()) if out.exists() else {"note": PROBES_NOTE, "probes": []}
+    probes["probes"].append(probe)
+    probes.update(date=probe["date"], commit=probe["commit"])
+    out.write_text(json.dumps(probes, indent=2) + "\n", encoding="utf-8")
+    return probe
+
+
+PROBES_NOTE = ("short MLM pretraining runs of configs/imdb-pretrain.yaml with overrides, to choose its learning "
+               "rate and dropout; compared at the same update, since their budgets and thread counts differ")
+
+
+def markdown_probes(results: dict) -> str:
+    """benchmarks/README.md: each probe's settings and its validation MLM loss / accuracy at every common step."""
+    probes = results["probes"]
+    steps = sorted(set.intersection(*({m["step"] for m in p["curve"]} for p in probes)))
+    rows = [[p["settings"], f"{p['lr']:g}", f"{p['dropout']:g}", "pre" if p["norm_first"] else "post", p["window"],
+             p["threads"], *(f"{m['valid_loss']:.2f} / {m['valid_mlm_acc']:.1f}%" for s in steps
+                             for m in p["curve"] if m["step"] == s),
+             f"{p['curve'][-1]['valid_loss']:.2f} / {p['curve'][-1]['valid_mlm_acc']:.1f}% "
+             f"({num(p['curve'][-1]['step'])} updates, {p['curve'][-1]['minutes']:.1f} min)",
+             f"{p['date'][:10]}, `{p['commit']}`"] for p in probes]
+    return markdown(["probe", "lr", "dropout", "norm", "window", "threads", *(f"step {num(s)}" for s in steps),
+                     "last validation", "measured"], rows, "lrrrrr" + "r" * len(steps) + "rl")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("configs", nargs="+", help="config files, and KEY=VALUE overrides for all of them")
     p.add_argument("--record-only", action="store_true", help="score runs/<name> as it is, without training")
     p.add_argument("--out", default=str(RESULTS / "imdb.json"))
+    p.add_argument("--record-probe", metavar="RUN_DIR", help="append the pretraining run RUN_DIR (trained by hand, "
+                   "e.g. with overrides) to results/mlm-probes.json; the positional argument describes it")
+    p.add_argument("--probe-commit", help="the commit RUN_DIR was trained at (default: this checkout's)")
     args = p.parse_args()
+    if args.record_probe:
+        print(json.dumps(record_probe(Path(args.record_probe), " ".join(args.configs), RESULTS / "mlm-probes.json",
+                                      args.probe_commit),
+                         indent=2))
+        return
     out = Path(args.out)
     results = json.loads(out.read_text()) if out.exists() else {"results": {}}
     overrides = [c for c in args.configs if "=" in c]
@@ -115,8 +164,9 @@ def main() -> None:
         r = measure(config, args.record_only, overrides)
         results["results"][r["config"]] = r
         results.update(date=r["date"], commit=r["commit"])  # the latest measurement in the file
-        results["note"] = ("train.threads=1 on a 2-core machine shared with other sessions: accuracy runs, not speed "
-                           "measurements. Held-out = 10% of the training reviews (by movie) the config validates on.")
+        results["note"] = ("accuracy runs, not speed measurements: each entry records its threads, and the one-thread "
+                           "runs shared the 2-core machine with other sessions. Held-out = 10% of the training reviews "
+                           "(by movie) the config validates on.")
         out.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
         print(json.dumps(r, indent=2), flush=True)
     print(markdown_table(results))

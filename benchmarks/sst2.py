@@ -4,7 +4,7 @@
     python benchmarks/sst2.py configs/sst2-pretrain.yaml configs/sst2-finetune.yaml
     python benchmarks/sst2.py configs/sst2-finetune.yaml --record-only   # score runs/sst2-finetune as it is
 
-Each config trains into ``runs/<config name>`` with ``train.threads=1`` (see ``benchmarks/imdb.py``,
+Each config trains into ``runs/<config name>`` with its ``train.threads`` (see ``benchmarks/imdb.py``,
 which does the training and the held-out scoring): checkpoints are selected on the training rows the
 config holds out (``data.valid_fraction``), never on dev. The best checkpoint of a classifier is
 then evaluated once on ``dev.tsv``. Writes ``benchmarks/results/sst2.json`` (held-out and dev

@@ -120,3 +120,25 @@ def test_failure_line_names_the_exception(bench) -> None:
     assert bench.failure_line(output + "  " + ninja + "\n  RuntimeError: Error compiling\n") == (
         "ninja: error: 'fairseq/x.cpp', needed by 'build/x.o', missing and no known rule to make it")
     assert bench.failure_line("ERROR: No matching distribution found for fairseq\n").startswith("ERROR: No matching")
+
+
+def test_ceiling_bounds_follow_from_the_two_results(bench) -> None:
+    """The README's ceiling table: each bound is the arithmetic its row names, each ratio is to the peer's speed."""
+    rows = [
+        {"contender": "HF MarianMTModel", "precision": "bf16", "tgt_tok_per_s": 100.0},
+        {"contender": "torch.nn.Transformer reference", "precision": "bf16", "tgt_tok_per_s": 200.0},
+        {"contender": "attnkit", "precision": "bf16", "tgt_tok_per_s": 300.0, "tok_per_update": 1000.0,
+         "gflop_per_update": 50.0},
+    ]
+    run = {"date": "2026-01-01T00:00:00+00:00", "commit": "aaaaaaa", "threads": 1, "rows": rows,
+           "matmul_peak_gflops": {"fp32": 40.0, "bf16": 100.0}}
+    profile = {"date": "2026-01-01T00:00:00+00:00", "commit": "bbbbbbb", "threads": 1, "self_ms_per_update": 4000.0,
+               "tgt_tokens_per_update": 1000.0,
+               "ops": [{"op": "aten::mm", "self_ms_per_update": 1500.0}, {"op": "aten::bmm", "self_ms_per_update": 500.0},
+                       {"op": "aten::copy_", "self_ms_per_update": 2000.0}]}
+    table = bench.markdown_ceiling({"t.json": run, "p.json": profile}).splitlines()
+    cells = [[c.strip() for c in line.strip("|").split("|")] for line in table[2:6]]
+    # measured; matmuls only: 1000 tokens / 2.0 s; the peak: 1000 tokens x 100 / 50 GFLOP; 3x the plain loop
+    # share of the peak: tok/s x 0.05 GFLOP per token / 100 GFLOP/s
+    assert [c[1:] for c in cells] == [["300", "3.00x", "1.50x", "15%"], ["500", "5.00x", "2.50x", "25%"],
+                                      ["2,000", "20.00x", "10.00x", "100%"], ["600", "6.00x", "3.00x", "30%"]]
