@@ -26,8 +26,8 @@ def bench():
 def _probe_run(run_dir: Path, lr: float, curve: list[tuple[int, float, float]]) -> Path:
     run_dir.mkdir()
     (run_dir / "config.yaml").write_text(
-        f"task: pretrain\ndata:\n  train: corpus.txt\n  valid_fraction: 0.1\n  max_len: 128\nmodel:\n  transformer:\n    dropout: 0.0\n"
-        f"train:\n  lr: {lr}\n  threads: 1\n", encoding="utf-8")
+        "task: pretrain\ndata:\n  train: corpus.txt\n  valid_fraction: 0.1\n  max_len: 128\n"
+        f"model:\n  transformer:\n    dropout: 0.0\ntrain:\n  lr: {lr}\n  threads: 1\n", encoding="utf-8")
     (run_dir / "metrics.jsonl").write_text("".join(
         json.dumps({"step": s, "minutes": s / 100, "valid_loss": loss, "valid_mlm_acc": acc, "score": acc}) + "\n"
         for s, loss, acc in curve), encoding="utf-8")

@@ -134,7 +134,8 @@ def test_ceiling_bounds_follow_from_the_two_results(bench) -> None:
            "matmul_peak_gflops": {"fp32": 40.0, "bf16": 100.0}}
     profile = {"date": "2026-01-01T00:00:00+00:00", "commit": "bbbbbbb", "threads": 1, "self_ms_per_update": 4000.0,
                "tgt_tokens_per_update": 1000.0,
-               "ops": [{"op": "aten::mm", "self_ms_per_update": 1500.0}, {"op": "aten::bmm", "self_ms_per_update": 500.0},
+               "ops": [{"op": "aten::mm", "self_ms_per_update": 1500.0},
+                       {"op": "aten::bmm", "self_ms_per_update": 500.0},
                        {"op": "aten::copy_", "self_ms_per_update": 2000.0}]}
     table = bench.markdown_ceiling({"t.json": run, "p.json": profile}).splitlines()
     cells = [[c.strip() for c in line.strip("|").split("|")] for line in table[2:6]]
