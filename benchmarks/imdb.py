@@ -103,6 +103,19 @@ def markdown_table(results: dict) -> str:
                      "measured"], rows, "llrrrrrl")
 
 
+def markdown_trials(trials: dict) -> str:
+    """README: every run of every config in ``imdb-trials.json``, the reported one marked, with its settings."""
+    rows = []
+    for config, runs in trials["runs"].items():
+        for i, r in enumerate(runs):
+            acc = f"MLM {r['valid_mlm_accuracy']:.1f}" if r["task"] == "pretrain" else f"{r['valid_accuracy']:.2f}"
+            rows.append([f"`{config}`", acc + (" (reported)" if i == len(runs) - 1 else ""),
+                         f"{r['train_minutes']:.1f}", num(r["updates"]), r["threads"], r.get("settings", ""),
+                         f"{r['date'][:10]}, `{r['commit']}`"])
+    return markdown(["config", "held-out accuracy", "train minutes", "updates", "threads", "settings", "measured"],
+                    rows, "lrrrrll")
+
+
 def record_probe(run_dir: Path, settings: str, out: Path, commit: str | None) -> dict:
     """Append a short pretraining probe (any run directory, e.g. one trained with overrides) to ``out``:
     its settings, threads and every validation of its ``metrics.jsonl``; dated when that file was last

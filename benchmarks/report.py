@@ -84,6 +84,7 @@ TABLES: dict[str, Table] = {
                      "markdown_ceiling"),
     "sst2": Table((f"{RESULTS}/sst2.json", f"{RESULTS}/earlier/sst2.*.json"), "benchmarks/sst2.py"),
     "imdb": Table(f"{RESULTS}/imdb.json", "benchmarks/imdb.py"),
+    "imdb-trials": Table(f"{RESULTS}/imdb-trials.json", "benchmarks/imdb.py", "markdown_trials"),
     "mlm-probes": Table(f"{RESULTS}/mlm-probes.json", "benchmarks/imdb.py", "markdown_probes"),
     "demo": Table(f"{RESULTS}/demo.json", "benchmarks/demo.py"),
     "decode": Table((f"{RESULTS}/decode.json", f"{RESULTS}/earlier/decode.*.json"), "benchmarks/decode.py"),
