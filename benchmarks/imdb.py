@@ -87,6 +87,11 @@ def measure(config: str, record_only: bool, overrides: list[str]) -> dict:
     return result
 
 
+def held_out_text(r: dict) -> str:
+    """A result's held-out score: masked-subword accuracy for a pretraining run, else classification accuracy."""
+    return f"MLM {r['valid_mlm_accuracy']:.1f}" if r["task"] == "pretrain" else f"{r['valid_accuracy']:.2f}"
+
+
 def markdown_table(results: dict) -> str:
     """The README table: one row per config, in the order of :data:`TARGETS`."""
     rows = []
@@ -95,8 +100,7 @@ def markdown_table(results: dict) -> str:
         r = entries.get(f"configs/{name}.yaml")
         if r is None:
             continue
-        acc = f"MLM {r['valid_mlm_accuracy']:.1f}" if r["task"] == "pretrain" else f"{r['valid_accuracy']:.2f}"
-        rows.append([f"`{r['config']}`", what, acc, "" if target is None else f"{target:.1f}",
+        rows.append([f"`{r['config']}`", what, held_out_text(r), "" if target is None else f"{target:.1f}",
                      f"{r['train_minutes']:.1f}", num(r["updates"]), r["threads"],
                      f"{r['date'][:10]}, `{r['commit']}`"])
     return markdown(["config", "what", "held-out accuracy", "target (test)", "train minutes", "updates", "threads",
@@ -108,8 +112,7 @@ def markdown_trials(trials: dict) -> str:
     rows = []
     for config, runs in trials["runs"].items():
         for i, r in enumerate(runs):
-            acc = f"MLM {r['valid_mlm_accuracy']:.1f}" if r["task"] == "pretrain" else f"{r['valid_accuracy']:.2f}"
-            rows.append([f"`{config}`", acc + (" (reported)" if i == len(runs) - 1 else ""),
+            rows.append([f"`{config}`", held_out_text(r) + (" (reported)" if i == len(runs) - 1 else ""),
                          f"{r['train_minutes']:.1f}", num(r["updates"]), r["threads"], r.get("settings", ""),
                          f"{r['date'][:10]}, `{r['commit']}`"])
     return markdown(["config", "held-out accuracy", "train minutes", "updates", "threads", "settings", "measured"],

@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT / "src"))
 from attnkit.classify import evaluate_classifier  # noqa: E402
 from attnkit.data import read_labelled  # noqa: E402
 from attnkit.tasks import load_run  # noqa: E402
-from imdb import RESULTS, measure  # noqa: E402
+from imdb import RESULTS, held_out_text, measure  # noqa: E402
 from tables import markdown, num  # noqa: E402
 
 DATA = ROOT.parent / "shared" / "data" / "sst2"
@@ -44,7 +44,7 @@ def markdown_table(results: dict[str, dict]) -> str:
             when = f"{r.get('date', data['date'])[:10]}, `{r.get('commit', data['commit'])}`"
             minutes, updates = f"{r['train_minutes']:.1f}", num(r["updates"])
             if r.get("task") == "pretrain":
-                rows.append([f"`{r['config']}`", f"MLM {r['valid_mlm_accuracy']:.1f}", "", "", minutes, updates,
+                rows.append([f"`{r['config']}`", held_out_text(r), "", "", minutes, updates,
                              r["threads"], when])
                 continue
             target = TARGETS.get(Path(r["config"]).stem)

@@ -18,6 +18,7 @@ from attnkit.engine import ByteDropout, SharedMemoryState, accelerate, fast_atte
 from attnkit.engine.attention import BF16_SOFTMAX_CPU_MIN_KEYS, FUSED_BF16_CPU_MIN_KEYS, soft_attention_in_dtype
 from attnkit.engine.decoding import shared_rows
 from attnkit.search import beam_search, greedy_search
+from test_loss import assert_same_loss_and_gradients
 from test_transformer import batch, small_model
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "attnkit"
@@ -224,13 +225,4 @@ def test_fused_mlm_loss_equals_the_reference_loss_and_gradients() -> None:
     tokens = torch.randint(5, 300, (6, 40), generator=g)
     tokens[2, 25:] = 0
     inputs, selected = mask_tokens(tokens, mask_id=4, special_ids=(1, 2, 3), vocab_size=300, generator=g)
-    results = []
-    for objective in (MLMLoss(model), FusedMLMLoss(model)):
-        model.zero_grad()
-        loss = objective(inputs, selected, tokens[selected], 0.1)
-        loss.backward()
-        results.append((loss.detach(), [p.grad.clone() for p in model.parameters()]))
-    (ref, ref_grads), (fast, fast_grads) = results
-    torch.testing.assert_close(fast, ref, atol=1e-4, rtol=1e-5)
-    for a, b in zip(fast_grads, ref_grads, strict=True):
-        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+    assert_same_loss_and_gradients(model, FusedMLMLoss(model), MLMLoss(model), inputs, selected, tokens[selected], 0.1)

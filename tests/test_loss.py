@@ -71,6 +71,21 @@ def test_inference_mode_gives_the_same_loss_without_a_graph() -> None:
     torch.testing.assert_close(loss, F.cross_entropy(F.linear(hidden, weight, b), targets, reduction="sum").detach())
 
 
+def assert_same_loss_and_gradients(model: torch.nn.Module, fast: torch.nn.Module, reference: torch.nn.Module,
+                                   *inputs: object) -> None:
+    """``fast(*inputs)`` equals ``reference(*inputs)`` in value and in every parameter's gradient."""
+    results = []
+    for objective in (fast, reference):
+        model.zero_grad()
+        loss = objective(*inputs)
+        loss.backward()
+        results.append((loss.detach(), [p.grad.clone() for p in model.parameters()]))
+    (fast_loss, fast_grads), (ref_loss, ref_grads) = results
+    torch.testing.assert_close(fast_loss, ref_loss, atol=1e-4, rtol=1e-5)
+    for a, b in zip(fast_grads, ref_grads, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+
+
 @pytest.mark.parametrize("arch", ["transformer", "rnn"])
 def test_fused_objective_equals_the_reference_objective(arch: str) -> None:
     """The engine's FusedSeq2SeqLoss equals the task's F.cross_entropy objective, value and gradients."""
@@ -88,16 +103,8 @@ def test_fused_objective_equals_the_reference_objective(arch: str) -> None:
     positions = torch.ones(3, 5, dtype=torch.bool)
     positions[1, 3:] = False
     targets = torch.randint(4, 30, (int(positions.sum()),))
-    grads = []
-    for objective in (FusedSeq2SeqLoss(model), Seq2SeqLoss(model)):
-        model.zero_grad()
-        loss = objective(src, tgt_in, positions, targets, 0.1)
-        loss.backward()
-        grads.append((loss.detach(), [p.grad.clone() for p in model.parameters()]))
-    (fused, fused_grads), (ref, ref_grads) = grads
-    torch.testing.assert_close(fused, ref, atol=1e-4, rtol=1e-5)
-    for a, b in zip(fused_grads, ref_grads, strict=True):
-        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+    assert_same_loss_and_gradients(model, FusedSeq2SeqLoss(model), Seq2SeqLoss(model),
+                                   src, tgt_in, positions, targets, 0.1)
 
 
 def test_select_positions_equals_boolean_indexing_forward_and_backward() -> None:
