@@ -17,6 +17,7 @@ under the same parameter names as in :class:`~attnkit.classifier.TransformerClas
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import lru_cache
 
 import torch
 import torch.nn.functional as F
@@ -38,19 +39,25 @@ def mask_tokens(tokens: Tensor, *, mask_id: int, special_ids: Sequence[int], voc
     selected, the first candidate is (the loss is averaged over the selected positions).
     Random numbers come from ``generator`` (torch's default generator when None), on the CPU.
     """
-    special = torch.tensor(sorted({PAD_ID, mask_id, *special_ids}), dtype=tokens.dtype)
+    special, ordinary = _special_and_ordinary_ids(vocab_size, frozenset({PAD_ID, mask_id, *special_ids}), tokens.dtype)
     candidates = ~torch.isin(tokens, special)  # (B, T)
     selected = (torch.rand(tokens.shape, generator=generator) < select) & candidates
     if not selected.any() and candidates.any():
         selected.view(-1)[candidates.view(-1).nonzero()[0]] = True
     action = torch.rand(tokens.shape, generator=generator)  # (B, T): which corruption
-    ordinary = torch.tensor([i for i in range(vocab_size) if i not in set(special.tolist())], dtype=tokens.dtype)
     replacement = ordinary[torch.randint(len(ordinary), tokens.shape, generator=generator)]  # (B, T)
     inputs = tokens.clone()
     inputs[selected & (action < mask)] = mask_id
     to_random = selected & (action >= mask) & (action < mask + random)
     inputs[to_random] = replacement[to_random]
     return inputs, selected
+
+
+@lru_cache(maxsize=8)
+def _special_and_ordinary_ids(vocab_size: int, special: frozenset[int], dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """The special ids (sorted) and every other id below ``vocab_size``: made once per vocabulary, not per batch."""
+    ordinary = [i for i in range(vocab_size) if i not in special]
+    return torch.tensor(sorted(special), dtype=dtype), torch.tensor(ordinary, dtype=dtype)
 
 
 class MaskedLanguageModel(nn.Module):
