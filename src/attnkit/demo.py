@@ -97,7 +97,7 @@ def run_demo(out_dir: str | Path = ".", overrides: list[str] | tuple[str, ...] =
     log(f"training took {train_minutes:.1f} min; model and tokenizer in {run_dir}")
     log(f"exact match: {exact:.1f}%")
     result = DemoResult(exact_match=round(exact, 2), held_out=held_out, updates=trainer.step,
-                        train_minutes=round(train_minutes, 2), minutes=round(process_seconds() / 60, 2),
+                        train_minutes=round(train_minutes, 4), minutes=round(process_seconds() / 60, 4),
                         peak_rss_gb=round(peak_rss_gb(), 2), overrides=list(overrides))
     if json_path is not None:
         record = {**stamp(), "command": "attnkit demo", **asdict(result)}
