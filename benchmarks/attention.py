@@ -61,11 +61,11 @@ from tables import markdown, measured
 
 try:
     from attnkit import MultiHeadAttention
-    from attnkit.measure import stamp
+    from attnkit.common.measure import stamp
 except ModuleNotFoundError:  # a checkout without `pip install -e .`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
     from attnkit import MultiHeadAttention
-    from attnkit.measure import stamp
+    from attnkit.common.measure import stamp
 
 BATCH = 16
 D_MODEL = 512

@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT / "src"))
 
-from attnkit.measure import stamp  # noqa: E402
+from attnkit.common.measure import stamp  # noqa: E402
 from tables import markdown, measured, num  # noqa: E402
 from throughput import run_child  # noqa: E402
 

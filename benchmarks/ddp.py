@@ -41,9 +41,9 @@ def worker(config: str, overrides: list[str], seconds: float, warmup: int) -> No
     sys.path.insert(0, str(ROOT / "src"))
     import torch
 
-    from attnkit.config import load_config
-    from attnkit.runconfig import RunConfig
-    from attnkit.train import Trainer
+    from attnkit.config.loader import load_config
+    from attnkit.config.schema import RunConfig
+    from attnkit.training.trainer import Trainer
 
     cfg = load_config(RunConfig, config, overrides)
     run_dir = os.environ.get("ATTNKIT_BENCH_RUN_DIR") or tempfile.mkdtemp(prefix="attnkit_ddp_")
@@ -117,8 +117,8 @@ def main() -> None:
                       f"data.valid={DATA}/val.de.gz", f"data.valid_tgt={DATA}/val.en.gz"]
     overrides += args.set
     sys.path.insert(0, str(ROOT / "src"))
-    from attnkit.config import load_config
-    from attnkit.runconfig import RunConfig
+    from attnkit.config.loader import load_config
+    from attnkit.config.schema import RunConfig
 
     max_tokens = load_config(RunConfig, args.config, overrides).train.max_tokens
     tokens_per_update = max_tokens * math.lcm(*args.processes)  # the same effective batch for every contender
@@ -146,7 +146,7 @@ def main() -> None:
     import torch
 
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    from attnkit.measure import stamp
+    from attnkit.common.measure import stamp
 
     Path(args.out).write_text(json.dumps({
         **stamp(), "torch": torch.__version__, "cpus": cpus,

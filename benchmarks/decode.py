@@ -6,8 +6,8 @@
 On test_2016_flickr (1,000 sentences), beam 4 (length penalty: the run's decode_lenpen), batches
 of 32 sentences, 2 threads, the de->en model is decoded by
 
-* attnkit float32 and attnkit bf16 (``torch.autocast``), through ``attnkit.tasks.translate_texts``;
-* CTranslate2 float32 and int8, through ``attnkit.export.ExportedTranslator`` (the run exported by
+* attnkit float32 and attnkit bf16 (``torch.autocast``), through ``attnkit.inference.translate.translate_texts``;
+* CTranslate2 float32 and int8, through ``attnkit.export.ctranslate2.ExportedTranslator`` (the run exported by
   ``attnkit export`` beforehand, untimed);
 * attnkit float32 without the key/value cache (``attnkit.search.Uncached``), and the same cached /
   uncached pair for the en->de model when ``--en-de`` is given.
@@ -16,7 +16,7 @@ Each contender runs in its own subprocess, one after the other, so its peak RSS 
 own; a worker translates one batch untimed first, then the whole test set timed (tokenization
 included, for both engines). Target tokens are the SentencePiece pieces of the outputs. Two
 untimed workers decode greedily in float32 with attnkit and with CTranslate2 for the agreement
-rate. BLEU is sacreBLEU (cased, 13a) via ``attnkit.evaluate``.
+rate. BLEU is sacreBLEU (cased, 13a) via ``attnkit.inference.scores``.
 
 Writes ``benchmarks/results/decode.json``; :func:`markdown_table` renders the README table.
 """
@@ -52,7 +52,7 @@ LABELS = {"attnkit-fp32": "attnkit float32", "attnkit-bf16": "attnkit bf16 (auto
 
 def read_test(direction: str) -> tuple[list[str], list[str]]:
     sys.path.insert(0, str(ROOT / "src"))
-    from attnkit.data import read_parallel
+    from attnkit.data.readers import read_parallel
 
     src, tgt = direction.split("-")
     pairs = read_parallel(DATA / f"{TEST}.{src}.gz", DATA / f"{TEST}.{tgt}.gz")
@@ -72,9 +72,10 @@ def worker(args: argparse.Namespace) -> None:
     import torch
 
     sys.path.insert(0, str(ROOT / "src"))
-    from attnkit.export import ExportedTranslator
+    from attnkit.export.ctranslate2 import ExportedTranslator
+    from attnkit.inference.translate import translate_texts
+    from attnkit.runs.load import load_run
     from attnkit.search import Uncached
-    from attnkit.tasks import load_run, translate_texts
 
     torch.set_num_threads(args.threads)
     engine, precision, cache = CONTENDERS[args.worker] if args.worker in CONTENDERS else ("attnkit", "fp32", True)
@@ -133,7 +134,7 @@ def run_worker(name: str, direction: str, model: Path, args: argparse.Namespace)
 
 def score(result: dict, refs: list[str], tok) -> dict:
     """tokens/s, sentences/s and BLEU of one worker's result (its hypotheses dropped)."""
-    from attnkit.evaluate import translation_scores
+    from attnkit.inference.scores import translation_scores
 
     hyps, seconds = result.pop("hyps"), result["seconds"]
     tokens = sum(len(ids) for ids in tok.encode_tgt(hyps))
@@ -144,9 +145,9 @@ def score(result: dict, refs: list[str], tok) -> dict:
 
 def race(args: argparse.Namespace) -> dict:
     sys.path.insert(0, str(ROOT / "src"))
-    from attnkit.export import export_ctranslate2
-    from attnkit.measure import stamp
-    from attnkit.tokenizer import Tokenizer
+    from attnkit.common.measure import stamp
+    from attnkit.data.tokenizer import Tokenizer
+    from attnkit.export.ctranslate2 import export_ctranslate2
 
     results: dict = {**stamp(),
                      "load_average_1min_at_start": round(os.getloadavg()[0], 2),

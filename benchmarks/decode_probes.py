@@ -2,7 +2,7 @@
 
     flock /tmp/attnkit-bench.lock python benchmarks/decode_probes.py --run runs/de-en [--threads 2]
 
-Four ways to run the same trained de->en model through ``attnkit.tasks.translate_texts``, one after
+Four ways to run the same trained de->en model through ``attnkit.inference.translate.translate_texts``, one after
 the other in this process (the model loaded once):
 
 * ``float32``: the model as trained;
@@ -69,8 +69,9 @@ def main() -> None:
     import sacrebleu
     import torch
 
-    from attnkit.measure import stamp
-    from attnkit.tasks import load_run, translate_texts
+    from attnkit.common.measure import stamp
+    from attnkit.inference.translate import translate_texts
+    from attnkit.runs.load import load_run
 
     torch.set_num_threads(args.threads)
     with gzip.open(DATA / "test_2016_flickr.de.gz", "rt", encoding="utf-8") as f:

@@ -27,11 +27,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from attnkit.classify import evaluate_classifier  # noqa: E402
-from attnkit.config import load_config  # noqa: E402
-from attnkit.measure import stamp  # noqa: E402
-from attnkit.runconfig import RunConfig  # noqa: E402
-from attnkit.tasks import load_run, read_validation  # noqa: E402
+from attnkit.common.measure import stamp  # noqa: E402
+from attnkit.config.loader import load_config  # noqa: E402
+from attnkit.config.schema import RunConfig  # noqa: E402
+from attnkit.inference.classify import evaluate_classifier  # noqa: E402
+from attnkit.runs.load import load_run  # noqa: E402
+from attnkit.tasks.classification import read_validation  # noqa: E402
 from tables import markdown, num  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
@@ -52,7 +53,7 @@ def read_metrics(run_dir: Path) -> list[dict]:
 
 def measure(config: str, record_only: bool, overrides: list[str]) -> dict:
     """Train ``config`` (unless ``record_only``) into ``runs/<name>`` and score it."""
-    from attnkit.train import Trainer
+    from attnkit.training.trainer import Trainer
 
     name = Path(config).stem
     run_dir = ROOT / "runs" / name

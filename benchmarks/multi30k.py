@@ -26,14 +26,15 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from attnkit.config import load_config  # noqa: E402
-from attnkit.data import read_parallel  # noqa: E402
-from attnkit.evaluate import translation_scores  # noqa: E402
-from attnkit.measure import stamp  # noqa: E402
-from attnkit.runconfig import RunConfig  # noqa: E402
+from attnkit.common.measure import stamp  # noqa: E402
+from attnkit.config.loader import load_config  # noqa: E402
+from attnkit.config.schema import RunConfig  # noqa: E402
+from attnkit.data.readers import read_parallel  # noqa: E402
+from attnkit.inference.scores import translation_scores  # noqa: E402
+from attnkit.inference.translate import translate_texts  # noqa: E402
+from attnkit.runs.load import load_run  # noqa: E402
 from attnkit.search import LENPEN, Uncached  # noqa: E402
-from attnkit.tasks import load_run, translate_texts  # noqa: E402
-from attnkit.train import Trainer  # noqa: E402
+from attnkit.training.trainer import Trainer  # noqa: E402
 from attnkit.transformer import Transformer  # noqa: E402
 from tables import markdown, measured, num  # noqa: E402
 

@@ -79,7 +79,7 @@ def main() -> None:
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "profile.json"))
     args = p.parse_args()
     sys.path.insert(0, str(ROOT / "src"))
-    from attnkit.measure import stamp
+    from attnkit.common.measure import stamp
 
     stamped = stamp()  # the checkout measured
     result = profile(args.precision, args.warmup_updates, args.updates, args.max_tokens, args.set, args.top)

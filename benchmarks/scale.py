@@ -58,7 +58,7 @@ def generate(work: Path, size: int) -> tuple[Path, Path]:
     if done.exists():
         return src, tgt
     sys.path.insert(0, str(ROOT / "src"))
-    from attnkit.data import read_parallel
+    from attnkit.data.readers import read_parallel
 
     pairs = read_parallel(DATA / "train.de.gz", DATA / "train.en.gz")
     rng = random.Random(size)
@@ -147,9 +147,10 @@ def cpu_seconds() -> float:
 def prepare_child(work: Path, size: int) -> dict:
     """Runs in a fresh process: prepare the corpus of ``size`` pairs from scratch."""
     sys.path.insert(0, str(ROOT / "src"))
-    from attnkit.config import load_config
-    from attnkit.prepare import DATA_DIR, prepare
-    from attnkit.runconfig import RunConfig
+    from attnkit.config.loader import load_config
+    from attnkit.config.schema import RunConfig
+    from attnkit.runs.layout import DATA_DIR
+    from attnkit.tasks import prepare
 
     src, tgt = corpus_paths(work, size)
     run = work / f"run-{size}"
@@ -183,9 +184,9 @@ def prepare_child(work: Path, size: int) -> dict:
 def train_child(work: Path, size: int, updates: int) -> dict:
     """Runs in a fresh process: the first ``updates`` training updates on the prepared corpus of ``size`` pairs."""
     sys.path.insert(0, str(ROOT / "src"))
-    from attnkit.config import load_config
-    from attnkit.runconfig import RunConfig
-    from attnkit.train import Trainer
+    from attnkit.config.loader import load_config
+    from attnkit.config.schema import RunConfig
+    from attnkit.training.trainer import Trainer
 
     src, tgt = corpus_paths(work, size)
     run = work / f"run-{size}"
@@ -356,7 +357,7 @@ def measure(args: argparse.Namespace) -> None:
         RESULTS.parent.mkdir(parents=True, exist_ok=True)
         RESULTS.write_text(json.dumps(results, indent=2) + "\n")
     sys.path.insert(0, str(ROOT / "src"))
-    from attnkit.plot import save_figure
+    from attnkit.viz.plot import save_figure
 
     save_figure(scale_figure(results), FIGURE)
     print(markdown_table(results))

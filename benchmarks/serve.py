@@ -42,8 +42,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from attnkit.data import read_lines  # noqa: E402
-from attnkit.tasks import load_run, translate_texts  # noqa: E402
+from attnkit.data.readers import read_lines  # noqa: E402
+from attnkit.inference.translate import translate_texts  # noqa: E402
+from attnkit.runs.load import load_run  # noqa: E402
 
 DATA = ROOT.parent / "shared" / "data" / "multi30k"
 RESULTS = ROOT / "benchmarks" / "results" / "serve.json"

@@ -151,9 +151,9 @@ def training_flops(dims: ModelDims, n: Lengths) -> float:
 def attnkit_trainer(precision: str, max_tokens: int, overrides: list[str], model: str = "small"):
     """attnkit's Trainer for ``configs/multi30k-de-en.yaml`` on the shared data at ``model``'s dimensions."""
     sys.path.insert(0, str(ROOT / "src"))
-    from attnkit.config import load_config
-    from attnkit.runconfig import RunConfig
-    from attnkit.train import Trainer
+    from attnkit.config.loader import load_config
+    from attnkit.config.schema import RunConfig
+    from attnkit.training.trainer import Trainer
 
     data = SHARED / "data" / "multi30k"
     cfg = load_config(RunConfig, ROOT / "configs" / "multi30k-de-en.yaml",
@@ -183,7 +183,7 @@ def batch_lengths(lengths, batch, pad_multiple: int = 0) -> Lengths:
     if not pad_multiple:
         return real
     rows = len(index)
-    sp, tp = (-(-float(x.max()) // pad_multiple) * pad_multiple for x in (s, t))  # as attnkit.data.round_up
+    sp, tp = (-(-float(x.max()) // pad_multiple) * pad_multiple for x in (s, t))  # as attnkit.common.numeric.round_up
     return Lengths(rows * sp, rows * tp, rows * sp * sp, rows * tp * tp, rows * sp * tp, scored=real.tgt)
 
 
@@ -409,7 +409,7 @@ def main() -> None:
     peak_cmd = [sys.executable, __file__, "--worker", "peak", "--peak-sizes", *map(str, args.peak_sizes)]
 
     sys.path.insert(0, str(ROOT / "src"))
-    from attnkit.measure import stamp
+    from attnkit.common.measure import stamp
 
     stamped = stamp()  # the checkout measured is the one the children start from
     print("measuring the matmul peak ...", flush=True)

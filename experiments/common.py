@@ -27,17 +27,19 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "benchmarks"))  # tables: the markdown helpers report.py's tables share
 
-from attnkit.config import load_config  # noqa: E402
-from attnkit.data import pad_batch, read_parallel  # noqa: E402
-from attnkit.evaluate import translation_scores  # noqa: E402
-from attnkit.files import atomic_write_text  # noqa: E402
-from attnkit.measure import stamp  # noqa: E402
-from attnkit.plot import save_figure  # noqa: E402
-from attnkit.runconfig import RunConfig  # noqa: E402
-from attnkit.tasks import LoadedRun, load_run, translate_texts  # noqa: E402
-from attnkit.tokenizer import EOS_ID, PAD_ID  # noqa: E402
-from attnkit.train import Trainer  # noqa: E402
+from attnkit.common.files import atomic_write_text  # noqa: E402
+from attnkit.common.measure import stamp  # noqa: E402
+from attnkit.config.loader import load_config  # noqa: E402
+from attnkit.config.schema import RunConfig  # noqa: E402
+from attnkit.data.batching import pad_batch  # noqa: E402
+from attnkit.data.readers import read_parallel  # noqa: E402
+from attnkit.data.tokenizer import EOS_ID, PAD_ID  # noqa: E402
+from attnkit.inference.scores import translation_scores  # noqa: E402
+from attnkit.inference.translate import translate_texts  # noqa: E402
+from attnkit.runs.load import LoadedRun, load_run  # noqa: E402
+from attnkit.training.trainer import Trainer  # noqa: E402
 from attnkit.transformer import Transformer  # noqa: E402
+from attnkit.viz.plot import save_figure  # noqa: E402
 from tables import caption, markdown, num  # noqa: E402, F401  (re-exported for the experiments' tables)
 
 DATA = ROOT.parent / "shared" / "data" / "multi30k"

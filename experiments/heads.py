@@ -43,11 +43,12 @@ from common import (
 from matplotlib.figure import Figure
 from torch import Tensor
 
-from attnkit.attention_maps import attention_figures, attention_maps
-from attnkit.config import load_config
-from attnkit.runconfig import RunConfig
-from attnkit.tokenizer import PAD_ID
+from attnkit.config.loader import load_config
+from attnkit.config.schema import RunConfig
+from attnkit.data.tokenizer import PAD_ID
+from attnkit.inference.attention_maps import attention_maps
 from attnkit.transformer import Transformer
+from attnkit.viz.figures import attention_figures
 
 HEADS = (1, 4, 8)
 RELATIONS = ("previous", "self", "next", "</s>", "elsewhere")

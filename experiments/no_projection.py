@@ -30,9 +30,9 @@ from matplotlib.figure import Figure
 from torch import Tensor
 
 from attnkit import attend
-from attnkit.plot import attention_grid
-from attnkit.tokenizer import PAD_ID
+from attnkit.data.tokenizer import PAD_ID
 from attnkit.transformer import Transformer
+from attnkit.viz.plot import attention_grid
 
 SETTINGS = ("raw, scaled", "raw, unscaled", "raw, embeddings only", "learned (layer 1, mean of heads)")
 

@@ -49,9 +49,9 @@ from matplotlib.figure import Figure
 from torch import nn
 
 from attnkit import MultiHeadAttention
-from attnkit.config import load_config
-from attnkit.runconfig import RunConfig
-from attnkit.train import Trainer
+from attnkit.config.loader import load_config
+from attnkit.config.schema import RunConfig
+from attnkit.training.trainer import Trainer
 
 MODELS = {
     "rnn-attention": ("RNN + Bahdanau attention (GRU, hidden 256)", RNN_ATTENTION_CONFIG,

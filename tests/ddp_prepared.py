@@ -12,9 +12,9 @@ import json
 import sys
 from pathlib import Path
 
-from attnkit.config import load_config
-from attnkit.runconfig import RunConfig
-from attnkit.train import Trainer
+from attnkit.config.loader import load_config
+from attnkit.config.schema import RunConfig
+from attnkit.training.trainer import Trainer
 
 if __name__ == "__main__":
     config, run_dir, out = sys.argv[1:4]

@@ -4,7 +4,7 @@ attend to the source characters of the same field.
 A small model with the demo's data, character tokenizer and pre-norm Transformer (narrower and
 trained for fewer updates, to take seconds rather than the demo's minutes) is trained with a
 fixed seed, then run on held-out dates generated with known field spans
-(:func:`attnkit.dates.generate_labelled`).
+(:func:`attnkit.data.dates.generate_labelled`).
 
 How the alignment is labelled: the target ``YYYY-MM-DD`` has 8 digits; a digit of the year
 (month, day) is aligned with the source characters that write the year (month, day):
@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import torch
 
-from attnkit import dates
-from attnkit.attention_maps import attention_maps
+from attnkit.data import dates
 from attnkit.demo import demo_config
-from attnkit.tasks import load_run
-from attnkit.train import Trainer
+from attnkit.inference.attention_maps import attention_maps
+from attnkit.runs.load import load_run
+from attnkit.training.trainer import Trainer
 
 #: The demo model, narrower and trained briefly (about 20-40 s on one thread). The demo's linear
 #: decay anneals a run that has converged; these 600 updates have not, so the learning rate stays up.

@@ -1,4 +1,4 @@
-"""Tests for attnkit.attention_maps, attnkit.explorer and `attnkit attention`: the weights of every
+"""Tests for attnkit.inference.attention_maps, attnkit.viz.explorer and `attnkit attention`: the weights of every
 kind (shapes, rows summing to 1, the look-ahead triangle, equal to step-by-step decoding, outputs
 unchanged), the heatmap files, the self-contained HTML page and one-line errors."""
 
@@ -12,16 +12,18 @@ from pathlib import Path
 import pytest
 import torch
 
-from attnkit.attention_maps import AttentionMaps, attention_figures, attention_maps, summary_figure
 from attnkit.cli import main
-from attnkit.config import load_config
-from attnkit.explorer import explorer_html, write_explorer
-from attnkit.plot import attention_grid, attention_heatmap
-from attnkit.runconfig import RunConfig
+from attnkit.config.loader import load_config
+from attnkit.config.schema import RunConfig
+from attnkit.data.documents import classifier_inputs
+from attnkit.data.tokenizer import BOS_ID, EOS_ID
+from attnkit.inference.attention_maps import AttentionMaps, attention_maps
+from attnkit.runs.load import LoadedRun, load_run
 from attnkit.search import greedy_search
-from attnkit.tasks import LoadedRun, classifier_inputs, load_run
-from attnkit.tokenizer import BOS_ID, EOS_ID
-from attnkit.train import Trainer
+from attnkit.training.trainer import Trainer
+from attnkit.viz.explorer import explorer_html, write_explorer
+from attnkit.viz.figures import attention_figures, summary_figure
+from attnkit.viz.plot import attention_grid, attention_heatmap
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 DPI = 120

@@ -1,4 +1,4 @@
-"""Tests for attnkit.checkpoint: safetensors weights with ties, safe training state."""
+"""Tests for attnkit.runs.checkpoint: safetensors weights with ties, safe training state."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from attnkit.checkpoint import (
+from attnkit.common.errors import UserError
+from attnkit.runs.checkpoint import (
     ALIASES_KEY,
     average_weights,
     capture_rng_state,
@@ -19,7 +20,6 @@ from attnkit.checkpoint import (
     save_training_state,
     save_weights,
 )
-from attnkit.errors import UserError
 
 
 class Exploit:

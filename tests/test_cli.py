@@ -14,13 +14,13 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from attnkit.classify import predict
 from attnkit.cli import main
-from attnkit.config import load_config
+from attnkit.config.loader import load_config
+from attnkit.config.schema import RunConfig
 from attnkit.demo import HELD_OUT, demo_config
-from attnkit.runconfig import RunConfig
-from attnkit.tasks import load_run
-from attnkit.train import Trainer
+from attnkit.inference.classify import predict
+from attnkit.runs.load import load_run
+from attnkit.training.trainer import Trainer
 from tiny_runs import classification_config, labelled_rows, translation_config, write_lines, write_tsv, write_yaml
 
 ROOT = Path(__file__).resolve().parents[1]

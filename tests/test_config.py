@@ -8,8 +8,8 @@ from typing import Literal
 
 import pytest
 
-from attnkit.config import config_to_dict, dump_config, load_config
-from attnkit.errors import UserError
+from attnkit.common.errors import UserError
+from attnkit.config.loader import config_to_dict, dump_config, load_config
 
 
 @dataclass

@@ -12,25 +12,27 @@ import numpy as np
 import pytest
 import torch
 
-from attnkit.data import (
-    MAX_LINE_BYTES,
+from attnkit.common.errors import UserError
+from attnkit.common.numeric import round_up
+from attnkit.data.arrays import TokenArrays
+from attnkit.data.batching import (
     FilterStats,
-    LabelledReader,
-    ReadStats,
-    TokenArrays,
     filter_examples,
-    iter_lines,
-    iter_parallel,
     make_batches,
     pad_batch,
     padding_fraction,
     python_random_floats,
+)
+from attnkit.data.readers import (
+    MAX_LINE_BYTES,
+    LabelledReader,
+    ReadStats,
+    iter_lines,
+    iter_parallel,
     read_labelled,
     read_lines,
     read_parallel,
-    round_up,
 )
-from attnkit.errors import UserError
 
 
 def write(path: Path, data: str | bytes) -> Path:

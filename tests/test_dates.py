@@ -1,4 +1,4 @@
-"""Tests for attnkit.dates: golden strings, round trips through an independent parser,
+"""Tests for attnkit.data.dates: golden strings, round trips through an independent parser,
 unambiguity across formats, date-disjoint splits and determinism."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from datetime import date, datetime, timedelta
 
 import pytest
 
-from attnkit import dates
-from attnkit.dates import FORMATS, generate_pairs, split_of
+from attnkit.data import dates
+from attnkit.data.dates import FORMATS, generate_pairs, split_of
 
 # --- An independent reference parser ----------------------------------------------------
 # Month and weekday names are typed here again rather than imported, so a typo in the

@@ -1,4 +1,5 @@
-"""Tests for attnkit.distributed and the trainer under torchrun: sharding, equivalence with one process, resume.
+"""Tests for attnkit.training.distributed and the trainer under torchrun: sharding, equivalence with one process,
+resume.
 
 The end-to-end tests launch ``python -m torch.distributed.run --standalone --nproc_per_node=2 -m attnkit train``
 (the real command line) with two CPU processes talking over gloo, on a tiny model for a few updates.
@@ -16,12 +17,12 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from attnkit.checkpoint import load_training_state, load_weights
-from attnkit.config import load_config
-from attnkit.distributed import Workers, from_env, shard, threads_per_process
-from attnkit.errors import UserError
-from attnkit.runconfig import RunConfig
-from attnkit.train import Trainer, accumulation
+from attnkit.common.errors import UserError
+from attnkit.config.loader import load_config
+from attnkit.config.schema import RunConfig
+from attnkit.runs.checkpoint import load_training_state, load_weights
+from attnkit.training.distributed import Workers, from_env, shard, threads_per_process
+from attnkit.training.trainer import Trainer, accumulation
 from test_train import epoch_length, quiet, raw_config, write_yaml
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -8,14 +8,12 @@ from pathlib import Path
 import pytest
 
 from attnkit.cli import main
-from attnkit.config import load_config
-from attnkit.data import LabelledReader, read_labelled
-from attnkit.documents import clean_text, is_held_out, truncate
-from attnkit.errors import UserError
-from attnkit.prepare import split_rows
-from attnkit.runconfig import RunConfig
-from attnkit.tasks import classifier_inputs
-from attnkit.tokenizer import train_tokenizer
+from attnkit.common.errors import UserError
+from attnkit.config.loader import load_config
+from attnkit.config.schema import RunConfig
+from attnkit.data.documents import classifier_inputs, clean_text, is_held_out, split_rows, truncate
+from attnkit.data.readers import LabelledReader, read_labelled
+from attnkit.data.tokenizer import train_tokenizer
 
 IMDB = Path(__file__).resolve().parents[2] / "shared" / "data" / "imdb" / "train.tsv.gz"
 

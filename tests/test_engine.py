@@ -186,7 +186,7 @@ def test_beam_rows_share_one_memory_row_per_sentence_and_decode_like_separate_ro
 def train_losses(engine: str, updates: int = 50) -> list[float]:
     """The loss curve of a tiny Transformer trained ``updates`` steps under ``engine`` (dropout 0)."""
     from attnkit.engine.loss import FusedSeq2SeqLoss
-    from attnkit.tasks import Seq2SeqLoss
+    from attnkit.tasks.objectives import Seq2SeqLoss
 
     torch.manual_seed(0)
     model = Transformer(preset("tiny", dropout=0.0, d_model=32, d_ff=64), 30, 30)

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import torch
 
-from attnkit.attention_maps import AttentionMaps
-from attnkit.explorer import write_explorer
+from attnkit.inference.attention_maps import AttentionMaps
+from attnkit.viz.explorer import write_explorer
 
 TOLERANCE = 1e-4 + 5e-5  # the page keeps 4 decimals and shows them rounded to 4 again
 

@@ -11,13 +11,14 @@ import pytest
 import torch
 import yaml
 
-from attnkit import dates
 from attnkit.cli import main
-from attnkit.data import pad_batch
-from attnkit.export import MANIFEST, ExportedTranslator, export_ctranslate2, is_exported
+from attnkit.data import dates
+from attnkit.data.batching import pad_batch
+from attnkit.data.tokenizer import PAD_ID
+from attnkit.export.ctranslate2 import MANIFEST, ExportedTranslator, export_ctranslate2, is_exported
+from attnkit.inference.translate import encode_sources, translate_texts
+from attnkit.runs.load import load_run
 from attnkit.search import greedy_search
-from attnkit.tasks import encode_sources, load_run, translate_texts
-from attnkit.tokenizer import PAD_ID
 
 pytest.importorskip("ctranslate2")
 
@@ -225,7 +226,7 @@ def test_serve_runs_an_exported_directory(exported):
     """`attnkit serve OUT`: the export answers /translate with what ExportedTranslator gives, and /models knows it."""
     from fastapi.testclient import TestClient
 
-    from attnkit.serve import ExportedServable, create_app, load_servable
+    from attnkit.serve.app import ExportedServable, create_app, load_servable
 
     run_dir, out = exported
     servable = load_servable(out, threads=1)

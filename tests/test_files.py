@@ -1,4 +1,4 @@
-"""Tests for attnkit.files: a failed write leaves the old file; a write replaces it whole."""
+"""Tests for attnkit.common.files: a failed write leaves the old file; a write replaces it whole."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from attnkit.files import atomic_write, atomic_write_bytes, atomic_write_text
+from attnkit.common.files import atomic_write, atomic_write_bytes, atomic_write_text
 
 
 def test_atomic_write_failure_leaves_target_untouched(tmp_path: Path) -> None:

@@ -91,7 +91,7 @@ def test_fused_objective_equals_the_reference_objective(arch: str) -> None:
     """The engine's FusedSeq2SeqLoss equals the task's F.cross_entropy objective, value and gradients."""
     from attnkit import RNNConfig, RNNSeq2Seq, Transformer, preset
     from attnkit.engine.loss import FusedSeq2SeqLoss
-    from attnkit.tasks import Seq2SeqLoss
+    from attnkit.tasks.objectives import Seq2SeqLoss
 
     torch.manual_seed(0)
     if arch == "transformer":

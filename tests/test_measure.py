@@ -1,4 +1,4 @@
-"""attnkit.measure: the date, commit and cost every result JSON records."""
+"""attnkit.common.measure: the date, commit and cost every result JSON records."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from attnkit import measure
+from attnkit.common import measure
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -32,7 +32,7 @@ def test_stamp_outside_a_checkout_of_attnkit_has_no_commit(tmp_path: Path, monke
 
 
 def test_peak_rss_counts_an_allocation_and_the_clock_runs() -> None:
-    code = ("from attnkit.measure import peak_rss_gb, process_seconds; import time; a = peak_rss_gb(); "
+    code = ("from attnkit.common.measure import peak_rss_gb, process_seconds; import time; a = peak_rss_gb(); "
             "t = process_seconds(); b = b'x' * 2**30; time.sleep(0.05); print(a, peak_rss_gb(), t, process_seconds())")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     before, after, started, ended = map(float, out.split())

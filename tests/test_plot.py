@@ -1,4 +1,4 @@
-"""Tests for attnkit.plot: labels, sizes, shape and range errors, PNG output, no global state."""
+"""Tests for attnkit.viz.plot: labels, sizes, shape and range errors, PNG output, no global state."""
 
 from __future__ import annotations
 
@@ -12,13 +12,13 @@ import pytest
 import torch
 from matplotlib.figure import Figure
 
-import attnkit.plot
-from attnkit.plot import attention_grid, attention_heatmap, save_figure
+import attnkit.viz.plot
+from attnkit.viz.plot import attention_grid, attention_heatmap, save_figure
 
 SRC = ["▁3", "▁March", "▁2021", "</s>"]
 TGT = ["2021", "-", "03", "-", "03", "</s>"]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-PLOT_PY = Path(attnkit.plot.__file__)
+PLOT_PY = Path(attnkit.viz.plot.__file__)
 
 
 def _weights(*lead: int, t_tgt: int = len(TGT), t_src: int = len(SRC), seed: int = 0) -> np.ndarray:

@@ -1,4 +1,4 @@
-"""Tests for attnkit.prepare: exact round trip, reuse and invalidation by the manifest, kills, the CLI."""
+"""Tests for attnkit.data.prepare: exact round trip, reuse and invalidation by the manifest, kills, the CLI."""
 
 from __future__ import annotations
 
@@ -14,17 +14,19 @@ import numpy as np
 import pytest
 import torch
 
-from attnkit import dates
-from attnkit import prepare as prep
 from attnkit.cli import main
-from attnkit.config import dump_config, load_config
-from attnkit.data import filter_examples, pad_batch
-from attnkit.documents import is_held_out
-from attnkit.errors import UserError
-from attnkit.prepare import DATA_DIR, MANIFEST_FILE, classifier_inputs, prepare, text_windows
-from attnkit.runconfig import RunConfig
-from attnkit.tasks import TranslationTask, make_task, read_validation
-from attnkit.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
+from attnkit.common.errors import UserError
+from attnkit.config.loader import dump_config, load_config
+from attnkit.config.schema import RunConfig
+from attnkit.data import arrays, dates
+from attnkit.data import prepare as prep
+from attnkit.data.batching import filter_examples, pad_batch
+from attnkit.data.documents import classifier_inputs, is_held_out, text_windows
+from attnkit.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
+from attnkit.runs.layout import DATA_DIR, MANIFEST_FILE
+from attnkit.tasks import make_task, prepare
+from attnkit.tasks.classification import read_validation
+from attnkit.tasks.translation import TranslationTask
 from test_data import reference_make_batches
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -235,7 +237,7 @@ def test_train_resume_stops_when_the_data_changed(tmp_path, capsys):
 def test_an_error_mid_write_leaves_nothing_behind(tmp_path, corpus, monkeypatch):
     src, tgt, _ = corpus
     calls = {"n": 0}
-    write = prep._NpyWriter.write
+    write = arrays.NpyWriter.write
 
     def failing(self, values):
         calls["n"] += 1
@@ -243,7 +245,7 @@ def test_an_error_mid_write_leaves_nothing_behind(tmp_path, corpus, monkeypatch)
             raise RuntimeError("disk full")
         write(self, values)
 
-    monkeypatch.setattr(prep._NpyWriter, "write", failing)
+    monkeypatch.setattr(arrays.NpyWriter, "write", failing)
     with pytest.raises(RuntimeError, match="disk full"):
         prepare(config(src, tgt), tmp_path, quiet)
     assert not (tmp_path / DATA_DIR).exists() and not list(tmp_path.glob(".data-*"))
@@ -252,7 +254,8 @@ def test_an_error_mid_write_leaves_nothing_behind(tmp_path, corpus, monkeypatch)
 KILLED = """
 import os, signal, sys
 sys.path.insert(0, {tests!r})
-from attnkit import prepare as prep
+from attnkit import tasks
+from attnkit.data import prepare as prep
 from test_prepare import config, quiet
 from pathlib import Path
 replace = os.replace
@@ -261,7 +264,7 @@ def kill(a, b):
         os.kill(os.getpid(), signal.SIGKILL)  # like kill -9 (or a power cut) at that instant
     replace(a, b)
 prep.os.replace = kill
-prep.prepare(config(Path({src!r}), Path({tgt!r})), Path({run!r}), quiet, workers=0)
+tasks.prepare(config(Path({src!r}), Path({tgt!r})), Path({run!r}), quiet, workers=0)
 """
 
 

@@ -9,15 +9,16 @@ import pytest
 import torch
 import yaml
 
-from attnkit.checkpoint import load_weights
 from attnkit.cli import main
-from attnkit.config import load_config
-from attnkit.data import read_labelled
-from attnkit.errors import UserError
+from attnkit.common.errors import UserError
+from attnkit.config.loader import load_config
+from attnkit.config.schema import RunConfig
+from attnkit.data.readers import read_labelled
 from attnkit.mlm import MaskedLanguageModel, mask_tokens
-from attnkit.runconfig import RunConfig
-from attnkit.tasks import load_run, make_task
-from attnkit.train import Trainer
+from attnkit.runs.checkpoint import load_weights
+from attnkit.runs.load import load_run
+from attnkit.tasks import make_task
+from attnkit.training.trainer import Trainer
 from attnkit.transformer import TransformerConfig
 
 TINY = {"d_model": 32, "n_heads": 2, "d_ff": 64, "encoder_layers": 1, "dropout": 0.0, "max_len": 64}
@@ -241,9 +242,9 @@ def test_a_fine_tuned_run_classifies_and_evaluates(tmp_path: Path, pretrained: P
 
 def test_pretraining_holds_out_the_rows_the_fine_tuning_run_validates_on(tmp_path: Path) -> None:
     """With the same data.valid_fraction and valid_seed, no validation text of the fine-tuning run is pretrained on."""
-    from attnkit.documents import clean_text
-    from attnkit.prepare import pretraining_texts
-    from attnkit.tasks import read_validation
+    from attnkit.data.documents import clean_text
+    from attnkit.tasks.classification import read_validation
+    from attnkit.tasks.pretraining import pretraining_texts
 
     raw = classify_raw(tmp_path, None)
     cfg = load_config(RunConfig, raw)

@@ -1,4 +1,4 @@
-"""Tests for attnkit.serve and attnkit.batching: a real `attnkit serve` (uvicorn, a subprocess on a free
+"""Tests for attnkit.serve and attnkit.serve.batching: a real `attnkit serve` (uvicorn, a subprocess on a free
 port) with a tiny translation and a tiny classification run, driven by httpx: every endpoint equals
 the in-process functions it wraps, concurrent requests are batched without changing their results,
 every malformed request gets a JSON 4xx, the API key, a full queue, SIGTERM draining; the page in
@@ -24,12 +24,13 @@ import httpx
 import pytest
 import torch
 
-from attnkit.attention_maps import attention_maps
-from attnkit.batching import Limits, ModelWorker, QueueFull
-from attnkit.classify import predict
 from attnkit.cli import main
-from attnkit.explorer import explorer_data
-from attnkit.tasks import LoadedRun, load_run, translate_texts
+from attnkit.inference.attention_maps import attention_maps
+from attnkit.inference.classify import predict
+from attnkit.inference.translate import translate_texts
+from attnkit.runs.load import LoadedRun, load_run
+from attnkit.serve.batching import Limits, ModelWorker, QueueFull
+from attnkit.viz.explorer import explorer_data
 from tiny_runs import write_lines
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -127,7 +128,7 @@ def test_health_and_models(client, server):
 
 
 def test_languages_come_from_corpus_file_names():
-    from attnkit.serve import language
+    from attnkit.serve.app import language
 
     assert language("../shared/data/multi30k/train.de.gz") == "de" and language("val.en") == "en"
     assert language("train.src") is None and language("data.tsv") is None and language("") is None
@@ -345,7 +346,7 @@ def test_serve_user_errors_are_one_line(runs, tmp_path, capsys):
 
 
 def test_readme_states_the_serving_defaults():
-    from attnkit.serve import MAX_BEAM
+    from attnkit.serve.app import MAX_BEAM
 
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     d = Limits()
@@ -359,7 +360,7 @@ def test_readme_states_the_serving_defaults():
 def test_connections_get_tcp_nodelay():
     """uvicorn serves on the socket from listen(): asyncio turns Nagle off on its connections only when the
     socket says TCP, else every keep-alive response written in two parts waits for a delayed ACK."""
-    from attnkit.serve import listen
+    from attnkit.serve.app import listen
 
     async def nodelay_of_a_connection() -> int:
         sock = listen("127.0.0.1", 0)
@@ -458,7 +459,7 @@ def test_worker_merges_jobs_by_key_up_to_max_batch_and_drains_on_close():
 
 
 def test_worker_isolates_a_request_it_cannot_run():
-    from attnkit.errors import UserError
+    from attnkit.common.errors import UserError
 
     def run(texts: list[str]) -> list[str]:
         if "bad" in texts:

@@ -1,4 +1,4 @@
-"""Tests for attnkit.tasks (batches, loss, translate_texts), attnkit.evaluate and the shipped configs."""
+"""Tests for attnkit.tasks (batches, loss, translate_texts), attnkit.inference.scores and the shipped configs."""
 
 from __future__ import annotations
 
@@ -11,17 +11,18 @@ import sacrebleu
 import torch
 import torch.nn.functional as F
 
-from attnkit import dates
-from attnkit.config import load_config
-from attnkit.data import pad_batch, padding_fraction
+from attnkit.common.errors import UserError
+from attnkit.config.loader import load_config
+from attnkit.config.schema import RunConfig
+from attnkit.data import dates
+from attnkit.data.batching import pad_batch, padding_fraction
+from attnkit.data.tokenizer import EOS_ID, PAD_ID
 from attnkit.demo import demo_config
-from attnkit.errors import UserError
-from attnkit.evaluate import classification_scores, translation_scores
-from attnkit.runconfig import RunConfig
+from attnkit.inference.scores import classification_scores, translation_scores
+from attnkit.inference.translate import check_source_lengths, translate_texts
 from attnkit.search import Uncached, beam_search
-from attnkit.tasks import TranslationTask, check_source_lengths, translate_texts
-from attnkit.tokenizer import EOS_ID, PAD_ID
-from attnkit.train import Trainer
+from attnkit.tasks.translation import TranslationTask
+from attnkit.training.trainer import Trainer
 from attnkit.transformer import Transformer, TransformerConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -269,11 +270,14 @@ def test_demo_config_is_the_packaged_yaml_which_configs_links_to():
 def test_every_file_the_package_reads_is_shipped_as_package_data():
     """A plain ``pip install .`` copies only the package data pyproject.toml lists besides the code."""
     tomllib = pytest.importorskip("tomllib", reason="tomllib is Python 3.11+")
-    shipped = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["attnkit"]
-    package = ROOT / "src" / "attnkit"
-    data = {p.name for p in package.iterdir() if p.is_file() and p.suffix not in (".py", ".pyc")}
-    assert {"demo.yaml", "explorer.html"} <= data  # the listing still sees them
-    assert data <= set(shipped), f"not shipped: {sorted(data - set(shipped))}"
+    listed = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    shipped = {f"{package}/{name}".replace(".", "/", package.count(".")) for package, names in listed.items()
+               for name in names}
+    src = ROOT / "src"
+    data = {str(p.relative_to(src)) for p in (src / "attnkit").rglob("*")
+            if p.is_file() and p.suffix not in (".py", ".pyc") and "__pycache__" not in p.parts}
+    assert {"attnkit/demo.yaml", "attnkit/viz/explorer.html"} <= data  # the listing still sees them
+    assert data <= shipped, f"not shipped: {sorted(data - shipped)}"
 
 
 @pytest.mark.parametrize("path", sorted(CONFIGS.glob("*.yaml")), ids=lambda p: p.name)

@@ -1,4 +1,4 @@
-"""Tests for attnkit.tokenizer: SentencePiece training, round trips, special ids, loading."""
+"""Tests for attnkit.data.tokenizer: SentencePiece training, round trips, special ids, loading."""
 
 from __future__ import annotations
 
@@ -11,16 +11,8 @@ from pathlib import Path
 import pytest
 import sentencepiece as spm
 
-from attnkit.errors import UserError
-from attnkit.tokenizer import (
-    BOS_ID,
-    EOS_ID,
-    PAD_ID,
-    TOKENIZER_FILE,
-    UNK_ID,
-    Tokenizer,
-    train_tokenizer,
-)
+from attnkit.common.errors import UserError
+from attnkit.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, TOKENIZER_FILE, UNK_ID, Tokenizer, train_tokenizer
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 MULTI30K_VAL_DE = SHARED / "data" / "multi30k" / "val.de.gz"
@@ -160,7 +152,7 @@ def test_sampling_is_deterministic_and_bounded(tmp_path: Path) -> None:
         return [(sp.id_to_piece(i), sp.get_score(i)) for i in range(sp.get_piece_size())]  # the proto also
         # records the options, input_sentence_size among them
 
-    sampled = model("a", iter(SRC), 120)  # a one-pass stream, as attnkit.prepare gives it
+    sampled = model("a", iter(SRC), 120)  # a one-pass stream, as attnkit.data.prepare gives it
     assert sampled == model("b", SRC, 120)
     assert sampled != model("c", SRC, 1000)
     assert model("c", SRC, 1000) == model("d", SRC, len(SRC))  # below the bound: every sentence, in order
@@ -229,7 +221,7 @@ def test_load_errors(tmp_path: Path, joint_tok: tuple[Tokenizer, Path]) -> None:
 @pytest.mark.skipif(not MULTI30K_VAL_DE.is_file(),
                     reason=f"Multi30k not available at {MULTI30K_VAL_DE} (shared data directory absent)")
 def test_multi30k_round_trip(tmp_path: Path) -> None:
-    from attnkit.data import read_lines
+    from attnkit.data.readers import read_lines
 
     lines = read_lines(MULTI30K_VAL_DE)[:400]
     tok = train_tokenizer(lines, None, tmp_path, vocab_size=1000)

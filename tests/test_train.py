@@ -1,4 +1,4 @@
-"""Tests for attnkit.train: data order, overfitting, exact resume, atomic checkpoints, run-dir safety."""
+"""Tests for attnkit.training.trainer: data order, overfitting, exact resume, atomic checkpoints, run-dir safety."""
 
 from __future__ import annotations
 
@@ -10,14 +10,14 @@ import pytest
 import torch
 import yaml
 
-from attnkit import dates
-from attnkit.checkpoint import load_training_state, load_weights
 from attnkit.cli import main
-from attnkit.config import load_config
-from attnkit.errors import UserError
-from attnkit.runconfig import RunConfig, TrainConfig
-from attnkit.tasks import translate_texts
-from attnkit.train import Trainer, learning_rate
+from attnkit.common.errors import UserError
+from attnkit.config.loader import load_config
+from attnkit.config.schema import RunConfig, TrainConfig
+from attnkit.data import dates
+from attnkit.inference.translate import translate_texts
+from attnkit.runs.checkpoint import load_training_state, load_weights
+from attnkit.training.trainer import Trainer, learning_rate
 
 
 def raw_config(dropout: float = 0.0, **train) -> dict:
@@ -236,8 +236,8 @@ def test_checkpoints_are_pruned_and_averaged(tmp_path):
 
 
 def test_noam_needs_a_model_width():
-    from attnkit.errors import UserError
-    from attnkit.train import model_width
+    from attnkit.common.errors import UserError
+    from attnkit.training.trainer import model_width
 
     assert model_width(torch.nn.Linear(2, 2)) is None  # no silent default width
     with pytest.raises(UserError, match="noam"):
@@ -247,7 +247,7 @@ def test_noam_needs_a_model_width():
 
 def test_progress_without_a_terminal_prints_plain_lines(monkeypatch, capsys):
     """A log file gets one line per interval and one at the end, never tqdm's carriage returns."""
-    import attnkit.progress as progress_module
+    import attnkit.training.progress as progress_module
 
     monkeypatch.setattr(progress_module.sys.stderr, "isatty", lambda: False, raising=False)
     clock = iter(float(t) for t in range(1000))

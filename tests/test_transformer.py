@@ -257,9 +257,9 @@ def test_unscaled_dot_score_equals_scaled_with_queries_divided_by_sqrt_dk(need_w
 
 
 def test_attention_score_config_reaches_every_attention_layer() -> None:
-    from attnkit.config import load_config
-    from attnkit.errors import UserError
-    from attnkit.runconfig import RunConfig
+    from attnkit.common.errors import UserError
+    from attnkit.config.loader import load_config
+    from attnkit.config.schema import RunConfig
 
     data = {"data": {"train": "t.de", "valid": "v.de"}, "model": {"transformer": {"attention_score": "dot"}}}
     cfg = load_config(RunConfig, data)

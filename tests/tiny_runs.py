@@ -11,7 +11,7 @@ from pathlib import Path
 
 import yaml
 
-from attnkit import dates
+from attnkit.data import dates
 
 TINY_MODEL = {"d_model": 32, "n_heads": 2, "d_ff": 64, "encoder_layers": 1, "decoder_layers": 1, "dropout": 0.0,
               "max_len": 128}

@@ -1,7 +1,7 @@
 """``attnkit demo``: learn to read dates written many ways, and show where attention looks.
 
 A small Transformer is trained on generated pairs such as ``"3. März 2021" -> "2021-03-03"``
-(:mod:`attnkit.dates`; 18 formats in English, German, French, Spanish and Korean), scored
+(:mod:`attnkit.data.dates`; 18 formats in English, German, French, Spanish and Korean), scored
 by exact match on dates never seen in training, and one cross-attention heatmap is saved:
 the year digits attend to the year, the month digits to the month name, and so on.
 """
@@ -15,16 +15,17 @@ from dataclasses import asdict, dataclass
 from importlib.resources import as_file, files
 from pathlib import Path
 
-from . import dates
-from .attention_maps import attention_figure
-from .config import load_config
-from .errors import UserError
-from .files import atomic_write_text
-from .measure import peak_rss_gb, process_seconds, stamp
-from .plot import save_figure
-from .runconfig import RunConfig
-from .tasks import load_run, translate_texts
-from .train import Trainer
+from .common.errors import UserError
+from .common.files import atomic_write_text
+from .common.measure import peak_rss_gb, process_seconds, stamp
+from .config.loader import load_config
+from .config.schema import RunConfig
+from .data import dates
+from .inference.translate import translate_texts
+from .runs.load import load_run
+from .training.trainer import Trainer
+from .viz.figures import attention_figure
+from .viz.plot import save_figure
 
 #: The demo's configuration, shipped inside the package (``configs/demo.yaml`` links to it).
 DEMO_YAML = files("attnkit").joinpath("demo.yaml")
@@ -36,7 +37,7 @@ MARKER = ".attnkit-demo"
 
 @dataclass
 class DemoResult:
-    """What ``attnkit demo --json`` writes (with :func:`attnkit.measure.stamp`'s date and commit)."""
+    """What ``attnkit demo --json`` writes (with :func:`attnkit.common.measure.stamp`'s date and commit)."""
 
     exact_match: float  # % of ``held_out`` unseen dates rewritten exactly
     held_out: int

@@ -11,7 +11,7 @@ The encoder learns from text without labels by restoring subwords hidden from it
 ``E`` is the input embedding table (the prediction layer is tied to it, as in BERT); the
 transform ``W_t`` is BERT's "MLM head". The encoder is :class:`~attnkit.transformer.TransformerEncoder`
 under the same parameter names as in :class:`~attnkit.classifier.TransformerClassifier`
-(``encoder.*``), so a classifier starts from it with ``model.init_from`` (:mod:`attnkit.pretrain`).
+(``encoder.*``), so a classifier starts from it with ``model.init_from`` (:mod:`attnkit.tasks.pretraining`).
 """
 
 from __future__ import annotations

@@ -94,7 +94,7 @@ class Uncached(torch.nn.Module):
         super().__init__()
         self.model = model
         self.pad_id, self.bos_id, self.eos_id = model.pad_id, model.bos_id, model.eos_id
-        self.cfg = model.cfg  # the same position limit (attnkit.tasks.source_limit)
+        self.cfg = model.cfg  # the same position limit (attnkit.inference.translate.source_limit)
 
     def init_decoder(self, src: torch.Tensor) -> DecoderState:
         return self.model.init_decoder(src, use_cache=False)

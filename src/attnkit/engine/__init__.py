@@ -12,7 +12,7 @@ fast path                                     replaces (reference)              
 :func:`fast_attend`: fused SDPA, bf16         :func:`attnkit.attention.attend`              ``engine/attention.py``
 weights, grouped queries
 :class:`ByteDropout`: random bytes            ``nn.Dropout``                                ``engine/dropout.py``
-:class:`FusedSeq2SeqLoss`: output layer       :class:`attnkit.tasks.Seq2SeqLoss`: logits,   ``engine/loss.py``
+:class:`FusedSeq2SeqLoss`: output layer       :class:`~attnkit.tasks.objectives.Seq2SeqLoss`:  ``engine/loss.py``
 fused with label-smoothed cross-entropy,      then ``F.cross_entropy``
 ``index_select`` of scored positions
 :class:`FusedMLMLoss`: the tied MLM output     :class:`attnkit.mlm.MLMLoss`                  ``engine/mlm.py``

@@ -7,7 +7,7 @@ For hidden states ``h_i`` (the decoder output at each real target position), the
 
 (Szegedy et al. 2016 label smoothing, as ``F.cross_entropy(..., label_smoothing=eps)``).
 
-The reference (:class:`attnkit.tasks.Seq2SeqLoss`) computes every logit, then
+The reference (:class:`attnkit.tasks.objectives.Seq2SeqLoss`) computes every logit, then
 ``F.cross_entropy``. A 4k-token batch over an 8k vocabulary has 32M logits, and their float32
 log-softmax and gradient dominate the memory traffic of an update. :func:`linear_cross_entropy`
 never holds them at once: it walks the rows in chunks, and because the loss is a plain sum it computes each
@@ -33,7 +33,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ..data import round_up
+from ..common.numeric import round_up
 
 #: Rows per chunk: 1024 x 8k logits at a time.
 CHUNK_ROWS = 1024
@@ -139,7 +139,8 @@ def linear_cross_entropy(hidden: Tensor, weight: Tensor, bias: Tensor | None, ta
 
 
 class FusedSeq2SeqLoss(nn.Module):
-    """The engine's training objective for a sequence-to-sequence model: equals :class:`attnkit.tasks.Seq2SeqLoss`.
+    """The engine's training objective for a sequence-to-sequence model: equals
+    :class:`attnkit.tasks.objectives.Seq2SeqLoss`.
 
     ``model.features`` up to the output layer, the scored positions gathered with
     :func:`select_positions`, and the output layer fused with the loss (:func:`linear_cross_entropy`).

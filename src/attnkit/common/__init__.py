@@ -1,0 +1,1 @@
+"""attnkit.common."""

@@ -1,0 +1,180 @@
+"""The schema of a run's YAML file (``attnkit train CONFIG.yaml``): typed dataclasses.
+
+Loaded by :func:`attnkit.config.loader.load_config`, which rejects unknown or mistyped keys by
+name. ``configs/*.yaml`` are commented examples; every key has the default shown here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from ..common.errors import UserError
+from ..common.numeric import round_up
+from ..rnn import RNNConfig
+from ..search import LENPEN
+from ..transformer import TransformerConfig
+
+#: How ``<br />`` tags in a document are read (:func:`attnkit.data.documents.clean_text`).
+LineBreakTags = Literal["newline", "keep"]
+#: Which subwords of a long document a classifier reads (:func:`attnkit.data.documents.truncate`).
+Truncation = Literal["head", "head+tail"]
+
+
+@dataclass
+class TokenizerConfig:
+    """SentencePiece subwords, trained by ``attnkit train`` on the training text."""
+
+    vocab_size: int = 8000
+    model_type: Literal["unigram", "bpe", "char"] = "unigram"  # char: one piece per character
+    joint: bool = True  # one vocabulary for source and target (needed for shared embeddings)
+    max_sentences: int = 200_000  # train on a seeded sample of at most this many sentences per model: bounds
+    #                               time and memory on corpora of millions of lines (SentencePiece input_sentence_size)
+
+
+@dataclass
+class DataConfig:
+    """Where the text comes from.
+
+    Translation: ``train`` is the source file and ``train_tgt`` the line-aligned target file
+    (plain text, optionally ``.gz``), or ``train`` alone is a ``.tsv`` / ``.jsonl`` holding
+    both sides. Classification: ``train`` is a ``.tsv`` / ``.csv`` with a header.
+    Pretraining (``task: pretrain``): ``train`` (and ``extra_text``) are ``.txt`` files, one text
+    per line, or ``.tsv`` / ``.csv`` files whose text column is read (labels ignored).
+    ``generate: dates`` uses the built-in date-normalisation task instead of files.
+    Classification and pretraining may hold out validation rows of ``train`` instead of reading
+    ``valid`` (``valid_fraction``; see :mod:`attnkit.data.documents`).
+    """
+
+    train: str = ""
+    train_tgt: str | None = None
+    valid: str = ""
+    valid_tgt: str | None = None
+    generate: Literal["none", "dates"] = "none"
+    generate_train: int = 40000  # generated examples (generate: dates)
+    generate_valid: int = 500
+    text_column: str | None = None  # classification: header names (detected when unambiguous)
+    label_column: str | None = None
+    group_column: str | None = None  # held-out rows keep each value of this column on one side (IMDB: movie)
+    valid_fraction: float = 0.0  # > 0: validate on this share of the training rows (groups) instead of `valid`
+    valid_seed: int = 1  # which rows are held out (a stable hash of seed and row number or group)
+    line_break_tags: LineBreakTags = "newline"  # <br />: a line break (whitespace to SentencePiece), or keep
+    truncate: Truncation = "head"  # classification: keep the first max_len subwords, or the head and the tail
+    extra_text: list[str] = field(default_factory=list)  # pretraining: more unlabelled text files
+    max_len: int = 100  # translation: pairs with a side longer than this many subwords are dropped from training;
+    #                     classification: texts are cut to this many subwords
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+
+    def validate(self) -> None:
+        if self.generate == "none" and not self.train:
+            raise UserError("data.train is empty: give a training file (or data.generate: dates)")
+        if not 0.0 <= self.valid_fraction < 1.0:
+            raise UserError(f"data.valid_fraction must be in [0, 1), got {self.valid_fraction}")
+        if self.valid_fraction and self.valid:
+            raise UserError("give data.valid or data.valid_fraction, not both")
+        if self.generate == "none" and not self.valid and not self.valid_fraction:
+            raise UserError("data.valid is empty: give a validation file (or data.valid_fraction)")
+
+
+@dataclass
+class ModelConfig:
+    """``arch: transformer`` reads ``transformer:``, ``arch: rnn`` reads ``rnn:``."""
+
+    arch: Literal["transformer", "rnn"] = "transformer"
+    transformer: TransformerConfig = field(default_factory=TransformerConfig)
+    rnn: RNNConfig = field(default_factory=RNNConfig)
+    pooling: Literal["max", "mean", "first"] = "max"  # classification only
+    init_from: str | None = None  # classification: start from the encoder of this `task: pretrain` run
+
+
+@dataclass
+class MLMConfig:
+    """Masked-language-model pretraining (``task: pretrain``), BERT's recipe (Devlin et al. 2019)."""
+
+    select: float = 0.15  # share of the (non-special) subwords to predict
+    mask: float = 0.8  # of those: replaced by <mask>
+    random: float = 0.1  # of those: replaced by a random subword (the rest stay as they are)
+    min_len: int = 4  # text windows shorter than this many subwords are not trained on
+    valid_windows: int = 2000  # validate on at most this many held-out windows
+
+    def validate(self) -> None:
+        if not 0.0 < self.select < 1.0:
+            raise UserError(f"select must be in (0, 1), got {self.select}")
+        if self.mask < 0 or self.random < 0 or self.mask + self.random > 1.0:
+            raise UserError(f"mask ({self.mask}) and random ({self.random}) must be >= 0 and sum to at most 1")
+
+
+@dataclass
+class TrainConfig:
+    """Optimisation, precision, validation and checkpointing."""
+
+    seed: int = 1
+    max_tokens: int = 4096  # padded tokens per batch (max of source and target side)
+    # pad batch lengths to a multiple of this. Coarser means fewer distinct shapes (oneDNN builds
+    # and keeps a kernel per bf16 matmul shape); finer means less padding (benchmarks/README.md)
+    pad_multiple: int = 4
+    accumulate: int = 1  # batches per update and worker
+    tokens_per_update: int = 0  # if set: accumulate = this / (max_tokens x workers), constant over worker counts
+    max_updates: int = 20000
+    max_epochs: int = 100
+    max_minutes: float = 0.0  # wall-clock budget for training; 0 = none
+    lr: float = 7e-4  # peak learning rate (reached at the end of warmup)
+    schedule: Literal["inverse_sqrt", "noam", "constant", "linear"] = "inverse_sqrt"  # see attnkit.training.trainer
+    warmup: int = 4000
+    betas: tuple[float, float] = (0.9, 0.98)
+    eps: float = 1e-9
+    weight_decay: float = 0.0
+    label_smoothing: float = 0.1
+    clip_norm: float = 1.0  # 0 = no clipping
+    precision: Literal["auto", "bf16", "fp32"] = "auto"  # auto: bf16 where the CPU has AMX/AVX512-BF16, or CUDA
+    valid_every: int = 1000  # updates between validations (and checkpoints)
+    valid_bleu_sentences: int = 500  # greedy-decode this many dev sentences for BLEU (0 = skip)
+    keep_checkpoints: int = 5  # most recent step checkpoints kept (for averaging and resume)
+    average_last: int = 5  # average the last K checkpoints into averaged.safetensors at the end (0/1 = off)
+    patience: int = 0  # stop after this many validations without improvement (0 = never)
+    threads: int = 0  # torch intra-op threads (0 = torch's default)
+    progress: bool = True  # a progress bar on a terminal, a plain line every 30 s otherwise
+    engine: Literal["fast", "reference"] = "fast"  # reference: the textbook path; fast: attnkit.engine (same results)
+
+    def validate(self) -> None:
+        for key in ("max_tokens", "accumulate", "max_updates", "max_epochs", "valid_every", "pad_multiple",
+                    "keep_checkpoints"):
+            if getattr(self, key) < 1:
+                raise UserError(f"{key} must be at least 1, got {getattr(self, key)}")
+        if self.tokens_per_update < 0:
+            raise UserError(f"tokens_per_update must be 0 (off) or positive, got {self.tokens_per_update}")
+        if self.tokens_per_update and self.accumulate != 1:
+            raise UserError(f"set train.tokens_per_update ({self.tokens_per_update}) or train.accumulate "
+                            f"({self.accumulate}), not both: the former derives the latter")
+        if not 0.0 <= self.label_smoothing < 1.0:
+            raise UserError(f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
+        if self.average_last > self.keep_checkpoints:
+            raise UserError(f"average_last ({self.average_last}) cannot exceed keep_checkpoints "
+                            f"({self.keep_checkpoints}): only that many checkpoints are kept")
+
+
+@dataclass
+class RunConfig:
+    """One training run."""
+
+    task: Literal["translate", "classify", "pretrain"] = "translate"
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    mlm: MLMConfig = field(default_factory=MLMConfig)
+    decode_beam: int = 4  # defaults for `attnkit translate` / `evaluate`
+    decode_lenpen: float = LENPEN
+
+    def validate(self) -> None:
+        if self.task == "translate" and self.data.valid_fraction:
+            raise UserError("data.valid_fraction is for classification and pretraining; give data.valid")
+        if self.model.init_from and self.task != "classify":
+            raise UserError("model.init_from is for task: classify (fine-tuning a pretrained encoder)")
+        if self.data.max_len < 1:
+            raise UserError(f"data.max_len must be at least 1, got {self.data.max_len}")
+        if self.model.arch == "transformer":
+            longest = round_up(self.data.max_len + 1, self.train.pad_multiple)  # + </s>, padded
+            if longest > self.model.transformer.max_len:
+                raise UserError(f"data.max_len={self.data.max_len} (+ </s>, padded to {longest}) exceeds "
+                                f"model.transformer.max_len={self.model.transformer.max_len}; raise the latter "
+                                f"or lower the former")

@@ -1,0 +1,225 @@
+"""What attention learned: every attention map of one sentence, as tensors per kind, layer and head.
+
+:func:`attention_maps` runs a trained model (a run from :func:`attnkit.runs.load.load_run`) on one
+source text and returns :class:`AttentionMaps`; :mod:`attnkit.viz.figures` draws them as
+heatmaps, :mod:`attnkit.viz.explorer` as an interactive HTML page.
+
+Each kind is a list over layers of ``(H, T_q, T_k)`` tensors whose rows sum to 1 (softmax
+over the keys, Vaswani et al. 2017 Eq. 1; Bahdanau et al. 2015 Eq. 6):
+
+=====================  ===================================  ======================================
+kind                   queries (rows)                       keys (columns)
+=====================  ===================================  ======================================
+``encoder_self``       source pieces ``x_1 .. x_S </s>``    source pieces
+``decoder_self``       decoder inputs ``<s> y_1 .. y_T-1``  decoder inputs (look-ahead mask: u <= t)
+``cross``              outputs ``y_1 .. y_T </s>``          source pieces
+``alignment`` (RNN)    outputs                              source pieces (``alpha^t``: 1 layer, 1 head)
+``pooling``            the predicted class                  input pieces (classifier token importance)
+=====================  ===================================  ======================================
+
+Decoder position t reads ``y_{t-1}`` (``<s>`` first) and predicts ``y_t``: cross-attention rows
+are labelled with what the position produced (the question "which source word did this output
+word come from"), self-attention with what it read (the question "what does this word relate to").
+
+The target is the given one (forced decoding) or the model's own translation (greedy, or beam
+search), fed back under teacher forcing: one pass gives every layer's weights, the same ones
+step-by-step decoding computes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from ..classifier import TransformerClassifier
+from ..common.errors import UserError
+from ..data.documents import classifier_inputs
+from ..data.tokenizer import BOS_ID, EOS_ID
+from ..rnn import RNNSeq2Seq
+from ..runs.load import LoadedRun
+from ..search import LENPEN, MAX_LEN_A, MAX_LEN_B, beam_search, greedy_search
+from ..transformer import Transformer
+from .translate import check_source_lengths, output_budget
+
+__all__ = ["AttentionMaps", "AttentionView", "attention_maps"]
+
+
+@dataclass(frozen=True)
+class AttentionView:
+    """One kind of attention with the tokens on its two axes.
+
+    :param kind: ``encoder_self``, ``decoder_self``, ``cross``, ``alignment`` or ``pooling``.
+    :param title: human-readable name, e.g. ``"cross-attention"``.
+    :param layers: one ``(H, T_q, T_k)`` tensor per layer.
+    :param queries: ``T_q`` row labels; ``keys``: ``T_k`` column labels.
+    :param query_name: what the queries are (``"output"``); ``key_name``: what the keys are (``"source"``).
+    """
+
+    kind: str
+    title: str
+    layers: list[Tensor]
+    queries: list[str]
+    keys: list[str]
+    query_name: str
+    key_name: str
+
+
+@dataclass
+class AttentionMaps:
+    """Every attention weight of one sentence (batch dimension removed, float32 on the CPU).
+
+    :param arch: ``"transformer"``, ``"rnn"`` or ``"classifier"``.
+    :param source: the input text; ``output``: the translation, or ``"label (p=0.93)"``.
+    :param forced: True when the target was given rather than generated.
+    :param src_tokens: source pieces ``x_1 .. x_S`` (``</s>`` included for translation).
+    :param tgt_tokens: output pieces ``y_1 .. y_T </s>`` (rows of ``cross``).
+    :param tgt_in_tokens: decoder inputs ``<s> y_1 .. y_{T-1}`` (both axes of ``decoder_self``).
+    :param encoder_self: per layer ``(H, S, S)``.
+    :param decoder_self: per layer ``(H, T, T)``, zero above the diagonal.
+    :param cross: per layer ``(H, T, S)``; an RNN's alignment is one layer with one head ``(1, T, S)``.
+    :param pooling: classifier only, ``(S,)``: how much the pooled vector drew on each token.
+    """
+
+    arch: Literal["transformer", "rnn", "classifier"]
+    source: str
+    output: str
+    forced: bool
+    src_tokens: list[str]
+    tgt_tokens: list[str] = field(default_factory=list)
+    tgt_in_tokens: list[str] = field(default_factory=list)
+    encoder_self: list[Tensor] = field(default_factory=list)
+    decoder_self: list[Tensor] = field(default_factory=list)
+    cross: list[Tensor] = field(default_factory=list)
+    pooling: Tensor | None = None
+
+    def heading(self, max_chars: int | None = None) -> str:
+        """``"source -> output"`` (``" (given)"`` when the target was forced): the title of every
+        figure, of the explorer page and of ``attnkit attention``'s output line.
+
+        :param max_chars: cut a longer source to this many characters, ending in ``"..."``.
+        """
+        source = self.source
+        if max_chars is not None and len(source) > max_chars:
+            source = source[: max_chars - 3] + "..."
+        return f"{source} -> {self.output}" + (" (given)" if self.forced else "")
+
+    def views(self) -> list[AttentionView]:
+        """The kinds this model has, each with its axis labels (see the module docstring)."""
+        views = []
+        if self.cross:
+            kind, title = ("alignment", "alignment") if self.arch == "rnn" else ("cross", "cross-attention")
+            views.append(AttentionView(kind, title, self.cross, self.tgt_tokens, self.src_tokens, "output", "source"))
+        if self.encoder_self:
+            views.append(AttentionView("encoder_self", "encoder self-attention", self.encoder_self,
+                                       self.src_tokens, self.src_tokens, "source", "source"))
+        if self.decoder_self:
+            views.append(AttentionView("decoder_self", "decoder self-attention", self.decoder_self,
+                                       self.tgt_in_tokens, self.tgt_in_tokens, "decoder input", "decoder input"))
+        if self.pooling is not None:
+            views.append(AttentionView("pooling", "pooled representation's token importance",
+                                       [self.pooling[None, None]], [self.output], self.src_tokens, "prediction",
+                                       "input"))
+        return views
+
+
+def _first(weights: list[Tensor]) -> list[Tensor]:
+    """Batch element 0 of each ``(1, H, T_q, T_k)`` tensor, as float32 on the CPU."""
+    return [w[0].float().cpu() for w in weights]
+
+
+def _translate_ids(model: Transformer | RNNSeq2Seq, src: Tensor, limit: int | None, beam: int,
+                   lenpen: float) -> list[int]:
+    """The model's translation of ``src`` ``(1, S)``: output ids with ``</s>`` when it ended with one."""
+    a, b = output_budget(limit, src.size(1), MAX_LEN_A, MAX_LEN_B)
+    if beam == 1:
+        hyp = greedy_search(model, src, max_len_a=a, max_len_b=b)[0]
+    else:
+        hyp = beam_search(model, src, beam_size=beam, lenpen=lenpen, max_len_a=a, max_len_b=b)[0][0]
+    return hyp.tokens + ([EOS_ID] if hyp.ended_with_eos else [])
+
+
+#: A classifier's input longer than this many pieces is shown by its most important pieces only.
+TOP_TOKENS = 40
+
+
+def _classifier_maps(run: LoadedRun, source: str, top: int = TOP_TOKENS) -> AttentionMaps:
+    """Self-attention and token importance of a classifier; for an input over ``top`` pieces (a long
+    review), only the ``top`` pieces the pooled vector drew on most, in text order, each labelled
+    ``piece@position``: a readable picture instead of a 256 x 256 grid. Its self-attention rows are
+    the weights among the kept pieces, so they sum to at most 1."""
+    model = run.model
+    if not isinstance(model, TransformerClassifier) or run.classes is None:
+        raise TypeError(f"expected a TransformerClassifier run with classes, got {type(model).__name__}")
+    ids = classifier_inputs(run.tok, [source], run.cfg.data)[0]
+    x = torch.tensor([ids], device=next(model.parameters()).device)  # (1, S)
+    with torch.inference_mode():
+        _, _, encoder_self = model.encoder(x, need_weights=True)  # per layer (1, H, S, S)
+        probs = model(x).float().softmax(-1)[0]  # (C,)
+        importance = model.token_importance(x)[0].float().cpu()  # (S,)
+    best = int(probs.argmax())
+    output = f"{run.classes[best]} (p={float(probs[best]):.2f})"
+    pieces, weights = run.tok.src_pieces_from_ids(ids), _first(encoder_self)
+    if len(ids) > top:
+        keep = importance.topk(top).indices.sort().values  # (top,), in text order
+        pieces = [f"{pieces[i]}@{i}" for i in keep.tolist()]
+        weights = [w[:, keep][:, :, keep] for w in weights]  # (H, top, top): weights among the kept pieces
+        importance = importance[keep]
+        output += f"; the {top} of {len(ids)} pieces it drew on most"
+    return AttentionMaps("classifier", source, output, False, pieces, encoder_self=weights, pooling=importance)
+
+
+def attention_maps(run: LoadedRun, source: str, target: str | None = None, *, beam: int = 1,
+                   lenpen: float = LENPEN) -> AttentionMaps:
+    """Every attention weight the model computes for ``source`` (see the module docstring).
+
+    :param run: a trained run, :func:`attnkit.runs.load.load_run`.
+    :param source: one sentence (translation) or text (classification).
+    :param target: translation only: force-decode this target instead of the model's own output.
+    :param beam: beam size for the model's own translation (1 = greedy); ``lenpen``: GNMT alpha.
+    :raises UserError: a target for a classifier, an RNN without attention, a text longer than
+        the model's positions.
+    """
+    if run.classes is not None:  # a classifier
+        if target is not None:
+            raise UserError("a classifier reads only the source text; drop the target (--tgt)")
+        return _classifier_maps(run, source)
+    model = run.model
+    if isinstance(model, RNNSeq2Seq) and model.scorer is None:
+        raise UserError(f"{run.weights_path}: this model has no attention to show (model.rnn.attention: none)")
+    if beam < 1:
+        raise UserError(f"--beam must be at least 1 (1 = greedy), got {beam}")
+    device = next(model.parameters()).device
+    src_ids = run.tok.encode_src([source])[0] + [EOS_ID]
+    limit = check_source_lengths(model, [src_ids], "the source text")
+    src = torch.tensor([src_ids], device=device)  # (1, S)
+    model.eval()
+    with torch.inference_mode():
+        out_ids = _translate_ids(model, src, limit, beam, lenpen) if target is None else (
+            run.tok.encode_tgt([target])[0] + [EOS_ID])
+        if limit and len(out_ids) > limit:
+            raise UserError(f"the target text is {len(out_ids)} subwords long (with </s>) but the model reads at "
+                            f"most {limit} (model.transformer.max_len); shorten it")
+        tgt_in_ids = [BOS_ID] + out_ids[:-1]  # decoder inputs: <s> y_1 .. y_{T-1}
+        tgt_in = torch.tensor([tgt_in_ids], device=device)  # (1, T)
+        if isinstance(model, Transformer):
+            encoder_self, decoder_self, cross = model.attention_weights(src, tgt_in)
+        else:
+            encoder_self, decoder_self, cross = [], [], [model.alignment(src, tgt_in)[:, None]]  # (1, 1, T, S)
+    return AttentionMaps(
+        "transformer" if isinstance(model, Transformer) else "rnn", source, run.tok.decode_tgt([out_ids])[0],
+        target is not None, run.tok.src_pieces_from_ids(src_ids), run.tok.tgt_pieces_from_ids(out_ids),
+        run.tok.tgt_pieces_from_ids(tgt_in_ids), _first(encoder_self), _first(decoder_self), _first(cross))
+
+
+# --------------------------------------------------------------------------------------
+# Figures
+# --------------------------------------------------------------------------------------
+
+
+
+
+
+

@@ -1,0 +1,139 @@
+"""Loading a trained run: its config, tokenizer, classes and model, and what it can be used for.
+
+:func:`build_model` is the one model factory: the trainer builds a new model with it and every
+other command rebuilds a trained one with it before loading the weights (:func:`load_run`).
+:func:`require` is the one check that a command got the kind of run it needs, with a hint of
+what to do instead.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from ..classifier import TransformerClassifier
+from ..common.errors import UserError
+from ..config.loader import load_config
+from ..config.schema import RunConfig
+from ..data.tokenizer import Tokenizer
+from ..engine import accelerate
+from ..mlm import MaskedLanguageModel
+from ..rnn import RNNSeq2Seq
+from ..transformer import Transformer
+from .checkpoint import check_compatible, load_weights
+from .layout import CLASSES_FILE, CONFIG_FILE, find_weights
+
+__all__ = ["LoadedRun", "build_model", "languages", "load_run", "read_classes", "require"]
+
+
+@dataclass
+class LoadedRun:
+    """A trained run: ``model`` holds the weights of ``weights_path`` and decodes with the engine."""
+
+    cfg: RunConfig
+    tok: Tokenizer
+    model: nn.Module
+    classes: list[str] | None  # class names (classification), else None
+    weights_path: Path
+    run_dir: Path | None = None
+
+    @property
+    def task(self) -> str:
+        return self.cfg.task
+
+
+def read_classes(path: Path) -> list[str]:
+    """The class names a classifier run was trained with (``classes.json``)."""
+    try:
+        classes = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise UserError(f"{path}: cannot read the class names ({type(e).__name__}); is this a complete run?") from None
+    if not isinstance(classes, list) or not all(isinstance(c, str) for c in classes):
+        raise UserError(f"{path}: expected a JSON list of class names")
+    return classes
+
+
+def build_translation_model(cfg: RunConfig, tok: Tokenizer, classes: list[str] | None = None) -> nn.Module:
+    """A :class:`Transformer` or :class:`RNNSeq2Seq` sized for the tokenizer's vocabularies."""
+    V_src, V_tgt = tok.src_vocab_size, tok.tgt_vocab_size
+    if cfg.model.arch == "rnn":
+        return RNNSeq2Seq(cfg.model.rnn, V_src, V_tgt)
+    tcfg = cfg.model.transformer
+    if tcfg.share_embeddings and not tok.joint:
+        raise UserError("model.transformer.share_embeddings needs data.tokenizer.joint: true")
+    return Transformer(tcfg, V_src, V_tgt)
+
+
+def build_classifier(cfg: RunConfig, tok: Tokenizer, classes: list[str] | None) -> nn.Module:
+    """The encoder-only :class:`TransformerClassifier` for the run's classes."""
+    if cfg.model.arch != "transformer":
+        raise UserError("task classify needs model.arch: transformer")
+    return TransformerClassifier(cfg.model.transformer, tok.src_vocab_size, len(classes or []),
+                                 pooling=cfg.model.pooling)
+
+
+def build_encoder_lm(cfg: RunConfig, tok: Tokenizer, classes: list[str] | None = None) -> nn.Module:
+    """The :class:`MaskedLanguageModel` an encoder is pretrained as."""
+    if cfg.model.arch != "transformer":
+        raise UserError("task pretrain needs model.arch: transformer")
+    return MaskedLanguageModel(cfg.model.transformer, tok.src_vocab_size)
+
+
+#: The model each task trains, by ``cfg.task``.
+MODELS: dict[str, Callable[[RunConfig, Tokenizer, list[str] | None], nn.Module]] = {
+    "translate": build_translation_model, "classify": build_classifier, "pretrain": build_encoder_lm}
+
+#: What to do with a run of each task when a command needs another kind.
+HINTS = {"translate": "use `attnkit translate`", "classify": "use `attnkit classify`",
+         "pretrain": "fine-tune it (model.init_from) first"}
+
+
+def build_model(cfg: RunConfig, tok: Tokenizer, classes: list[str] | None = None) -> nn.Module:
+    """The model of ``cfg.task`` and ``cfg.model``, sized for ``tok`` (and ``classes``), freshly initialised."""
+    return MODELS[cfg.task](cfg, tok, classes)
+
+
+def load_run(path: str | Path, device: torch.device | None = None) -> LoadedRun:
+    """Config, tokenizer and model with trained weights, from a run directory or checkpoint file."""
+    run_dir, weights = find_weights(Path(path))
+    cfg = load_config(RunConfig, run_dir / CONFIG_FILE)
+    tok = Tokenizer.load(run_dir)
+    classes = read_classes(run_dir / CLASSES_FILE) if cfg.task == "classify" else None
+    model = build_model(cfg, tok, classes)
+    state, _ = load_weights(weights)
+    check_compatible(model.state_dict(), state, weights)
+    model.load_state_dict(state)
+    accelerate(model)  # inference decodes with the engine's fast paths
+    model.to(device or torch.device("cpu")).eval()
+    return LoadedRun(cfg, tok, model, classes, weights, run_dir)
+
+
+def require(run: LoadedRun, task: str, name: str | Path, what: str = "model") -> LoadedRun:
+    """``run`` when it was trained for ``task``; else a :class:`UserError` naming its task and what to do.
+
+    :param name: how the user named the run (the command's argument).
+    """
+    if run.task != task:
+        raise UserError(f"{name} is a {run.task} {what}; {HINTS[run.task]}")
+    return run
+
+
+def language(path: str | None) -> str | None:
+    """The two-letter language code in a corpus file name (``train.de.gz`` -> ``de``), if it has one."""
+    suffixes = [s[1:] for s in Path(path or "").suffixes if s != ".gz"]
+    return suffixes[-1] if suffixes and re.fullmatch(r"[a-z]{2}", suffixes[-1]) else None
+
+
+def languages(cfg: RunConfig) -> tuple[str | None, str | None]:
+    """``(source, target)`` language codes of a translation run, read from its two training file names
+    (``train.de.gz``, ``train.en.gz``); None where a name has none (or the corpus is one file)."""
+    data = cfg.data
+    if not data.train_tgt:
+        return None, None
+    return language(data.train), language(data.train_tgt)

@@ -1,0 +1,73 @@
+"""What every task is: the :class:`Task` the trainer drives, and a :class:`TaskSpec` the registry lists.
+
+A task owns, for one kind of model:
+
+* its data recipe (:class:`attnkit.data.prepare.Recipe`): what ``attnkit prepare`` reads, how it
+  tokenizes it and what it writes;
+* its batches, objective and validation (:class:`Task`, driven by :mod:`attnkit.training.trainer`);
+* what its runs can be used for (:attr:`TaskSpec.serves`).
+
+Its model comes from the run's one model factory, :func:`attnkit.runs.load.build_model`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+import torch
+from torch import Tensor, nn
+
+from ..common.files import atomic_write_text
+from ..config.schema import RunConfig
+from ..data.batching import Batches
+from ..data.prepare import Prepared, Recipe, prepare_data
+from ..runs.layout import CLASSES_FILE, DATA_DIR
+
+Log = Callable[[str], None]
+
+
+class Task(Protocol):
+    """What the trainer needs from a task."""
+
+    name: str
+
+    def build_model(self) -> nn.Module: ...
+    def objective(self, model: nn.Module) -> nn.Module: ...
+    def batches(self, epoch: int) -> Batches: ...
+    def collate(self, indices: Sequence[int], device: torch.device) -> Any: ...  # the task's batch
+    def loss(self, objective: nn.Module, batch: Any, label_smoothing: float) -> Tensor: ...
+    def validate(self, model: nn.Module, device: torch.device) -> dict[str, float]: ...
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """One task in the registry (:data:`attnkit.tasks.TASKS`).
+
+    :param name: the config's ``task:`` value.
+    :param make: builds the :class:`Task` for ``(cfg, run_dir, log, resume=...)``, its data prepared.
+    :param recipe: the data recipe for a config.
+    :param serves: the route its trained runs answer (``/translate`` or ``/classify``), None if neither.
+    """
+
+    name: str
+    make: Callable[..., Task]
+    recipe: Callable[[RunConfig], Recipe]
+    serves: Literal["translate", "classify"] | None
+
+
+def prepare_recipe(recipe: Recipe, run_dir: str | Path, log: Log = print, *, resume: bool = False,
+                   workers: int | None = None) -> Prepared:
+    """The run's prepared data (:func:`attnkit.data.prepare.prepare_data` in its ``data/``); for labelled data
+    also the class names, written to ``classes.json`` for every command that loads the run."""
+    run_dir = Path(run_dir)
+    data = prepare_data(recipe, run_dir, run_dir / DATA_DIR, log, resume=resume, workers=workers)
+    if data.classes is not None:
+        text = json.dumps(data.classes, ensure_ascii=False) + "\n"
+        path = run_dir / CLASSES_FILE
+        if not path.exists() or path.read_text(encoding="utf-8") != text:
+            atomic_write_text(path, text)
+    return data

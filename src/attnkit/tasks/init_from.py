@@ -1,0 +1,84 @@
+"""Fine-tuning from a pretraining run (``model.init_from``): its tokenizer, then its encoder.
+
+A classification run with ``model.init_from: RUN`` checks that RUN is a ``task: pretrain`` run before
+anything is written (:func:`check_init_from`), copies its tokenizer files into the new run
+(:func:`copy_pretrained_tokenizer`, from the classification recipe) and starts from its ``encoder.*``
+weights (:func:`load_pretrained_encoder`); the classification head is new.
+"""
+
+from __future__ import annotations
+
+import filecmp
+import shutil
+from pathlib import Path
+
+from torch import nn
+
+from ..common.errors import UserError
+from ..config.loader import load_config
+from ..config.schema import RunConfig
+from ..data.tokenizer import Tokenizer
+from ..runs.checkpoint import check_compatible, load_weights
+from ..runs.layout import CONFIG_FILE, TOKENIZER_FILE, find_weights, tokenizer_files
+
+
+def pretrained_run(path: str) -> tuple[Path, Path]:
+    """``(run directory, weights file)`` of the pretraining run ``model.init_from`` names."""
+    if not Path(path).exists():
+        raise UserError(f"model.init_from: {path} does not exist; train it first with `attnkit train` and a "
+                        f"`task: pretrain` config")
+    try:
+        run_dir, weights = find_weights(Path(path))
+    except UserError as e:
+        raise UserError(f"model.init_from: {e}") from None
+    cfg = load_config(RunConfig, run_dir / CONFIG_FILE)
+    if cfg.task != "pretrain":
+        raise UserError(f"model.init_from: {run_dir} is a {cfg.task} run; give a `task: pretrain` run")
+    return run_dir, weights
+
+
+def check_init_from(path: str, run_dir: Path) -> tuple[Path, list[str]]:
+    """``(pretraining run, its tokenizer files)`` after checking that ``run_dir`` holds no other tokenizer.
+
+    ``attnkit train`` calls it before it writes anything into ``run_dir``.
+    """
+    source, _ = pretrained_run(path)
+    names = tokenizer_files(source)  # tokenizer.json first
+    if (run_dir / TOKENIZER_FILE).exists():
+        differ = [n for n in names if not (run_dir / n).exists() or not filecmp.cmp(source / n, run_dir / n, False)]
+        if differ:
+            raise UserError(f"model.init_from: {run_dir} holds another tokenizer than {source} ({', '.join(differ)} "
+                            f"differ); choose another --run-dir")
+    return source, names
+
+
+def copy_pretrained_tokenizer(path: str, run_dir: Path, log=print) -> Tokenizer:
+    """Copy the pretraining run's tokenizer into ``run_dir`` (or check that the one there is the same)."""
+    source, names = check_init_from(path, run_dir)
+    if not (run_dir / TOKENIZER_FILE).exists():
+        log(f"tokenizer: {source}'s (model.init_from; data.tokenizer is not used)")
+        run_dir.mkdir(parents=True, exist_ok=True)
+        for n in reversed(names):  # tokenizer.json last: it marks a complete tokenizer
+            shutil.copyfile(source / n, run_dir / f".{n}.tmp")
+            (run_dir / f".{n}.tmp").replace(run_dir / n)
+    return Tokenizer.load(run_dir)
+
+
+def load_pretrained_encoder(model: nn.Module, path: str) -> list[str]:
+    """Copy the ``encoder.*`` weights (embeddings included) of pretraining run ``path`` into ``model``.
+
+    :return: the names of the copied tensors.
+    :raises UserError: one line listing the missing, unexpected and mis-shaped keys (another architecture or
+        vocabulary).
+    """
+    _, weights = pretrained_run(path)
+    state, _ = load_weights(weights)
+    pretrained = {k: v for k, v in state.items() if k.startswith("encoder.")}
+    own = {k: v for k, v in model.state_dict().items() if k.startswith("encoder.")}
+    try:
+        check_compatible(own, pretrained, weights)
+    except UserError as e:  # names the missing, unexpected and mis-shaped keys
+        raise UserError(f"model.init_from: {e}") from None
+    model.load_state_dict(pretrained, strict=False)
+    return sorted(pretrained)
+

@@ -1,0 +1,42 @@
+"""The reference training objectives: losses computed from the model's logits, in float32.
+
+The engine's fused versions (:mod:`attnkit.engine.loss`) compute the same values without keeping the
+logits; ``train.engine`` chooses. The masked-language-model loss is the textbook's
+:class:`attnkit.mlm.MLMLoss`.
+"""
+
+from __future__ import annotations
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+class Seq2SeqLoss(nn.Module):
+    """The training objective of a sequence-to-sequence model: summed label-smoothed cross-entropy.
+
+    ``loss = sum_i -sum_v q_iv log softmax(z_i)_v`` with ``q_i = (1 - eps) onehot(y_i) + eps / V``
+    (Szegedy et al. 2016) over the scored (non-padding) positions, in float32. The engine's
+    :class:`~attnkit.engine.loss.FusedSeq2SeqLoss` computes the same without keeping the logits.
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, src: Tensor, tgt_in: Tensor, scored: Tensor, targets: Tensor,
+                label_smoothing: float = 0.0) -> Tensor:
+        logits = self.model(src, tgt_in, scored)  # (N, V)
+        return F.cross_entropy(logits.float(), targets, label_smoothing=label_smoothing, reduction="sum")
+
+
+class ClassificationLoss(nn.Module):
+    """Summed (label-smoothed) cross-entropy of a classifier's logits, in float32."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, tokens: Tensor, targets: Tensor, label_smoothing: float = 0.0) -> Tensor:
+        logits = self.model(tokens)  # (B, C)
+        return F.cross_entropy(logits.float(), targets, label_smoothing=label_smoothing, reduction="sum")
+

@@ -1,0 +1,212 @@
+"""``task: pretrain``: masked-language-model pretraining on unlabelled text, and fine-tuning from it.
+
+    attnkit train configs/imdb-pretrain.yaml --run-dir runs/imdb-pretrain      # MLM on the review text
+    attnkit train configs/imdb-finetune.yaml --run-dir runs/imdb-finetune      # model.init_from: runs/imdb-pretrain
+
+The pretraining run has the trainer's checkpoints, exact resume, bf16, progress and DDP like any
+other; its task (:class:`PretrainTask`) prepares the text like every task (:mod:`attnkit.data.prepare`:
+streamed, a SentencePiece tokenizer with a ``<mask>`` piece, each text cut into windows of
+``data.max_len`` subwords, memory-mapped) and corrupts every batch as BERT does (:mod:`attnkit.mlm`).
+Validation: the MLM loss and the accuracy on the masked
+positions of held-out texts, under a fixed corruption.
+
+A classification run with ``model.init_from: RUN`` copies that run's tokenizer and starts from its
+encoder and embedding weights (:mod:`attnkit.tasks.init_from`); the classification head is new.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from itertools import islice
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..common.errors import UserError
+from ..config.schema import RunConfig
+from ..data.arrays import TokenArrays
+from ..data.batching import Batches, EpochBatches, FilterStats, make_batches, padding_fraction
+from ..data.documents import clean_text, split_rows, text_windows
+from ..data.prepare import Encoded, flat
+from ..data.readers import LabelledReader, ReadStats, base_suffix, iter_lines
+from ..data.tokenizer import BOS_ID, EOS_ID, PAD_ID, TOKENIZER_FILE, UNK_ID, Tokenizer
+from ..engine import FusedMLMLoss
+from ..mlm import MLMLoss, mask_tokens
+from ..runs.load import build_model
+from .base import TaskSpec, prepare_recipe
+
+#: Validation always corrupts the held-out texts with this seed, so every validation scores the same task.
+VALID_MASK_SEED = 12345
+
+
+@dataclass
+class PretrainRecipe:
+    """What ``prepare`` makes of a pretraining config: ``text`` windows of at most ``data.max_len`` subwords."""
+
+    cfg: RunConfig
+    sides: tuple[str, ...] = ("text",)
+    labelled: bool = False
+    mask: bool = True
+
+    def sources(self) -> list[str]:
+        d = self.cfg.data
+        return [d.train, *d.extra_text] if d.generate == "none" else []
+
+    def settings(self) -> dict:
+        d = self.cfg.data
+        return {"text_column": d.text_column, "label_column": d.label_column, "group_column": d.group_column,
+                "valid_fraction": d.valid_fraction, "valid_seed": d.valid_seed, "line_break_tags": d.line_break_tags,
+                "min_len": self.cfg.mlm.min_len}
+
+    def examples(self, stats: ReadStats | None = None, log: Callable[[str], None] | None = None
+                 ) -> Iterator[tuple[str, str]]:
+        """``(text, "")`` of every training text (cleaned), streamed."""
+        return ((text, "") for text in pretraining_texts(self.cfg, self.sources(), stats=stats, log=log))
+
+    def tokenizer_texts(self) -> tuple[Iterator[str], None]:
+        return (text for text, _ in self.examples()), None
+
+    def tokenizer_note(self) -> str:
+        return ", with <mask>"
+
+    def given_tokenizer(self, run_dir: Path, log: Callable[[str], None]) -> Tokenizer | None:
+        return None
+
+    def encode(self, tok: Tokenizer, chunk: list[tuple[str, str]], dtype: str) -> Encoded:
+        """Each text cut into windows (the texts come cleaned from :func:`pretraining_texts`)."""
+        windows = text_windows(tok.encode_src([text for text, _ in chunk], threads=1), self.cfg.data.max_len,
+                               self.cfg.mlm.min_len)
+        return Encoded([flat(windows, dtype)])
+
+    def finish(self, n: int, filtered: FilterStats, stats: ReadStats, log: Callable[[str], None]) -> dict:
+        if n == 0:
+            raise UserError(f"{', '.join(self.sources())}: no text of at least mlm.min_len={self.cfg.mlm.min_len} "
+                            f"subwords to pretrain on; give files with one text per line")
+        log(f"pretraining data: {n} windows of at most {self.cfg.data.max_len} subwords")
+        return {}
+
+
+
+@dataclass
+class MLMBatch:
+    """Restore the original subwords ``targets`` at the ``selected`` positions of the corrupted ``tokens``."""
+
+    tokens: Tensor  # (B, T) corrupted input, padded
+    selected: Tensor  # (B, T) bool: True where a subword is to be predicted
+    targets: Tensor  # (N,) the original subwords at the selected positions, N = selected.sum()
+    n_targets: int  # N
+
+
+
+def pretraining_texts(cfg: RunConfig, paths: list[str], *, held_out: bool = False, stats: ReadStats | None = None,
+                      log: Callable[[str], None] | None = None) -> Iterator[str]:
+    """The texts of pretraining files on one side of ``data.valid_fraction``, ``<br />`` treated as configured.
+
+    ``.txt`` (optionally ``.gz``): one text per line, blank lines skipped. ``.tsv`` / ``.csv``: the text column
+    (``data.text_column`` or detected; the first file's rows grouped by ``data.group_column``); labels unread.
+    """
+    d = cfg.data
+    for i, path in enumerate(paths):
+        if base_suffix(Path(path)) in (".tsv", ".csv"):
+            reader = LabelledReader(path, text_column=d.text_column, label_column=d.label_column,
+                                    group_column=d.group_column if i == 0 and d.valid_fraction else None,
+                                    stats=stats)
+            if log is not None:
+                log(f"{path}: pretraining on column '{reader.text_column}'; the labels in "
+                    f"'{reader.label_column}' are ignored")
+            rows: Iterator[tuple[str, str, str]] = reader.keyed()
+        else:
+            lines = (line for line in iter_lines(path, stats) if line is not None and line.strip())
+            rows = ((line, "", str(n)) for n, line in enumerate(lines))
+        for text, _ in split_rows(rows, d, held_out=held_out):
+            yield clean_text(text, d.line_break_tags)
+
+
+
+def validation_windows(cfg: RunConfig, tok: Tokenizer, log=print) -> list[list[int]]:
+    """At most ``mlm.valid_windows`` windows of held-out text: ``data.valid``, or the rows of the pretraining
+    files held out by ``data.valid_fraction`` (streamed; reading stops once there are enough)."""
+    d, m = cfg.data, cfg.mlm
+    texts = pretraining_texts(cfg, [d.valid] if d.valid else [d.train, *d.extra_text], held_out=not d.valid)
+    out: list[list[int]] = []
+    while len(out) < m.valid_windows and (chunk := list(islice(texts, 1024))):
+        out += text_windows(tok.encode_src(chunk), d.max_len, m.min_len)
+    return out[: m.valid_windows]
+
+
+
+class PretrainTask:
+    """Masked-language-model pretraining of an encoder; validation MLM loss and masked accuracy."""
+
+    name = "pretrain"
+
+    def __init__(self, cfg: RunConfig, run_dir: Path, log=print, *, resume: bool = False) -> None:
+        self.cfg = cfg
+        d = cfg.data
+        data = prepare_recipe(PretrainRecipe(cfg), run_dir, log, resume=resume)
+        self.tok, self.manifest = data.tok, data.manifest
+        if self.tok.mask_id is None:
+            raise UserError(f"{run_dir / TOKENIZER_FILE}: this tokenizer has no <mask> piece; pretrain in a new "
+                            f"--run-dir")
+        self.x = data.sides["text"]  # memory-mapped windows of at most max_len subwords
+        self.valid_x = TokenArrays.from_lists(validation_windows(cfg, self.tok, log))
+        if not len(self.valid_x):
+            raise UserError(f"{d.valid or d.train}: no validation text of at least mlm.min_len={cfg.mlm.min_len} "
+                            f"subwords; set data.valid_fraction (e.g. 0.1) or data.valid")
+        self._batches = EpochBatches(cfg, self.x.lengths)
+        batches = self.batches(0)
+        padding = padding_fraction(batches, self.x.lengths, None, cfg.train.pad_multiple)
+        log(f"pretraining data: {len(self.x)} windows of at most {d.max_len} subwords "
+            f"({int(self.x.lengths.sum())} subwords); {len(self.valid_x)} validation windows; {len(batches)} batches "
+            f"per epoch, {padding:.1%} of positions padding")
+
+    def build_model(self) -> nn.Module:
+        return build_model(self.cfg, self.tok)
+
+    def objective(self, model: nn.Module) -> nn.Module:
+        """The reference loss, or the engine's fused one (``train.engine``); the same value."""
+        return FusedMLMLoss(model) if self.cfg.train.engine == "fast" else MLMLoss(model)
+
+    def batches(self, epoch: int) -> Batches:
+        return self._batches(epoch)
+
+    def _corrupt(self, tokens: Tensor, device: torch.device, generator: torch.Generator | None) -> MLMBatch:
+        """BERT's corruption of ``tokens`` (B, T), padded, on the CPU: the masks come from the CPU generator."""
+        m = self.cfg.mlm
+        inputs, selected = mask_tokens(tokens, mask_id=self.tok.mask_id, special_ids=(UNK_ID, BOS_ID, EOS_ID),
+                                       vocab_size=self.tok.src_vocab_size, select=m.select, mask=m.mask,
+                                       random=m.random, generator=generator)
+        targets = tokens[selected]  # (N,)
+        return MLMBatch(inputs.to(device), selected.to(device), targets.to(device), int(selected.sum()))
+
+    def collate(self, indices: list[int], device: torch.device) -> MLMBatch:
+        """A batch corrupted with torch's default generator, whose state every checkpoint saves (exact resume)."""
+        return self._corrupt(self.x.pad(indices, PAD_ID, self.cfg.train.pad_multiple), device, None)
+
+    def loss(self, objective: nn.Module, batch: MLMBatch, label_smoothing: float) -> Tensor:
+        return objective(batch.tokens, batch.selected, batch.targets, label_smoothing)
+
+    def validate(self, model: nn.Module, device: torch.device) -> dict[str, float]:
+        """MLM loss (no smoothing) and accuracy on the masked positions of the held-out windows; score = accuracy."""
+        model.eval()
+        generator = torch.Generator().manual_seed(VALID_MASK_SEED)
+        total, correct, n = 0.0, 0, 0
+        order = make_batches(self.valid_x.lengths, None, self.cfg.train.max_tokens, seed=0, epoch=0, shuffle=False)
+        with torch.inference_mode():
+            for b_index in range(len(order)):
+                b = self._corrupt(self.valid_x.pad(order.array(b_index), PAD_ID), device, generator)
+                logits = model(b.tokens, b.selected).float()  # (N, V)
+                total += F.cross_entropy(logits, b.targets, reduction="sum").item()
+                correct += int((logits.argmax(-1) == b.targets).sum())
+                n += b.n_targets
+        model.train()
+        loss, acc = total / max(n, 1), 100.0 * correct / max(n, 1)
+        return {"valid_loss": loss, "valid_ppl": math.exp(min(loss, 50.0)), "valid_mlm_acc": acc, "score": acc}
+
+
+
+SPEC = TaskSpec("pretrain", PretrainTask, PretrainRecipe, serves=None)
