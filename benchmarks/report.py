@@ -4,11 +4,12 @@
     python benchmarks/report.py --check   # rewrite nothing; exit 1 naming each file that differs
 
 A generated section is the text between ``<!-- generated: NAME -->`` and ``<!-- /generated: NAME -->``
-in README.md, benchmarks/README.md or docs/experiments.md. :data:`TABLES` maps each NAME to the
-JSON it reads and the function that turns it into markdown (``markdown_table(results) -> str`` in the
-script that writes that JSON); a new table is one line there plus its markers in a page. A section
-whose JSON does not exist yet is left empty. ``tests/test_report.py`` fails when a page differs from
-what this script writes.
+in one of the :data:`PAGES`. :data:`TABLES` maps each NAME to the JSON it reads and the function that
+turns it into markdown (``markdown_table(results) -> str`` in the script that writes that JSON); a new
+table is one line there plus its markers in a page. One NAME may have markers in several pages (the
+README shows a few headline tables that docs/results.md also shows): each gets the same table. A
+section whose JSON does not exist yet is left empty. ``tests/test_report.py`` fails when a page
+differs from what this script writes.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from pathlib import Path
 from types import ModuleType
 
 ROOT = Path(__file__).resolve().parents[1]
-PAGES = (ROOT / "README.md", ROOT / "benchmarks" / "README.md", ROOT / "docs" / "experiments.md")
+PAGES = (ROOT / "README.md", ROOT / "benchmarks" / "README.md", ROOT / "docs" / "experiments.md",
+         ROOT / "docs" / "results.md")
 SECTION = re.compile(r"(<!-- generated: (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /generated: (?P=name) -->)", re.S)
 
 

@@ -45,6 +45,22 @@ def test_every_table_has_markers_on_some_page() -> None:
     assert marked == set(report.TABLES)
 
 
+def test_a_table_in_two_pages_is_the_same_in_both() -> None:
+    report = load_report()
+    text = "<!-- generated: ddp -->\n<!-- /generated: ddp -->\n"
+    rendered: dict[str, str] = {}
+    readme = report.regenerate(text, ROOT / "README.md", rendered)
+    assert "| processes x threads |" in readme
+    assert report.regenerate(text, ROOT / "docs" / "results.md", rendered) == readme
+
+
+def test_docs_results_holds_every_headline_table_of_the_readme() -> None:
+    report = load_report()
+    names = {page: {m["name"] for m in report.SECTION.finditer(page.read_text(encoding="utf-8"))}
+             for page in (ROOT / "README.md", ROOT / "docs" / "results.md")}
+    assert names[ROOT / "README.md"] <= names[ROOT / "docs" / "results.md"]
+
+
 def test_a_table_whose_json_is_missing_is_empty(tmp_path: Path) -> None:
     report = load_report()
     assert report.Table("benchmarks/results/no-such-file.json", "benchmarks/demo.py").render() == ""
