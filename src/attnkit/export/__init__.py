@@ -1,1 +1,64 @@
-"""attnkit.export."""
+"""Leaving attnkit: export targets for a trained run, and translating with what they wrote.
+
+=================  ===============================================  ===========================
+``--to``           writes                                           module
+=================  ===============================================  ===========================
+``ctranslate2``    a CTranslate2 model directory (float32, int8,    ``export/ctranslate2.py``
+                   int8_float32 or bfloat16 weights) + tokenizer
+=================  ===============================================  ===========================
+
+:data:`TARGETS` maps ``--to`` to its exporter; a new target is a module here and one line there.
+:func:`open_translator` is how ``translate``, ``evaluate`` and ``serve`` open what the user named: a
+run directory (decoded by attnkit's engine) or an export (decoded by its engine).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..inference.translate import translate_texts
+from ..runs.load import LoadedRun, load_run
+from .ctranslate2 import ExportedTranslator, export_ctranslate2, is_exported
+
+__all__ = ["TARGETS", "Translator", "export", "is_exported", "open_translator"]
+
+#: ``attnkit export --to NAME``: the function that writes it, ``(run, out, *, quantization, force) -> out``.
+TARGETS: dict[str, Callable[..., Path]] = {"ctranslate2": export_ctranslate2}
+
+
+def export(run: str | Path, to: str, out: str | Path, **options) -> Path:
+    """Export run ``run`` to the target ``to`` in ``out`` (options as the target takes them) -> ``out``."""
+    return TARGETS[to](run, out, **options)
+
+
+@dataclass
+class Translator:
+    """Something that translates: a run (``run`` set) or an export (``exported`` set), with its decode defaults.
+
+    ``translate(texts, *, beam, lenpen, n_best=1, batch_size=64, max_len_a, max_len_b)`` gives ``n_best``
+    translations per text, in input order, as :func:`attnkit.inference.translate.translate_texts` does.
+    """
+
+    translate: Callable[..., list[list[str]]]
+    beam: int
+    lenpen: float
+    run: LoadedRun | None = None
+    exported: ExportedTranslator | None = None
+
+
+def open_translator(path: str | Path, *, threads: int = 0) -> Translator:
+    """A :class:`Translator` for a run directory (or a checkpoint in one) or an ``attnkit export`` directory.
+
+    :param threads: CPU threads of an export's engine (0: its default); a run uses torch's.
+    """
+    if is_exported(path):
+        exported = ExportedTranslator(path, threads=threads)
+        return Translator(exported.translate, exported.decode.beam, exported.decode.lenpen, exported=exported)
+    run = load_run(path)
+
+    def translate(texts: list[str], **options) -> list[list[str]]:
+        return translate_texts(run.model, run.tok, texts, **options)
+
+    return Translator(translate, run.cfg.decode_beam, run.cfg.decode_lenpen, run=run)

@@ -45,11 +45,12 @@ import numpy as np
 from torch import Tensor, nn
 
 from ..common.errors import UserError
-from ..data.tokenizer import EOS_ID, EOS_PIECE, TOKENIZER_FILE, UNK_ID, Tokenizer
+from ..data.tokenizer import EOS_ID, EOS_PIECE, UNK_ID, Tokenizer
 from ..inference.translate import check_decode_options, encode_sources, output_budget, translation_order
 from ..layers import SinusoidalPositions
 from ..rnn import RNNSeq2Seq
-from ..runs.load import LoadedRun, load_run
+from ..runs.layout import tokenizer_files
+from ..runs.load import languages, load_run, require
 from ..search import MAX_LEN_A, MAX_LEN_B, length_penalty
 from ..transformer import Transformer
 
@@ -144,12 +145,6 @@ def transformer_spec(model: Transformer, tok: Tokenizer):
     return spec
 
 
-def run_languages(run: LoadedRun) -> list[str] | None:
-    """``[source, target]`` language codes read from training file names like ``train.de.gz``, else None."""
-    data = run.cfg.data
-    names = [Path(p).name.split(".") for p in (data.train, data.train_tgt or "")]
-    codes = [parts[1] for parts in names if len(parts) >= 3 and parts[1].isalpha() and len(parts[1]) <= 3]
-    return codes if len(codes) == 2 else None
 
 
 def export_ctranslate2(run_path: str | Path, out: str | Path, *, quantization: str = "float32",
@@ -161,9 +156,7 @@ def export_ctranslate2(run_path: str | Path, out: str | Path, *, quantization: s
     if quantization not in QUANTIZATIONS:
         raise UserError(f"--quantization {quantization!r} is not supported; choose one of {', '.join(QUANTIZATIONS)}")
     run = load_run(run_path)
-    if run.cfg.task != "translate":
-        raise UserError(f"{run_path} is a {run.cfg.task} run; only Transformer translation runs can be exported "
-                        f"to CTranslate2")
+    require(run, "translate", run_path, "run", "only Transformer translation runs can be exported to CTranslate2")
     if isinstance(run.model, RNNSeq2Seq) or not isinstance(run.model, Transformer):
         raise UserError(f"{run_path} is an RNN run; CTranslate2 has no RNN specification, so only Transformer "
                         f"translation runs can be exported (`attnkit translate` reads the run itself)")
@@ -179,13 +172,14 @@ def export_ctranslate2(run_path: str | Path, out: str | Path, *, quantization: s
     try:
         tmp.mkdir(parents=True)
         spec.save(str(tmp))
-        tok_dir = _tokenizer_dir(run)
-        meta = json.loads((tok_dir / TOKENIZER_FILE).read_text(encoding="utf-8"))
-        for name in {TOKENIZER_FILE, meta["src_model"], meta["tgt_model"]} - {None}:
+        tok_dir = run.run_dir
+        for name in tokenizer_files(tok_dir):
             shutil.copy2(tok_dir / name, tmp / name)
+        src_lang, tgt_lang = languages(run.cfg)
         manifest = {
             "format": FORMAT, "format_version": FORMAT_VERSION, "engine": "ctranslate2",
-            "name": tok_dir.name, "task": "translate", "languages": run_languages(run),
+            "name": tok_dir.name, "task": "translate",
+            "languages": [src_lang, tgt_lang] if src_lang and tgt_lang else None,
             "source_run": str(tok_dir.resolve()), "weights": run.weights_path.name,
             "quantization": quantization, "parameters": sum(p.numel() for p in run.model.parameters()),
             "max_len": run.model.cfg.max_len,
@@ -205,12 +199,6 @@ def export_ctranslate2(run_path: str | Path, out: str | Path, *, quantization: s
     return out
 
 
-def _tokenizer_dir(run: LoadedRun) -> Path:
-    """The run directory (where ``tokenizer.json`` lives), also when a checkpoint file was given."""
-    path = run.weights_path.parent
-    while not (path / TOKENIZER_FILE).exists() and path != path.parent:
-        path = path.parent
-    return path
 
 
 def is_exported(path: str | Path) -> bool:

@@ -114,13 +114,15 @@ def load_run(path: str | Path, device: torch.device | None = None) -> LoadedRun:
     return LoadedRun(cfg, tok, model, classes, weights, run_dir)
 
 
-def require(run: LoadedRun, task: str, name: str | Path, what: str = "model") -> LoadedRun:
+def require(run: LoadedRun, task: str, name: str | Path, what: str = "model", hint: str | None = None
+            ) -> LoadedRun:
     """``run`` when it was trained for ``task``; else a :class:`UserError` naming its task and what to do.
 
     :param name: how the user named the run (the command's argument).
+    :param hint: what to say instead of the default hint for the run's task (:data:`HINTS`).
     """
     if run.task != task:
-        raise UserError(f"{name} is a {run.task} {what}; {HINTS[run.task]}")
+        raise UserError(f"{name} is a {run.task} {what}; {hint or HINTS[run.task]}")
     return run
 
 
