@@ -1,0 +1,70 @@
+"""``attnkit attention``: draw what attention learned: heatmaps and an interactive HTML explorer."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ..common.errors import UserError
+from ..inference.attention_maps import attention_maps
+from ..runs.load import load_run
+from ..tasks import spec
+from ..viz.explorer import write_explorer
+from .options import FINITE, POSITIVE_INT
+
+
+def add(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "attention", help="draw what attention learned: heatmaps and an interactive HTML explorer",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Run a trained model on one sentence and save its attention weights as PNG heatmaps:\n"
+                    "cross-attention (mean over heads per layer, one panel per head, mean over layers),\n"
+                    "encoder self-attention and decoder self-attention for Transformers; the alignment for\n"
+                    "RNN models; self-attention and the pooled representation's token importance for\n"
+                    "classifiers. Axes show the tokenizer's subword pieces (\u2581 marks a word start).",
+        epilog="files written to OUT_DIR (L = layer number from 0; for one-layer kinds -layerL is dropped and\n"
+               "there is no -mean):\n"
+               "  cross-layerL.png, cross-layerL-heads.png, cross-mean.png\n"
+               "  encoder-self-layerL.png, encoder-self-layerL-heads.png, encoder-self-mean.png\n"
+               "  decoder-self-layerL.png, decoder-self-layerL-heads.png, decoder-self-mean.png\n"
+               "  alignment.png (RNN); pooling.png (classifier); attention.html (--html)\n\n"
+               "rows are queries, columns keys: cross-attention rows are the output pieces (what each decoder\n"
+               "position produced), decoder self-attention rows and columns the decoder inputs (<s> first).")
+    p.add_argument("model", help="run directory or a .safetensors checkpoint inside one")
+    p.add_argument("--src", required=True, help="the source sentence (translation) or text (classification)")
+    p.add_argument("--tgt", help="translation: force-decode this target instead of the model's own translation")
+    p.add_argument("-o", "--out-dir", default="attention", help="where the PNGs (and HTML) go (default: attention)")
+    p.add_argument("--html", action="store_true",
+                   help="also write OUT_DIR/attention.html: one self-contained page (no network) to pick the "
+                        "kind, layer and head and hover or click a token to see its attention")
+    p.add_argument("--no-png", action="store_true", help="skip the PNG heatmaps (with --html: only the page)")
+    p.add_argument("--beam", type=POSITIVE_INT, default=1,
+                   help="beam size for the model's own translation (default: 1, greedy)")
+    p.add_argument("--lenpen", type=FINITE, default=None,
+                   help="length penalty alpha with --beam > 1 (default: the run's decode_lenpen)")
+
+
+def run(args: argparse.Namespace) -> None:
+    from ..viz.figures import attention_figures  # matplotlib: loaded only when drawing
+    from ..viz.plot import save_figure
+
+    if args.no_png and not args.html:
+        raise UserError("--no-png without --html would write nothing; drop --no-png or add --html")
+    run = load_run(args.model)
+    if spec(run.task).serves is None:
+        raise UserError(f"{args.model} is a pretraining run; look at the attention of a model fine-tuned from it")
+    lenpen = run.cfg.decode_lenpen if args.lenpen is None else args.lenpen
+    maps = attention_maps(run, args.src, args.tgt, beam=args.beam, lenpen=lenpen)
+    out = Path(args.out_dir)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"{out}: cannot create the output directory ({e.strerror})") from None
+    print(maps.heading())
+    written = []
+    if not args.no_png:
+        written += [save_figure(fig, out / f"{stem}.png") for stem, fig in attention_figures(maps).items()]
+    if args.html:
+        written.append(write_explorer(maps, out / "attention.html"))
+    for path in written:
+        print(path)

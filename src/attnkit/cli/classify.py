@@ -1,0 +1,23 @@
+"""``attnkit classify``: classify text with a trained classifier, optionally with the tokens its attention drew on."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..inference.classify import classify_texts
+from ..runs.load import load_run, require
+from .options import read_input, write_output
+
+
+def add(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("classify", help="classify text with a trained classifier",
+                       description="One prediction per input line: label<TAB>probability<TAB>text.")
+    p.add_argument("model", help="run directory or a .safetensors checkpoint inside one")
+    p.add_argument("-i", "--input", help="input file (default: stdin)")
+    p.add_argument("--with-attention", action="store_true",
+                   help="also print the 5 tokens the pooled representation drew on most")
+
+
+def run(args: argparse.Namespace) -> None:
+    run = require(load_run(args.model), "classify", args.model)
+    write_output(None, classify_texts(run, read_input(args.input), with_attention=args.with_attention))

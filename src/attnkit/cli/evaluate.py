@@ -1,0 +1,51 @@
+"""``attnkit evaluate``: score a run or an export on a test set: BLEU and chrF, or accuracy and macro-F1."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..common.errors import UserError
+from ..data.readers import read_labelled, read_parallel
+from ..export import open_translator
+from ..inference.classify import evaluate_classifier
+from ..inference.scores import translation_scores
+from ..tasks import spec
+from .options import FINITE, POSITIVE_INT, write_output
+
+
+def add(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("evaluate", help="score a trained model on a test set",
+                       description="Translation: sacreBLEU (cased, 13a), lowercased BLEU and chrF with the "
+                                   "signature. Classification: accuracy, macro-F1 and the confusion matrix.")
+    p.add_argument("model", help="run directory or a .safetensors checkpoint inside one")
+    p.add_argument("--src", help="translation: source file")
+    p.add_argument("--ref", help="translation: reference file (line-aligned with --src)")
+    p.add_argument("--data", help="classification: labelled .tsv/.csv with a header")
+    p.add_argument("--beam", type=POSITIVE_INT, default=None, help="beam size (default: the run's decode_beam)")
+    p.add_argument("--lenpen", type=FINITE, default=None, help="length penalty alpha (default: the run's)")
+    p.add_argument("--hyp-out", help="also write the hypotheses / predictions to this file")
+
+
+def run(args: argparse.Namespace) -> None:
+    translator = open_translator(args.model)
+    run = translator.run
+    if run is not None and spec(run.task).serves is None:
+        raise UserError(f"{args.model} is a pretraining run; fine-tune it (model.init_from) and evaluate that")
+    if run is not None and run.classes is not None:  # a classifier
+        if not args.data:
+            raise UserError("evaluating a classifier needs --data FILE (a labelled .tsv/.csv)")
+        scores, predictions = evaluate_classifier(run, read_labelled(args.data, text_column=run.cfg.data.text_column,
+                                                                     label_column=run.cfg.data.label_column))
+        if args.hyp_out:
+            write_output(args.hyp_out, predictions)
+        print(scores)
+        return
+    if not (args.src and args.ref):
+        raise UserError("evaluating a translation model needs --src FILE and --ref FILE")
+    beam = translator.beam if args.beam is None else args.beam
+    pairs = read_parallel(args.src, args.ref)
+    lenpen = translator.lenpen if args.lenpen is None else args.lenpen
+    hyps = [h[0] for h in translator.translate([s for s, _ in pairs], beam=beam, lenpen=lenpen)]
+    if args.hyp_out:
+        write_output(args.hyp_out, hyps)
+    print(translation_scores(hyps, [t for _, t in pairs]))

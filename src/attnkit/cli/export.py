@@ -1,0 +1,25 @@
+"""``attnkit export``: export a Transformer translation run to another inference engine (CTranslate2)."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..export import TARGETS, export
+from ..export.ctranslate2 import QUANTIZATIONS
+
+
+def add(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("export", help="export a Transformer translation run to CTranslate2",
+                       description="Write a CTranslate2 model directory (model.bin, vocabulary, the SentencePiece "
+                                   "model(s) and attnkit-export.json) from a Transformer translation run; "
+                                   "`attnkit translate OUT` reads it. RNN runs and classifiers cannot be exported.")
+    p.add_argument("model", help="run directory or a .safetensors checkpoint inside one")
+    p.add_argument("--to", required=True, choices=list(TARGETS), help="the inference engine (ctranslate2)")
+    p.add_argument("-o", "--output", required=True, metavar="OUT", help="the directory to write")
+    p.add_argument("--quantization", default="float32", choices=list(QUANTIZATIONS),
+                   help="weight type in the export (default: float32)")
+    p.add_argument("--force", action="store_true", help="replace OUT if it exists")
+
+
+def run(args: argparse.Namespace) -> None:
+    print(export(args.model, args.to, args.output, quantization=args.quantization, force=args.force))

@@ -1,0 +1,53 @@
+"""What the commands share: argparse types for numbers, and reading input lines and writing output lines."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from ..common.errors import UserError
+from ..data.readers import read_lines, read_stream
+
+
+def number(kind: type[int] | type[float], at_least: float | None = None) -> Callable[[str], int | float]:
+    """An argparse ``type`` for a finite ``int`` / ``float`` option, optionally with a lower bound."""
+
+    def parse(text: str) -> int | float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {'a whole' if kind is int else 'a'} number, got {text!r}") \
+                from None
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
+        if at_least is not None and value < at_least:
+            raise argparse.ArgumentTypeError(f"must be at least {at_least:g}, got {text!r}")
+        return value
+
+    return parse
+
+
+
+POSITIVE_INT, FINITE, NON_NEGATIVE = number(int, 1), number(float), number(float, 0)
+
+
+def read_input(path: str | None) -> list[str]:
+    """Lines of ``path``, or of standard input (strict UTF-8 either way)."""
+    if path is None:
+        return read_stream(sys.stdin.buffer, "<stdin>")
+    return read_lines(path)
+
+
+def write_output(path: str | None, lines: list[str]) -> None:
+    """``lines`` to ``path``, or to standard output."""
+    text = "".join(line + "\n" for line in lines)
+    if path is None:
+        sys.stdout.write(text)
+        return
+    try:
+        Path(path).write_text(text, encoding="utf-8")
+    except OSError as e:
+        raise UserError(f"{path}: cannot write ({e.strerror}); check that the directory exists") from None

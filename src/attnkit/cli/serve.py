@@ -1,0 +1,75 @@
+"""``attnkit serve``: serve translation and classification models over HTTP."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from ..common.errors import UserError
+from ..serve.batching import Limits  # the limits' defaults, without loading FastAPI for --help
+from .options import NON_NEGATIVE, POSITIVE_INT
+
+
+def add(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "serve", help="serve trained models over HTTP: a JSON API and a page to translate and see attention",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Serve translation and classification runs over HTTP (FastAPI on uvicorn), each under its\n"
+                    "run directory's name. Concurrent requests to a model are merged into one batch.\n\n"
+                    "  GET  /            a page: type sentences, see translations, click one to see its attention\n"
+                    "  GET  /health      status; per model the texts queued and the batches run\n"
+                    "  GET  /models      name, task, languages, parameters, beam defaults\n"
+                    "  POST /translate   {\"model\", \"texts\": [...], \"beam\", \"n_best\", \"lenpen\", "
+                    "\"attention\": false}\n"
+                    "  POST /classify    {\"model\", \"texts\": [...], \"attention\": false}\n"
+                    "  GET  /docs        the OpenAPI page\n\n"
+                    "Errors are JSON {\"error\": \"...\"} with a 4xx status: 422 bad field, 413 too large, "
+                    "404 unknown model,\n401 API key, 503 queue full (with Retry-After). SIGTERM or Ctrl-C "
+                    "finishes the requests in flight, then exits.",
+        epilog="example:\n"
+               "  attnkit serve runs/de-en &\n"
+               "  curl -s localhost:8000/translate -H 'Content-Type: application/json' \\\n"
+               "       -d '{\"texts\": [\"Ein Hund rennt.\"], \"beam\": 1}'")
+    p.add_argument("models", nargs="+", metavar="RUN",
+                   help="run directories (or .safetensors checkpoints inside one) of translation or classification "
+                        "models")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (default: 127.0.0.1, this machine only; 0.0.0.0 for every interface)")
+    p.add_argument("--port", type=int, default=8000, help="port to listen on; 0 picks a free one (default: 8000)")
+    p.add_argument("--threads", type=POSITIVE_INT, metavar="N",
+                   help="CPU threads for the models (default: torch's, one per core)")
+    p.add_argument("--api-key", metavar="KEY",
+                   help="require the header 'Authorization: Bearer KEY' on /models, /translate and /classify "
+                        "(default: the environment variable ATTNKIT_API_KEY if set, else no key; the variable keeps "
+                        "the key out of the process list)")
+    defaults = Limits()
+    p.add_argument("--max-texts", type=POSITIVE_INT, default=defaults.max_texts, metavar="N",
+                   help=f"texts per request; more is refused with 413 (default: {defaults.max_texts})")
+    p.add_argument("--max-chars", type=POSITIVE_INT, default=defaults.max_chars, metavar="N",
+                   help=f"characters per text; longer is refused with 413 (default: {defaults.max_chars})")
+    p.add_argument("--max-body", type=POSITIVE_INT, default=defaults.max_body, metavar="BYTES",
+                   help=f"bytes per request body; larger is refused with 413 (default: {defaults.max_body})")
+    p.add_argument("--max-queue", type=POSITIVE_INT, default=defaults.max_queue, metavar="N",
+                   help=f"texts waiting per model; beyond, requests get 503 (default: {defaults.max_queue})")
+    p.add_argument("--max-batch", type=POSITIVE_INT, default=defaults.max_batch, metavar="N",
+                   help=f"texts the model runs at once, from several requests (default: {defaults.max_batch})")
+    p.add_argument("--max-wait-ms", type=NON_NEGATIVE, default=defaults.max_wait_ms, metavar="MS",
+                   help="how long a model's worker waits for more requests to join a batch (default: "
+                        f"{defaults.max_wait_ms:g})")
+
+
+def run(args: argparse.Namespace) -> None:
+    from ..serve.app import serve  # FastAPI and uvicorn: loaded only to serve
+
+    if not 0 <= args.port <= 65535:
+        raise UserError(f"--port must be between 0 and 65535, got {args.port}")
+    api_key = args.api_key if args.api_key is not None else os.environ.get("ATTNKIT_API_KEY")
+    if api_key is not None and not api_key.strip():
+        raise UserError("--api-key is empty; give a key, or none to serve without one")
+    limits = Limits(max_texts=args.max_texts, max_chars=args.max_chars, max_body=args.max_body,
+                    max_queue=args.max_queue, max_batch=args.max_batch, max_wait_ms=args.max_wait_ms)
+    try:
+        serve(args.models, host=args.host, port=args.port, threads=args.threads, api_key=api_key, limits=limits)
+    except KeyboardInterrupt:  # Ctrl-C: the requests in flight were answered; nothing to resume
+        print("attnkit serve: stopped", file=sys.stderr)

@@ -1,0 +1,39 @@
+"""``attnkit train``: train (or pretrain, or fine-tune) a model from a YAML config, with exact resume."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ..config.loader import load_config
+from ..config.schema import RunConfig
+from ..runs.layout import CONFIG_FILE
+from ..tasks.init_from import check_init_from
+from ..training.trainer import Trainer
+
+
+def add(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("train", help="train a model from a YAML config",
+                       description="Train a translation or classification model, or pretrain an encoder on "
+                                   "unlabelled text (task: pretrain; fine-tune it with model.init_from). The run "
+                                   "directory receives the resolved config, the tokenizer, the prepared data, "
+                                   "checkpoints and metrics.jsonl.")
+    p.add_argument("config", help="YAML config file (see configs/)")
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, e.g. train.lr=5e-4")
+    p.add_argument("--run-dir", help="output directory (default: runs/<config name>)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue from the newest checkpoint in --run-dir (exactly where it stopped)")
+
+
+def run(args: argparse.Namespace) -> None:
+    run_dir = Path(args.run_dir or Path("runs") / Path(args.config).stem)
+    if args.resume and (run_dir / CONFIG_FILE).exists():
+        cfg = load_config(RunConfig, run_dir / CONFIG_FILE, args.overrides)  # the run's own config
+    else:
+        cfg = load_config(RunConfig, args.config, args.overrides)
+    if cfg.model.init_from:  # a missing or mismatched pretraining run: an error before the run directory is touched
+        check_init_from(cfg.model.init_from, run_dir)
+    trainer = Trainer(cfg, run_dir, resume=args.resume)
+    metrics = trainer.run()
+    if trainer.workers.is_main:  # under torchrun, one of several processes (see attnkit.training.distributed)
+        print(" ".join(f"{k} {v}" for k, v in metrics.items()))
