@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT / "src"))
 
-from attnkit.data.readers import read_labelled  # noqa: E402
+from attnkit.data.labelled import read_labelled  # noqa: E402
 from attnkit.inference.classify import evaluate_classifier  # noqa: E402
 from attnkit.runs.load import load_run  # noqa: E402
 from imdb import RESULTS, held_out_text, measure  # noqa: E402

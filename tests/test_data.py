@@ -23,13 +23,12 @@ from attnkit.data.batching import (
     padding_fraction,
     python_random_floats,
 )
+from attnkit.data.labelled import LabelledReader, read_labelled
 from attnkit.data.readers import (
     MAX_LINE_BYTES,
-    LabelledReader,
     ReadStats,
     iter_lines,
     iter_parallel,
-    read_labelled,
     read_lines,
     read_parallel,
 )

@@ -12,7 +12,7 @@ from attnkit.common.errors import UserError
 from attnkit.config.loader import load_config
 from attnkit.config.schema import RunConfig
 from attnkit.data.documents import classifier_inputs, clean_text, is_held_out, split_rows, truncate
-from attnkit.data.readers import LabelledReader, read_labelled
+from attnkit.data.labelled import LabelledReader, read_labelled
 from attnkit.data.tokenizer import train_tokenizer
 
 IMDB = Path(__file__).resolve().parents[2] / "shared" / "data" / "imdb" / "train.tsv.gz"

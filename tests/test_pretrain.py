@@ -13,7 +13,7 @@ from attnkit.cli import main
 from attnkit.common.errors import UserError
 from attnkit.config.loader import load_config
 from attnkit.config.schema import RunConfig
-from attnkit.data.readers import read_labelled
+from attnkit.data.labelled import read_labelled
 from attnkit.mlm import MaskedLanguageModel, mask_tokens
 from attnkit.runs.checkpoint import load_weights
 from attnkit.runs.load import load_run

@@ -128,7 +128,7 @@ def test_health_and_models(client, server):
 
 
 def test_languages_come_from_corpus_file_names():
-    from attnkit.serve.app import language
+    from attnkit.runs.load import language
 
     assert language("../shared/data/multi30k/train.de.gz") == "de" and language("val.en") == "en"
     assert language("train.src") is None and language("data.tsv") is None and language("") is None
@@ -346,7 +346,7 @@ def test_serve_user_errors_are_one_line(runs, tmp_path, capsys):
 
 
 def test_readme_states_the_serving_defaults():
-    from attnkit.serve.app import MAX_BEAM
+    from attnkit.serve.schemas import MAX_BEAM
 
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     d = Limits()

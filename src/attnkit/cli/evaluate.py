@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 
 from ..common.errors import UserError
-from ..data.readers import read_labelled, read_parallel
+from ..data.labelled import read_labelled
+from ..data.readers import read_parallel
 from ..export import open_translator
 from ..inference.classify import evaluate_classifier
 from ..inference.scores import translation_scores

@@ -56,7 +56,7 @@ def is_held_out(key: str, fraction: float, seed: int) -> bool:
     """Whether the row (or group) ``key`` is held out: a stable hash of ``(seed, key)`` is below ``fraction``.
 
     A key is the row's group (``data.group_column``), else its row number
-    (:meth:`attnkit.data.readers.LabelledReader.keyed`):
+    (:meth:`attnkit.data.labelled.LabelledReader.keyed`):
     every row of a group lands on one side, and a row's side does not depend on the rest of the file, so a
     streamed file splits row by row (:func:`attnkit.data.documents.split_rows`).
     """

@@ -7,7 +7,7 @@ import torch
 from ..common.errors import UserError
 from ..data.batching import pad_batch
 from ..data.documents import classifier_inputs
-from ..data.readers import LabelledData
+from ..data.labelled import LabelledData
 from ..data.tokenizer import PAD_ID
 from ..runs.load import LoadedRun
 from .scores import ClassificationScores, classification_scores

@@ -1,1 +1,18 @@
-"""attnkit.serve."""
+"""attnkit.serve: ``attnkit serve``, trained models over HTTP.
+
+==================  ===================================================================================
+module              holds
+==================  ===================================================================================
+``app.py``          the FastAPI app (:func:`~attnkit.serve.app.create_app`): its state, its routes (the
+                    table of endpoints is there), the API-key and body-size gate, and the uvicorn
+                    start-up (:func:`~attnkit.serve.app.listen`, :func:`~attnkit.serve.app.serve`)
+``schemas.py``      the request and response models, and the JSON errors (``{"error": "..."}``)
+``servables.py``    what is served: :class:`~attnkit.serve.servables.ModelInfo`, the ``Servable``
+                    protocol, a run directory or a CTranslate2 export behind it, ``load_servable``
+``batching.py``     one worker thread per model, merging concurrent requests into batches
+``serve.html``      the page at ``GET /`` (the attention explorer's script and style inlined)
+==================  ===================================================================================
+
+Nothing here imports FastAPI: the CLI reads the limits' defaults from :mod:`attnkit.serve.batching`
+for its ``--help`` without loading it.
+"""

@@ -23,8 +23,9 @@ from ..config.schema import RunConfig
 from ..data.arrays import TokenArrays
 from ..data.batching import Batches, EpochBatches, FilterStats, padding_fraction
 from ..data.documents import classifier_inputs, clean_text, split_rows
+from ..data.labelled import LabelledData, LabelledReader, read_labelled
 from ..data.prepare import Encoded, flat
-from ..data.readers import LabelledData, LabelledReader, ReadStats, read_labelled
+from ..data.readers import ReadStats
 from ..data.tokenizer import PAD_ID, Tokenizer
 from ..runs.load import build_model
 from .base import TaskSpec, prepare_recipe

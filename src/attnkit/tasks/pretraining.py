@@ -31,8 +31,9 @@ from ..config.schema import RunConfig
 from ..data.arrays import TokenArrays
 from ..data.batching import Batches, EpochBatches, FilterStats, make_batches, padding_fraction
 from ..data.documents import clean_text, split_rows, text_windows
+from ..data.labelled import LabelledReader
 from ..data.prepare import Encoded, flat
-from ..data.readers import LabelledReader, ReadStats, base_suffix, iter_lines
+from ..data.readers import ReadStats, base_suffix, iter_lines
 from ..data.tokenizer import BOS_ID, EOS_ID, PAD_ID, TOKENIZER_FILE, UNK_ID, Tokenizer
 from ..engine import FusedMLMLoss
 from ..mlm import MLMLoss, mask_tokens

@@ -1,0 +1,118 @@
+"""The HTTP API's shapes: requests and responses (pydantic), and the JSON error every failure answers.
+
+Requests are strict (JSON types as given, no unknown fields) so that a misspelt field or a ``"4"``
+for 4 is an error naming the field, not a silent default. An error is ``{"error": "..."}`` with a
+4xx status (:func:`error_response`); a request that does not fit its schema gets 422 with every
+problem in one line, and the problems one by one under ``detail`` (:func:`validation_error`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic_core import PydanticCustomError
+
+__all__ = ["MAX_BEAM", "ClassifyRequest", "ClassifyResponse", "Prediction", "TranslateRequest", "TranslateResponse",
+           "error_response", "validation_error"]
+
+#: Largest beam a request may ask for (the search keeps beam x texts hypotheses in memory).
+MAX_BEAM = 16
+
+
+class _Strict(BaseModel):
+    # JSON types as given (no "4" for 4, no 2.0 for 2) and no unknown fields: a misspelt field is an error
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+
+def _texts_field() -> Any:
+    return Field(min_length=1, description="the sentences (translation) or texts (classification), one per item")
+
+
+def _check_unicode(texts: list[str]) -> list[str]:
+    """Texts are sent as UTF-8 to the tokenizer: a lone surrogate (``"\\ud800"`` in JSON) cannot be."""
+    for i, text in enumerate(texts):
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise PydanticCustomError("lone_surrogate", "texts[{index}] holds a lone surrogate (\\ud800-\\udfff), "
+                                      "which is not a character; send valid Unicode", {"index": i}) from None
+    return texts
+
+
+class TranslateRequest(_Strict):
+    model: str | None = Field(None, description="the model's name (GET /models); optional when one "
+                                                "translation model is served")
+    texts: list[str] = _texts_field()
+    beam: int | None = Field(None, ge=1, le=MAX_BEAM, description="beam size, 1 = greedy (default: the model's)")
+    n_best: int = Field(1, ge=1, le=MAX_BEAM, description="hypotheses per text, at most beam")
+    lenpen: float | None = Field(None, ge=-10.0, le=10.0, allow_inf_nan=False,
+                                 description="GNMT length penalty alpha (default: the model's)")
+    attention: bool = Field(False, description="also return every attention map of each text (explorer data)")
+
+    _unicode = field_validator("texts")(_check_unicode)
+
+
+class ClassifyRequest(_Strict):
+    model: str | None = Field(None, description="the model's name (GET /models); optional when one "
+                                                "classification model is served")
+    texts: list[str] = _texts_field()
+    attention: bool = Field(False, description="also return each text's attention maps (explorer data)")
+
+    _unicode = field_validator("texts")(_check_unicode)
+
+
+class TranslateResponse(BaseModel):
+    model: str
+    translations: list[str] = Field(description="the best translation of each text")
+    n_best: list[list[str]] | None = Field(None, description="with n_best > 1: every text's hypotheses, best first")
+    attention: list[dict] | None = Field(
+        None, description="with attention: per text {title, views: [{kind, title, queries, keys, queries_label, "
+                          "keys_label, layers: [layer][head][query][key]}]}; the cross-attention view has the "
+                          "target pieces as queries and the source pieces as keys")
+
+
+class Prediction(BaseModel):
+    label: str
+    probabilities: dict[str, float]
+
+
+class ClassifyResponse(BaseModel):
+    model: str
+    results: list[Prediction]
+    attention: list[dict] | None = None
+
+
+def error_response(status: int, message: str, headers: dict[str, str] | None = None, **extra: Any) -> JSONResponse:
+    """The API's error: ``{"error": message, **extra}`` with ``status``."""
+    return JSONResponse({"error": message, **extra}, status_code=status, headers=headers)
+
+
+def _where(loc: tuple) -> str:
+    """``("body", "texts", 3)`` -> ``texts[3]``."""
+    parts = [p for p in loc if p != "body"]
+    out = ""
+    for p in parts:
+        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
+    return out or "body"
+
+
+def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+    """422 for a request that does not fit its schema, naming each field (the app's exception handler)."""
+    errors = exc.errors()
+    problems = []
+    for e in errors:
+        if e.get("type") == "json_invalid":
+            problems.append(f"body: not valid JSON ({e.get('ctx', {}).get('error', 'decode error')} at character "
+                            f"{e['loc'][-1]})")
+            continue
+        problem = f"{_where(tuple(e['loc']))}: {e['msg']}"
+        if tuple(e["loc"]) == ("body",) and "json" not in request.headers.get("content-type", ""):
+            problem += " (send JSON with the header Content-Type: application/json)"
+        problems.append(problem)
+    detail = [{"field": "body" if e.get("type") == "json_invalid" else _where(tuple(e["loc"])), "message": e["msg"],
+               "type": e["type"]} for e in errors]
+    return error_response(422, "; ".join(problems), detail=detail)

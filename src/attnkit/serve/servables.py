@@ -1,0 +1,141 @@
+"""What ``attnkit serve`` serves: a model behind one small interface, whatever runs it.
+
+=========================  ==========================================================================
+servable                   what it is, and what runs it
+=========================  ==========================================================================
+:class:`RunServable`       a run directory of ``attnkit train`` (translation or classification), run by
+                           attnkit itself; what it serves is its task's ``serves``
+                           (:attr:`attnkit.tasks.TaskSpec.serves`)
+:class:`ExportedServable`  a directory of ``attnkit export --to ctranslate2`` (translation only), run
+                           by CTranslate2 (:class:`attnkit.export.ctranslate2.ExportedTranslator`)
+=========================  ==========================================================================
+
+:func:`load_servable` tells the two apart; :class:`ModelInfo` is what ``GET /models`` says of each.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal, Protocol
+
+from ..common.errors import UserError
+from ..export import is_exported
+from ..export.ctranslate2 import ExportedTranslator
+from ..inference.attention_maps import AttentionMaps, attention_maps
+from ..inference.classify import predict
+from ..inference.translate import translate_texts
+from ..runs.layout import find_weights
+from ..runs.load import LoadedRun, languages, load_run
+from ..tasks import spec
+
+__all__ = ["ExportedServable", "ModelInfo", "RunServable", "Servable", "load_servable"]
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What ``GET /models`` tells about a model."""
+
+    name: str
+    task: Literal["translate", "classify"]  # the route that serves it
+    architecture: str
+    source_language: str | None
+    target_language: str | None
+    parameters: int
+    beam: int | None  # decoding defaults (translation)
+    lenpen: float | None
+    classes: list[str] | None  # classification
+
+
+class Servable(Protocol):
+    """A model the server can run; :func:`load_servable` makes one from a path.
+
+    Calls come from the model's one worker thread, never two at a time. ``translate`` returns the
+    n-best list of every text, ``classify`` the class probabilities of every text (in the order of
+    ``info.classes``), ``attention`` every attention map of one text (:class:`AttentionMaps`).
+    Each raises :class:`UserError` for what the model cannot do.
+    """
+
+    info: ModelInfo
+
+    def translate(self, texts: list[str], *, beam: int, n_best: int, lenpen: float) -> list[list[str]]: ...
+    def classify(self, texts: list[str]) -> list[list[float]]: ...
+    def attention(self, text: str, *, beam: int, lenpen: float) -> AttentionMaps: ...
+
+
+def _translation_info(run: LoadedRun, name: str, parameters: int) -> ModelInfo:
+    source, target = languages(run.cfg)
+    return ModelInfo(name=name, task="translate", architecture=run.cfg.model.arch, source_language=source,
+                     target_language=target, parameters=parameters, beam=run.cfg.decode_beam,
+                     lenpen=run.cfg.decode_lenpen, classes=None)
+
+
+def _classification_info(run: LoadedRun, name: str, parameters: int) -> ModelInfo:
+    return ModelInfo(name=name, task="classify", architecture="transformer classifier", source_language=None,
+                     target_language=None, parameters=parameters, beam=None, lenpen=None, classes=run.classes)
+
+
+#: How ``GET /models`` describes a run, by what its task serves (:attr:`attnkit.tasks.TaskSpec.serves`).
+_INFO: dict[str, Callable[[LoadedRun, str, int], ModelInfo]] = {
+    "translate": _translation_info, "classify": _classification_info}
+
+
+class RunServable:
+    """A run directory of ``attnkit train`` (translation or classification), run by attnkit itself."""
+
+    def __init__(self, run: LoadedRun, name: str) -> None:
+        self.run = run
+        serves = spec(run.task).serves
+        if serves is None:
+            raise UserError(f"{name} is a pretraining run: it neither translates nor classifies; serve a run "
+                            f"fine-tuned from it (model.init_from)")
+        self.info = _INFO[serves](run, name, sum(p.numel() for p in run.model.parameters()))
+
+    def translate(self, texts: list[str], *, beam: int, n_best: int, lenpen: float) -> list[list[str]]:
+        return translate_texts(self.run.model, self.run.tok, texts, beam=beam, lenpen=lenpen, n_best=n_best)
+
+    def classify(self, texts: list[str]) -> list[list[float]]:
+        return predict(self.run, texts)[0].tolist()
+
+    def attention(self, text: str, *, beam: int, lenpen: float) -> AttentionMaps:
+        return attention_maps(self.run, text, beam=beam, lenpen=lenpen)
+
+
+class ExportedServable:
+    """A directory written by ``attnkit export --to ctranslate2``, run by CTranslate2 (translation only)."""
+
+    def __init__(self, path: Path, threads: int = 0) -> None:
+        self.translator = ExportedTranslator(path, threads=threads)
+        source, target = self.translator.languages or (None, None)  # [src, tgt] as the export recorded them
+        self.info = ModelInfo(
+            name=Path(os.path.abspath(path)).name, task="translate",
+            architecture=f"transformer (CTranslate2 {self.translator.quantization})",
+            source_language=source, target_language=target,
+            parameters=self.translator.parameters, beam=self.translator.decode.beam,
+            lenpen=self.translator.decode.lenpen, classes=None)
+
+    def translate(self, texts: list[str], *, beam: int, n_best: int, lenpen: float) -> list[list[str]]:
+        d = self.translator.decode
+        return self.translator.translate(texts, beam=beam, n_best=n_best, lenpen=lenpen, max_len_a=d.max_len_a,
+                                         max_len_b=d.max_len_b)
+
+    def classify(self, texts: list[str]) -> list[list[float]]:
+        raise UserError(f"{self.info.name} is a translation model")
+
+    def attention(self, text: str, *, beam: int, lenpen: float) -> AttentionMaps:
+        raise UserError(f"{self.info.name} is a CTranslate2 export, which gives no attention weights; serve the run "
+                        f"directory it was exported from to see them")
+
+
+def load_servable(path: str | Path, threads: int = 0) -> Servable:
+    """The model at ``path``, named after its directory: a run directory (or a ``.safetensors``
+    checkpoint inside one), or a CTranslate2 export of one (``attnkit export``).
+
+    :raises UserError: ``path`` is not something that can be served.
+    """
+    if is_exported(Path(path)):
+        return ExportedServable(Path(path), threads)
+    run_dir, _ = find_weights(Path(path))
+    return RunServable(load_run(path), Path(os.path.abspath(run_dir)).name)  # a symbolic link's own name
