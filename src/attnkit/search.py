@@ -205,6 +205,24 @@ def greedy_search(
     return [results[sent] for sent in range(batch)]
 
 
+def _split_candidates(scores: list[float], parents: list[int], tokens: list[int], k: int, eos_id: int
+                      ) -> tuple[list[tuple[int, int, float]], list[tuple[int, list[int], float, bool]]]:
+    """One sentence's best candidates, best first -> ``(live, ends)``: the first ``k`` that do not end (the
+    next beam: parent row, token, score) and the eos candidates among the first ``k`` (parent row, no new
+    token, score, True)."""
+    live: list[tuple[int, int, float]] = []
+    ends: list[tuple[int, list[int], float, bool]] = []
+    for j, (score, parent, token) in enumerate(zip(scores, parents, tokens, strict=True)):
+        if score == float("-inf"):
+            break  # candidates are sorted: the rest are dead too
+        if token == eos_id:
+            if j < k:
+                ends.append((parent, [], score, True))
+        elif len(live) < k:
+            live.append((parent, token, score))
+    return live, ends
+
+
 def beam_search(
     model: StepDecoder, src: torch.Tensor, *, beam_size: int = 4, lenpen: float = LENPEN, n_best: int = 1,
     max_len_a: float = MAX_LEN_A, max_len_b: float = MAX_LEN_B, need_weights: bool = False,
@@ -255,22 +273,10 @@ def beam_search(
         parents = (top_index // vocab + group_start).tolist()  # row of the beam each extends
         top_tokens = (top_index % vocab).tolist()
         step = history.size(1)
-        new_parents: list[int] = []
-        new_tokens: list[int] = []
-        new_scores: list[float] = []
+        next_beam: list[tuple[int, int, float]] = []  # (parent row, token, score) of each row of the next step
         still_live = []
         for a, sent in enumerate(sents):
-            live: list[tuple[int, int, float]] = []  # (parent row, token, score)
-            ends: list[tuple[int, list[int], float, bool]] = []  # (parent row, new tokens, score, eos)
-            row = zip(top_scores[a].tolist(), parents[a], top_tokens[a], strict=True)
-            for j, (score, parent, token) in enumerate(row):
-                if score == float("-inf"):
-                    break  # candidates are sorted: the rest are dead too
-                if token == model.eos_id:
-                    if j < k:
-                        ends.append((parent, [], score, True))
-                elif len(live) < k:
-                    live.append((parent, token, score))
+            live, ends = _split_candidates(top_scores[a].tolist(), parents[a], top_tokens[a], k, model.eos_id)
             at_max_len = step + 1 >= max_lens[sent]
             if at_max_len:  # the live beams end here too, without eos
                 ends += [(parent, [token], score, False) for parent, token, score in live]
@@ -283,12 +289,10 @@ def beam_search(
                 continue
             still_live.append(sent)
             live += [(live[0][0], model.pad_id, float("-inf"))] * (k - len(live))  # dead fillers
-            for parent, token, score in live:
-                new_parents.append(parent)
-                new_tokens.append(token)
-                new_scores.append(score)
+            next_beam += live
         if not still_live:
             break
+        new_parents, new_tokens, new_scores = zip(*next_beam, strict=True)
         index = torch.tensor(new_parents, dtype=torch.long, device=device)  # (A'*K,)
         prev = torch.tensor(new_tokens, dtype=torch.long, device=device)  # (A'*K,)
         scores = torch.tensor(new_scores, dtype=torch.float32, device=device)

@@ -156,6 +156,21 @@ def _no_text(what: str, where: str) -> UserError:
     return UserError(f"{where}: no non-empty {what} text to train the tokenizer on; check the file(s)")
 
 
+def _check_options(model_type: str, vocab_size: int, max_sentences: int, character_coverage: float) -> None:
+    """Reject tokenizer options SentencePiece cannot train with, naming the option."""
+    if model_type not in MODEL_TYPES:
+        raise UserError(f"tokenizer model_type '{model_type}' is not supported; use one of "
+                        f"{', '.join(MODEL_TYPES)}")
+    if vocab_size <= _NUM_SPECIAL:
+        raise UserError(f"tokenizer vocab_size must be larger than {_NUM_SPECIAL} (the special ids), got "
+                        f"{vocab_size}; try 8000 for translation")
+    if max_sentences <= _MIN_SAMPLE:
+        raise UserError(f"tokenizer max_sentences must be more than {_MIN_SAMPLE} (SentencePiece's minimum "
+                        f"sample), got {max_sentences}")
+    if not 0.0 < character_coverage <= 1.0:
+        raise UserError(f"tokenizer character_coverage must be in (0, 1], got {character_coverage}")
+
+
 def train_tokenizer(
     src_texts: Iterable[str],
     tgt_texts: Iterable[str] | None,
@@ -195,17 +210,7 @@ def train_tokenizer(
     :param mask: also reserve ``<mask>`` (id 4) for masked-language-model pretraining (classification only).
     :raises UserError: invalid option, no text, or vocab_size too small for the alphabet.
     """
-    if model_type not in MODEL_TYPES:
-        raise UserError(f"tokenizer model_type '{model_type}' is not supported; use one of "
-                        f"{', '.join(MODEL_TYPES)}")
-    if vocab_size <= _NUM_SPECIAL:
-        raise UserError(f"tokenizer vocab_size must be larger than {_NUM_SPECIAL} (the special ids), got "
-                        f"{vocab_size}; try 8000 for translation")
-    if max_sentences <= _MIN_SAMPLE:
-        raise UserError(f"tokenizer max_sentences must be more than {_MIN_SAMPLE} (SentencePiece's minimum "
-                        f"sample), got {max_sentences}")
-    if not 0.0 < character_coverage <= 1.0:
-        raise UserError(f"tokenizer character_coverage must be in (0, 1], got {character_coverage}")
+    _check_options(model_type, vocab_size, max_sentences, character_coverage)
     options = dict(vocab_size=vocab_size, model_type=model_type,
                    character_coverage=character_coverage, seed=seed, max_sentences=max_sentences)
     out = Path(out_dir)
