@@ -7,9 +7,6 @@ curves over 50 updates with dropout 0.
 
 from __future__ import annotations
 
-import ast
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -20,21 +17,6 @@ from attnkit.engine.decoding import shared_rows
 from attnkit.search import beam_search, greedy_search
 from test_loss import assert_same_loss_and_gradients
 from test_transformer import batch, small_model
-
-SRC = Path(__file__).resolve().parents[1] / "src" / "attnkit"
-REFERENCE_MODULES = ["attention", "multihead", "layers", "transformer", "classifier", "rnn", "mlm"]
-
-
-@pytest.mark.parametrize("module", REFERENCE_MODULES)
-def test_reference_modules_import_nothing_from_the_engine(module: str) -> None:
-    tree = ast.parse((SRC / f"{module}.py").read_text(encoding="utf-8"))
-    imported = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom):
-            imported.append(("." * node.level) + (node.module or ""))
-        elif isinstance(node, ast.Import):
-            imported += [a.name for a in node.names]
-    assert not [m for m in imported if "engine" in m], f"{module}.py imports {imported}"
 
 
 def qkv(B: int, H: int, T_q: int, T_k: int, d: int, seed: int = 1, dtype: torch.dtype = torch.float32):
