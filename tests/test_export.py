@@ -226,7 +226,8 @@ def test_serve_runs_an_exported_directory(exported):
     """`attnkit serve OUT`: the export answers /translate with what ExportedTranslator gives, and /models knows it."""
     from fastapi.testclient import TestClient
 
-    from attnkit.serve.app import ExportedServable, create_app, load_servable
+    from attnkit.serve.app import create_app
+    from attnkit.serve.servables import ExportedServable, load_servable
 
     run_dir, out = exported
     servable = load_servable(out, threads=1)

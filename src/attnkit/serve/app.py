@@ -66,11 +66,9 @@ from .schemas import (
     error_response,
     validation_error,
 )
-from .servables import ExportedServable, Servable, load_servable
+from .servables import Servable, load_servable
 
-# ExportedServable and load_servable are also importable from here for tests/test_export.py, which still names
-# attnkit.serve.app; they belong to attnkit.serve.servables
-__all__ = ["AppState", "ExportedServable", "create_app", "listen", "load_servable", "serve"]
+__all__ = ["AppState", "create_app", "listen", "serve"]
 
 #: Paths that need the API key when one is set; the page, /health and the OpenAPI page do not.
 PROTECTED = ("/models", "/translate", "/classify")
