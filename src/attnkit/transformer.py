@@ -65,6 +65,15 @@ def preset(name: str, **changes: object) -> TransformerConfig:
     return replace(PRESETS[name], **changes)
 
 
+def layer_stack(layer: type[EncoderLayer] | type[DecoderLayer], cfg: TransformerConfig, n: int) -> nn.ModuleList:
+    """``n`` identical :class:`EncoderLayer` s or :class:`DecoderLayer` s, sized and regularised by ``cfg``."""
+    return nn.ModuleList(
+        layer(cfg.d_model, cfg.n_heads, cfg.d_ff, dropout=cfg.dropout, attention_dropout=cfg.attention_dropout,
+              activation_dropout=cfg.activation_dropout, norm_first=cfg.norm_first, score=cfg.attention_score)
+        for _ in range(n)
+    )
+
+
 class TransformerEncoder(nn.Module):
     """Embedding + positions + N encoder layers (+ a final LayerNorm for pre-norm stacks)."""
 
@@ -74,12 +83,7 @@ class TransformerEncoder(nn.Module):
         self.embed = TokenEmbedding(vocab_size, cfg.d_model, pad_id)
         self.positions = make_positions(cfg.positions, cfg.d_model, cfg.max_len)
         self.dropout = nn.Dropout(cfg.dropout)  # on embeddings + positions
-        self.layers = nn.ModuleList(
-            EncoderLayer(cfg.d_model, cfg.n_heads, cfg.d_ff, dropout=cfg.dropout,
-                         attention_dropout=cfg.attention_dropout, activation_dropout=cfg.activation_dropout,
-                         norm_first=cfg.norm_first, score=cfg.attention_score)
-            for _ in range(cfg.encoder_layers)
-        )
+        self.layers = layer_stack(EncoderLayer, cfg, cfg.encoder_layers)
         self.final_norm = nn.LayerNorm(cfg.d_model) if cfg.norm_first else None
 
     def forward(self, src: Tensor, need_weights: bool = False) -> tuple[Tensor, Tensor, list[Tensor]]:
@@ -136,12 +140,7 @@ class Transformer(nn.Module):
         self.tgt_embed = self.encoder.embed if cfg.share_embeddings else TokenEmbedding(tgt_vocab_size, cfg.d_model)
         self.positions = make_positions(cfg.positions, cfg.d_model, cfg.max_len)
         self.dropout = nn.Dropout(cfg.dropout)  # on embeddings + positions
-        self.layers = nn.ModuleList(
-            DecoderLayer(cfg.d_model, cfg.n_heads, cfg.d_ff, dropout=cfg.dropout,
-                         attention_dropout=cfg.attention_dropout, activation_dropout=cfg.activation_dropout,
-                         norm_first=cfg.norm_first, score=cfg.attention_score)
-            for _ in range(cfg.decoder_layers)
-        )
+        self.layers = layer_stack(DecoderLayer, cfg, cfg.decoder_layers)
         self.final_norm = nn.LayerNorm(cfg.d_model) if cfg.norm_first else None
         self.out_proj = nn.Linear(cfg.d_model, tgt_vocab_size, bias=False)
         if cfg.tie_output:

@@ -1,4 +1,9 @@
-"""``attnkit attention``: draw what attention learned: heatmaps and an interactive HTML explorer."""
+"""Run a trained model on one sentence and save its attention weights as PNG heatmaps:
+cross-attention (mean over heads per layer, one panel per head, mean over layers),
+encoder self-attention and decoder self-attention for Transformers; the alignment for
+RNN models; self-attention and the pooled representation's token importance for
+classifiers. Axes show the tokenizer's subword pieces (▁ marks a word start).
+"""
 
 from __future__ import annotations
 
@@ -12,24 +17,22 @@ from ..tasks import spec
 from ..viz.explorer import write_explorer
 from .options import FINITE, POSITIVE_INT
 
+HELP = "draw what attention learned: heatmaps and an interactive HTML explorer"
+EPILOG = """\
+files written to OUT_DIR (L = layer number from 0; for one-layer kinds -layerL is dropped and
+there is no -mean):
+  cross-layerL.png, cross-layerL-heads.png, cross-mean.png
+  encoder-self-layerL.png, encoder-self-layerL-heads.png, encoder-self-mean.png
+  decoder-self-layerL.png, decoder-self-layerL-heads.png, decoder-self-mean.png
+  alignment.png (RNN); pooling.png (classifier); attention.html (--html)
+
+rows are queries, columns keys: cross-attention rows are the output pieces (what each decoder
+position produced), decoder self-attention rows and columns the decoder inputs (<s> first)."""
+
 
 def add(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "attention", help="draw what attention learned: heatmaps and an interactive HTML explorer",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Run a trained model on one sentence and save its attention weights as PNG heatmaps:\n"
-                    "cross-attention (mean over heads per layer, one panel per head, mean over layers),\n"
-                    "encoder self-attention and decoder self-attention for Transformers; the alignment for\n"
-                    "RNN models; self-attention and the pooled representation's token importance for\n"
-                    "classifiers. Axes show the tokenizer's subword pieces (\u2581 marks a word start).",
-        epilog="files written to OUT_DIR (L = layer number from 0; for one-layer kinds -layerL is dropped and\n"
-               "there is no -mean):\n"
-               "  cross-layerL.png, cross-layerL-heads.png, cross-mean.png\n"
-               "  encoder-self-layerL.png, encoder-self-layerL-heads.png, encoder-self-mean.png\n"
-               "  decoder-self-layerL.png, decoder-self-layerL-heads.png, decoder-self-mean.png\n"
-               "  alignment.png (RNN); pooling.png (classifier); attention.html (--html)\n\n"
-               "rows are queries, columns keys: cross-attention rows are the output pieces (what each decoder\n"
-               "position produced), decoder self-attention rows and columns the decoder inputs (<s> first).")
+    p = sub.add_parser("attention", help=HELP, formatter_class=argparse.RawDescriptionHelpFormatter,
+                       description=__doc__, epilog=EPILOG)
     p.add_argument("model", help="run directory or a .safetensors checkpoint inside one")
     p.add_argument("--src", required=True, help="the source sentence (translation) or text (classification)")
     p.add_argument("--tgt", help="translation: force-decode this target instead of the model's own translation")

@@ -1,4 +1,4 @@
-"""``attnkit classify``: classify text with a trained classifier, optionally with the tokens its attention drew on."""
+"""One prediction per input line: label<TAB>probability<TAB>text."""
 
 from __future__ import annotations
 
@@ -8,10 +8,11 @@ from ..inference.classify import classify_texts
 from ..runs.load import load_run, require
 from .options import read_input, write_output
 
+HELP = "classify text with a trained classifier"
+
 
 def add(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("classify", help="classify text with a trained classifier",
-                       description="One prediction per input line: label<TAB>probability<TAB>text.")
+    p = sub.add_parser("classify", help=HELP, description=__doc__)
     p.add_argument("model", help="run directory or a .safetensors checkpoint inside one")
     p.add_argument("-i", "--input", help="input file (default: stdin)")
     p.add_argument("--with-attention", action="store_true",

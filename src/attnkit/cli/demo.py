@@ -1,4 +1,6 @@
-"""``attnkit demo``: train a small Transformer on generated dates and show its attention (no download)."""
+"""Train a small Transformer to rewrite dates written in 18 formats and 5 languages as ISO 8601, report exact
+match on held-out dates and save a cross-attention heatmap. No download needed.
+"""
 
 from __future__ import annotations
 
@@ -7,12 +9,11 @@ import argparse
 from ..demo import HELD_OUT, run_demo
 from .options import POSITIVE_INT
 
+HELP = "train a small Transformer on generated dates and show its attention"
+
 
 def add(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("demo", help="train a small Transformer on generated dates and show its attention",
-                       description="Train a small Transformer to rewrite dates written in 18 formats and 5 "
-                                   "languages as ISO 8601, report exact match on held-out dates and save a "
-                                   "cross-attention heatmap. No download needed.")
+    p = sub.add_parser("demo", help=HELP, description=__doc__)
     p.add_argument("-o", "--out-dir", default=".", help="where the run and the heatmap PNG go (default: .)")
     p.add_argument("--held-out", type=POSITIVE_INT, metavar="N",
                    help="how many held-out dates to score for exact match (default: 1000; fewer is quicker)")

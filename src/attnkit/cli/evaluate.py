@@ -1,4 +1,6 @@
-"""``attnkit evaluate``: score a run or an export on a test set: BLEU and chrF, or accuracy and macro-F1."""
+"""Translation: sacreBLEU (cased, 13a), lowercased BLEU and chrF with the signature. Classification: accuracy,
+macro-F1 and the confusion matrix.
+"""
 
 from __future__ import annotations
 
@@ -13,11 +15,11 @@ from ..inference.scores import translation_scores
 from ..tasks import spec
 from .options import FINITE, POSITIVE_INT, write_output
 
+HELP = "score a trained model on a test set"
+
 
 def add(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("evaluate", help="score a trained model on a test set",
-                       description="Translation: sacreBLEU (cased, 13a), lowercased BLEU and chrF with the "
-                                   "signature. Classification: accuracy, macro-F1 and the confusion matrix.")
+    p = sub.add_parser("evaluate", help=HELP, description=__doc__)
     p.add_argument("model", help="run directory or a .safetensors checkpoint inside one")
     p.add_argument("--src", help="translation: source file")
     p.add_argument("--ref", help="translation: reference file (line-aligned with --src)")

@@ -1,4 +1,7 @@
-"""``attnkit export``: export a Transformer translation run to another inference engine (CTranslate2)."""
+"""Write a CTranslate2 model directory (model.bin, vocabulary, the SentencePiece model(s) and
+attnkit-export.json) from a Transformer translation run; `attnkit translate OUT` reads it. RNN runs and
+classifiers cannot be exported.
+"""
 
 from __future__ import annotations
 
@@ -7,12 +10,11 @@ import argparse
 from ..export import TARGETS, export
 from ..export.ctranslate2 import QUANTIZATIONS
 
+HELP = "export a Transformer translation run to CTranslate2"
+
 
 def add(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("export", help="export a Transformer translation run to CTranslate2",
-                       description="Write a CTranslate2 model directory (model.bin, vocabulary, the SentencePiece "
-                                   "model(s) and attnkit-export.json) from a Transformer translation run; "
-                                   "`attnkit translate OUT` reads it. RNN runs and classifiers cannot be exported.")
+    p = sub.add_parser("export", help=HELP, description=__doc__)
     p.add_argument("model", help="run directory or a .safetensors checkpoint inside one")
     p.add_argument("--to", required=True, choices=list(TARGETS), help="the inference engine (ctranslate2)")
     p.add_argument("-o", "--output", required=True, metavar="OUT", help="the directory to write")

@@ -51,3 +51,15 @@ def write_output(path: str | None, lines: list[str]) -> None:
         Path(path).write_text(text, encoding="utf-8")
     except OSError as e:
         raise UserError(f"{path}: cannot write ({e.strerror}); check that the directory exists") from None
+
+
+def add_config_arguments(p: argparse.ArgumentParser, override_example: str, run_dir_help: str) -> None:
+    """The config, its ``KEY=VALUE`` overrides and ``--run-dir``: what ``prepare`` and ``train`` read."""
+    p.add_argument("config", help="YAML config file (see configs/)")
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help=f"config overrides, e.g. {override_example}")
+    p.add_argument("--run-dir", help=f"{run_dir_help} (default: runs/<config name>)")
+
+
+def run_dir(args: argparse.Namespace) -> Path:
+    """``--run-dir``, or ``runs/<config name>``."""
+    return Path(args.run_dir or Path("runs") / Path(args.config).stem)

@@ -1,33 +1,33 @@
-"""``attnkit prepare``: tokenize a config's training data once, memory-mapped, for any number of runs."""
+"""Stream the training corpus, train the tokenizer on a sample, encode it in several processes and store the ids
+memory-mapped in RUN_DIR/data with a manifest. `attnkit train` reuses it while the inputs are unchanged (and
+prepares it itself when it is missing).
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 from ..common.errors import UserError
 from ..config.loader import load_config
 from ..config.schema import RunConfig
 from ..runs.layout import DATA_DIR, checkpoints
 from ..tasks import prepare
+from . import options
+from .options import add_config_arguments
+
+HELP = "tokenize a config's training data once, for any number of runs"
 
 
 def add(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("prepare", help="tokenize a config's training data once, for any number of runs",
-                       description="Stream the training corpus, train the tokenizer on a sample, encode it in "
-                                   "several processes and store the ids memory-mapped in RUN_DIR/data with a "
-                                   "manifest. `attnkit train` reuses it while the inputs are unchanged (and "
-                                   "prepares it itself when it is missing).")
-    p.add_argument("config", help="YAML config file (see configs/)")
-    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, e.g. data.max_len=100")
-    p.add_argument("--run-dir", help="the run directory to prepare (default: runs/<config name>)")
+    p = sub.add_parser("prepare", help=HELP, description=__doc__)
+    add_config_arguments(p, "data.max_len=100", "the run directory to prepare")
     p.add_argument("--workers", type=int, default=None,
                    help="encoding processes (default: one per CPU, none for inputs under a few MB)")
 
 
 def run(args: argparse.Namespace) -> None:
-    run_dir = Path(args.run_dir or Path("runs") / Path(args.config).stem)
+    run_dir = options.run_dir(args)
     cfg = load_config(RunConfig, args.config, args.overrides)
     if args.workers is not None and args.workers < 0:
         raise UserError(f"--workers must be 0 (encode in this process) or more, got {args.workers}")

@@ -1,4 +1,16 @@
-"""``attnkit serve``: serve translation and classification models over HTTP."""
+"""Serve translation and classification runs over HTTP (FastAPI on uvicorn), each under its
+run directory's name. Concurrent requests to a model are merged into one batch.
+
+  GET  /            a page: type sentences, see translations, click one to see its attention
+  GET  /health      status; per model the texts queued and the batches run
+  GET  /models      name, task, languages, parameters, beam defaults
+  POST /translate   {"model", "texts": [...], "beam", "n_best", "lenpen", "attention": false}
+  POST /classify    {"model", "texts": [...], "attention": false}
+  GET  /docs        the OpenAPI page
+
+Errors are JSON {"error": "..."} with a 4xx status: 422 bad field, 413 too large, 404 unknown model,
+401 API key, 503 queue full (with Retry-After). SIGTERM or Ctrl-C finishes the requests in flight, then exits.
+"""
 
 from __future__ import annotations
 
@@ -10,27 +22,17 @@ from ..common.errors import UserError
 from ..serve.batching import Limits  # the limits' defaults, without loading FastAPI for --help
 from .options import NON_NEGATIVE, POSITIVE_INT
 
+HELP = "serve trained models over HTTP: a JSON API and a page to translate and see attention"
+EPILOG = """\
+example:
+  attnkit serve runs/de-en &
+  curl -s localhost:8000/translate -H 'Content-Type: application/json' \\
+       -d '{"texts": ["Ein Hund rennt."], "beam": 1}'"""
+
 
 def add(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "serve", help="serve trained models over HTTP: a JSON API and a page to translate and see attention",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Serve translation and classification runs over HTTP (FastAPI on uvicorn), each under its\n"
-                    "run directory's name. Concurrent requests to a model are merged into one batch.\n\n"
-                    "  GET  /            a page: type sentences, see translations, click one to see its attention\n"
-                    "  GET  /health      status; per model the texts queued and the batches run\n"
-                    "  GET  /models      name, task, languages, parameters, beam defaults\n"
-                    "  POST /translate   {\"model\", \"texts\": [...], \"beam\", \"n_best\", \"lenpen\", "
-                    "\"attention\": false}\n"
-                    "  POST /classify    {\"model\", \"texts\": [...], \"attention\": false}\n"
-                    "  GET  /docs        the OpenAPI page\n\n"
-                    "Errors are JSON {\"error\": \"...\"} with a 4xx status: 422 bad field, 413 too large, "
-                    "404 unknown model,\n401 API key, 503 queue full (with Retry-After). SIGTERM or Ctrl-C "
-                    "finishes the requests in flight, then exits.",
-        epilog="example:\n"
-               "  attnkit serve runs/de-en &\n"
-               "  curl -s localhost:8000/translate -H 'Content-Type: application/json' \\\n"
-               "       -d '{\"texts\": [\"Ein Hund rennt.\"], \"beam\": 1}'")
+    p = sub.add_parser("serve", help=HELP, formatter_class=argparse.RawDescriptionHelpFormatter,
+                       description=__doc__, epilog=EPILOG)
     p.add_argument("models", nargs="+", metavar="RUN",
                    help="run directories (or .safetensors checkpoints inside one) of translation or classification "
                         "models")

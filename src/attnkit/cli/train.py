@@ -1,32 +1,32 @@
-"""``attnkit train``: train (or pretrain, or fine-tune) a model from a YAML config, with exact resume."""
+"""Train a translation or classification model, or pretrain an encoder on unlabelled text (task: pretrain;
+fine-tune it with model.init_from). The run directory receives the resolved config, the tokenizer, the prepared
+data, checkpoints and metrics.jsonl.
+"""
 
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from ..config.loader import load_config
 from ..config.schema import RunConfig
 from ..runs.layout import CONFIG_FILE
 from ..tasks.init_from import check_init_from
 from ..training.trainer import Trainer
+from . import options
+from .options import add_config_arguments
+
+HELP = "train a model from a YAML config"
 
 
 def add(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("train", help="train a model from a YAML config",
-                       description="Train a translation or classification model, or pretrain an encoder on "
-                                   "unlabelled text (task: pretrain; fine-tune it with model.init_from). The run "
-                                   "directory receives the resolved config, the tokenizer, the prepared data, "
-                                   "checkpoints and metrics.jsonl.")
-    p.add_argument("config", help="YAML config file (see configs/)")
-    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, e.g. train.lr=5e-4")
-    p.add_argument("--run-dir", help="output directory (default: runs/<config name>)")
+    p = sub.add_parser("train", help=HELP, description=__doc__)
+    add_config_arguments(p, "train.lr=5e-4", "output directory")
     p.add_argument("--resume", action="store_true",
                    help="continue from the newest checkpoint in --run-dir (exactly where it stopped)")
 
 
 def run(args: argparse.Namespace) -> None:
-    run_dir = Path(args.run_dir or Path("runs") / Path(args.config).stem)
+    run_dir = options.run_dir(args)
     if args.resume and (run_dir / CONFIG_FILE).exists():
         cfg = load_config(RunConfig, run_dir / CONFIG_FILE, args.overrides)  # the run's own config
     else:

@@ -1,4 +1,6 @@
-"""``attnkit translate``: translate text with a run or an export, by greedy or beam search."""
+"""Translate one sentence per line (stdin by default) with beam search. A line longer than the model reads is cut
+to it (with a warning); a blank line gives an empty one.
+"""
 
 from __future__ import annotations
 
@@ -11,12 +13,11 @@ from ..runs.load import require
 from ..search import LENPEN, MAX_LEN_A, MAX_LEN_B
 from .options import FINITE, NON_NEGATIVE, POSITIVE_INT, read_input, write_output
 
+HELP = "translate text with a trained model"
+
 
 def add(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("translate", help="translate text with a trained model",
-                       description="Translate one sentence per line (stdin by default) with beam search. A line "
-                                   "longer than the model reads is cut to it (with a warning); a blank line "
-                                   "gives an empty one.")
+    p = sub.add_parser("translate", help=HELP, description=__doc__)
     p.add_argument("model", help="run directory, a .safetensors checkpoint inside one, or a directory written "
                                  "by `attnkit export`")
     p.add_argument("-i", "--input", help="input file (default: stdin)")

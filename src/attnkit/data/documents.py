@@ -31,6 +31,14 @@ from .tokenizer import PAD_ID, Tokenizer
 _BR_TAG = re.compile(r"<br\s*/?\s*>", re.IGNORECASE)
 
 
+def document_settings(data: DataConfig) -> dict:
+    """The ``data:`` settings that decide how documents are read (columns, held-out rows, ``<br />``): what
+    prepared classification and pretraining data depend on besides their files."""
+    return {"text_column": data.text_column, "label_column": data.label_column, "group_column": data.group_column,
+            "valid_fraction": data.valid_fraction, "valid_seed": data.valid_seed,
+            "line_break_tags": data.line_break_tags}
+
+
 def clean_text(text: str, line_break_tags: LineBreakTags) -> str:
     """``text`` with its ``<br />`` tags as line breaks (``newline``) or unchanged (``keep``)."""
     return text if line_break_tags == "keep" else _BR_TAG.sub("\n", text)

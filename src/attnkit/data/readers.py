@@ -221,16 +221,10 @@ def iter_parallel(
         )
 
 
-def read_parallel(
-    src_path: str | Path,
-    tgt_path: str | Path | None = None,
-    *,
-    src_key: str = "src",
-    tgt_key: str = "tgt",
-    stats: ReadStats | None = None,
-) -> list[tuple[str, str]]:
+def read_parallel(src_path: str | Path, tgt_path: str | Path | None = None, *, src_key: str = "src",
+                  tgt_key: str = "tgt") -> list[tuple[str, str]]:
     """All pairs of :func:`iter_parallel` in a list (validation and test sets)."""
-    return list(iter_parallel(src_path, tgt_path, src_key=src_key, tgt_key=tgt_key, stats=stats))
+    return list(iter_parallel(src_path, tgt_path, src_key=src_key, tgt_key=tgt_key))
 
 
 def _parallel_tsv(path: str | Path, stats: ReadStats) -> Iterator[tuple[str, str]]:

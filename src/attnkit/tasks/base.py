@@ -16,16 +16,18 @@ import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, ClassVar, Literal, Protocol
 
 import torch
 from torch import Tensor, nn
 
 from ..common.files import atomic_write_text
 from ..config.schema import RunConfig
-from ..data.batching import Batches
+from ..data.batching import Batches, EpochBatches
 from ..data.prepare import Prepared, Recipe, prepare_data
+from ..data.tokenizer import Tokenizer
 from ..runs.layout import CLASSES_FILE, DATA_DIR
+from ..runs.load import build_model
 
 Log = Callable[[str], None]
 
@@ -41,6 +43,51 @@ class Task(Protocol):
     def collate(self, indices: Sequence[int], device: torch.device) -> Any: ...  # the task's batch
     def loss(self, objective: nn.Module, batch: Any, label_smoothing: float) -> Tensor: ...
     def validate(self, model: nn.Module, device: torch.device) -> dict[str, float]: ...
+
+
+@dataclass
+class BaseRecipe:
+    """What the recipes share (:class:`attnkit.data.prepare.Recipe`): their config, one ``text`` side of
+    unlabelled examples, no extra settings, and a tokenizer trained on the data."""
+
+    cfg: RunConfig
+    sides: ClassVar[tuple[str, ...]] = ("text",)
+    labelled: ClassVar[bool] = False
+    mask: ClassVar[bool] = False
+
+    def settings(self) -> dict:
+        return {}
+
+    def tokenizer_note(self) -> str:
+        return ""
+
+    def given_tokenizer(self, run_dir: Path, log: Log) -> Tokenizer | None:
+        return None
+
+
+class EpochTask:
+    """What the tasks share: the run's model from the one factory, and batches made once per epoch.
+
+    A task sets ``cfg``, ``tok``, ``classes`` (None unless it classifies) and ``_batches`` in its ``__init__``.
+    """
+
+    cfg: RunConfig
+    tok: Tokenizer
+    manifest: dict
+    classes: list[str] | None = None
+    _batches: EpochBatches
+
+    def prepare(self, recipe: Recipe, run_dir: Path, log: Log, resume: bool) -> Prepared:
+        """The recipe's prepared data (:func:`prepare_recipe`); sets ``tok`` and ``manifest``."""
+        data = prepare_recipe(recipe, run_dir, log, resume=resume)
+        self.tok, self.manifest = data.tok, data.manifest
+        return data
+
+    def build_model(self) -> nn.Module:
+        return build_model(self.cfg, self.tok, self.classes)
+
+    def batches(self, epoch: int) -> Batches:
+        return self._batches(epoch)
 
 
 @dataclass(frozen=True)

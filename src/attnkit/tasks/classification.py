@@ -21,14 +21,13 @@ from torch import Tensor, nn
 from ..common.errors import UserError
 from ..config.schema import RunConfig
 from ..data.arrays import TokenArrays
-from ..data.batching import Batches, EpochBatches, FilterStats, padding_fraction
-from ..data.documents import classifier_inputs, clean_text, split_rows
+from ..data.batching import EpochBatches, FilterStats, padding_fraction
+from ..data.documents import classifier_inputs, clean_text, document_settings, split_rows
 from ..data.labelled import LabelledData, LabelledReader, read_labelled
 from ..data.prepare import Encoded, flat
 from ..data.readers import ReadStats
 from ..data.tokenizer import PAD_ID, Tokenizer
-from ..runs.load import build_model
-from .base import TaskSpec, prepare_recipe
+from .base import BaseRecipe, EpochTask, TaskSpec
 from .init_from import copy_pretrained_tokenizer, load_pretrained_encoder
 from .objectives import ClassificationLoss
 
@@ -42,22 +41,16 @@ def labelled_reader(cfg: RunConfig, stats: ReadStats | None = None) -> LabelledR
 
 
 @dataclass
-class ClassificationRecipe:
+class ClassificationRecipe(BaseRecipe):
     """What ``prepare`` makes of a classification config: the ``text`` ids (cleaned, truncated) and labels."""
 
-    cfg: RunConfig
-    sides: tuple[str, ...] = ("text",)
-    labelled: bool = True
-    mask: bool = False
+    labelled = True
 
     def sources(self) -> list[str]:
         return [self.cfg.data.train] if self.cfg.data.generate == "none" else []
 
     def settings(self) -> dict:
-        d = self.cfg.data
-        return {"text_column": d.text_column, "label_column": d.label_column, "group_column": d.group_column,
-                "valid_fraction": d.valid_fraction, "valid_seed": d.valid_seed, "line_break_tags": d.line_break_tags,
-                "truncate": d.truncate}
+        return {**document_settings(self.cfg.data), "truncate": self.cfg.data.truncate}
 
     def examples(self, stats: ReadStats | None = None, log: Callable[[str], None] | None = None
                  ) -> Iterator[tuple[str, str]]:
@@ -66,9 +59,6 @@ class ClassificationRecipe:
 
     def tokenizer_texts(self) -> tuple[Iterator[str], None]:
         return (clean_text(text, self.cfg.data.line_break_tags) for text, _ in self.examples()), None
-
-    def tokenizer_note(self) -> str:
-        return ""
 
     def given_tokenizer(self, run_dir: Path, log: Callable[[str], None]) -> Tokenizer | None:
         """The pretraining run's tokenizer when fine-tuning (``model.init_from``)."""
@@ -110,7 +100,7 @@ def read_validation(cfg: RunConfig, log=print) -> LabelledData:
 
 
 
-class ClassificationTask:
+class ClassificationTask(EpochTask):
     """Encoder-only classifier with (label-smoothed) cross-entropy; validation accuracy as the score."""
 
     name = "classify"
@@ -118,8 +108,8 @@ class ClassificationTask:
     def __init__(self, cfg: RunConfig, run_dir: Path, log=print, *, resume: bool = False) -> None:
         self.cfg = cfg
         d = cfg.data
-        data = prepare_recipe(ClassificationRecipe(cfg), run_dir, log, resume=resume)
-        self.tok, self.manifest, self.classes = data.tok, data.manifest, data.classes or []
+        data = self.prepare(ClassificationRecipe(cfg), run_dir, log, resume)
+        self.classes = data.classes or []
         valid = read_validation(cfg, log)
         unknown = sorted(set(valid.labels) - set(self.classes))
         if unknown:
@@ -137,16 +127,13 @@ class ClassificationTask:
             f"{len(batches)} batches per epoch, {padding:.1%} of positions padding")
 
     def build_model(self) -> nn.Module:
-        model = build_model(self.cfg, self.tok, self.classes)
+        model = super().build_model()
         if self.cfg.model.init_from:
             load_pretrained_encoder(model, self.cfg.model.init_from)
         return model
 
     def objective(self, model: nn.Module) -> nn.Module:
         return ClassificationLoss(model)
-
-    def batches(self, epoch: int) -> Batches:
-        return self._batches(epoch)
 
     def collate(self, indices: Sequence[int], device: torch.device) -> ClassificationBatch:
         x = self.x.pad(indices, PAD_ID, self.cfg.train.pad_multiple).to(device)  # (B, T)

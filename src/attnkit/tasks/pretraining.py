@@ -29,39 +29,32 @@ from torch import Tensor, nn
 from ..common.errors import UserError
 from ..config.schema import RunConfig
 from ..data.arrays import TokenArrays
-from ..data.batching import Batches, EpochBatches, FilterStats, make_batches, padding_fraction
-from ..data.documents import clean_text, split_rows, text_windows
+from ..data.batching import EpochBatches, FilterStats, make_batches, padding_fraction
+from ..data.documents import clean_text, document_settings, split_rows, text_windows
 from ..data.labelled import LabelledReader
 from ..data.prepare import Encoded, flat
 from ..data.readers import ReadStats, base_suffix, iter_lines
 from ..data.tokenizer import BOS_ID, EOS_ID, PAD_ID, TOKENIZER_FILE, UNK_ID, Tokenizer
 from ..engine import FusedMLMLoss
 from ..mlm import MLMLoss, mask_tokens
-from ..runs.load import build_model
-from .base import TaskSpec, prepare_recipe
+from .base import BaseRecipe, EpochTask, TaskSpec
 
 #: Validation always corrupts the held-out texts with this seed, so every validation scores the same task.
 VALID_MASK_SEED = 12345
 
 
 @dataclass
-class PretrainRecipe:
+class PretrainRecipe(BaseRecipe):
     """What ``prepare`` makes of a pretraining config: ``text`` windows of at most ``data.max_len`` subwords."""
 
-    cfg: RunConfig
-    sides: tuple[str, ...] = ("text",)
-    labelled: bool = False
-    mask: bool = True
+    mask = True
 
     def sources(self) -> list[str]:
         d = self.cfg.data
         return [d.train, *d.extra_text] if d.generate == "none" else []
 
     def settings(self) -> dict:
-        d = self.cfg.data
-        return {"text_column": d.text_column, "label_column": d.label_column, "group_column": d.group_column,
-                "valid_fraction": d.valid_fraction, "valid_seed": d.valid_seed, "line_break_tags": d.line_break_tags,
-                "min_len": self.cfg.mlm.min_len}
+        return {**document_settings(self.cfg.data), "min_len": self.cfg.mlm.min_len}
 
     def examples(self, stats: ReadStats | None = None, log: Callable[[str], None] | None = None
                  ) -> Iterator[tuple[str, str]]:
@@ -73,9 +66,6 @@ class PretrainRecipe:
 
     def tokenizer_note(self) -> str:
         return ", with <mask>"
-
-    def given_tokenizer(self, run_dir: Path, log: Callable[[str], None]) -> Tokenizer | None:
-        return None
 
     def encode(self, tok: Tokenizer, chunk: list[tuple[str, str]], dtype: str) -> Encoded:
         """Each text cut into windows (the texts come cleaned from :func:`pretraining_texts`)."""
@@ -140,7 +130,7 @@ def validation_windows(cfg: RunConfig, tok: Tokenizer, log=print) -> list[list[i
 
 
 
-class PretrainTask:
+class PretrainTask(EpochTask):
     """Masked-language-model pretraining of an encoder; validation MLM loss and masked accuracy."""
 
     name = "pretrain"
@@ -148,8 +138,7 @@ class PretrainTask:
     def __init__(self, cfg: RunConfig, run_dir: Path, log=print, *, resume: bool = False) -> None:
         self.cfg = cfg
         d = cfg.data
-        data = prepare_recipe(PretrainRecipe(cfg), run_dir, log, resume=resume)
-        self.tok, self.manifest = data.tok, data.manifest
+        data = self.prepare(PretrainRecipe(cfg), run_dir, log, resume)
         if self.tok.mask_id is None:
             raise UserError(f"{run_dir / TOKENIZER_FILE}: this tokenizer has no <mask> piece; pretrain in a new "
                             f"--run-dir")
@@ -165,15 +154,9 @@ class PretrainTask:
             f"({int(self.x.lengths.sum())} subwords); {len(self.valid_x)} validation windows; {len(batches)} batches "
             f"per epoch, {padding:.1%} of positions padding")
 
-    def build_model(self) -> nn.Module:
-        return build_model(self.cfg, self.tok)
-
     def objective(self, model: nn.Module) -> nn.Module:
         """The reference loss, or the engine's fused one (``train.engine``); the same value."""
         return FusedMLMLoss(model) if self.cfg.train.engine == "fast" else MLMLoss(model)
-
-    def batches(self, epoch: int) -> Batches:
-        return self._batches(epoch)
 
     def _corrupt(self, tokens: Tensor, device: torch.device, generator: torch.Generator | None) -> MLMBatch:
         """BERT's corruption of ``tokens`` (B, T), padded, on the CPU: the masks come from the CPU generator."""

@@ -24,7 +24,6 @@ from ..config.schema import RunConfig
 from ..data import dates
 from ..data.arrays import TokenArrays
 from ..data.batching import (
-    Batches,
     EpochBatches,
     FilterStats,
     filter_examples,
@@ -37,28 +36,21 @@ from ..data.readers import ReadStats, iter_lines, iter_parallel, read_parallel
 from ..data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 from ..engine import FusedSeq2SeqLoss
 from ..inference.translate import translate_texts
-from ..runs.load import build_model
-from .base import TaskSpec, prepare_recipe
+from .base import BaseRecipe, EpochTask, TaskSpec
 from .objectives import Seq2SeqLoss
 
 
 @dataclass
-class TranslationRecipe:
+class TranslationRecipe(BaseRecipe):
     """What ``prepare`` makes of a translation config: ``src`` and ``tgt`` ids of the pairs that fit ``max_len``."""
 
-    cfg: RunConfig
-    sides: tuple[str, ...] = ("src", "tgt")
-    labelled: bool = False
-    mask: bool = False
+    sides = ("src", "tgt")
 
     def sources(self) -> list[str]:
         d = self.cfg.data
         if d.generate != "none":
             return []
         return [d.train] + ([d.train_tgt] if d.train_tgt else [])
-
-    def settings(self) -> dict:
-        return {}
 
     def examples(self, stats: ReadStats | None = None, log: Callable[[str], None] | None = None
                  ) -> Iterator[tuple[str, str]]:
@@ -78,9 +70,6 @@ class TranslationRecipe:
 
     def tokenizer_note(self) -> str:
         return f", joint {self.cfg.data.tokenizer.joint}"
-
-    def given_tokenizer(self, run_dir: Path, log: Callable[[str], None]) -> Tokenizer | None:
-        return None
 
     def encode(self, tok: Tokenizer, chunk: list[tuple[str, str]], dtype: str) -> Encoded:
         """Both sides of a chunk of pairs (one SentencePiece thread: the processes are the parallelism),
@@ -119,7 +108,7 @@ def read_validation_pairs(cfg: RunConfig) -> list[tuple[str, str]]:
 
 
 
-class TranslationTask:
+class TranslationTask(EpochTask):
     """Sequence-to-sequence with teacher forcing and label-smoothed cross-entropy."""
 
     name = "translate"
@@ -130,8 +119,7 @@ class TranslationTask:
         if not self.valid_pairs:  # validation would divide by zero
             where = cfg.data.valid if cfg.data.generate == "none" else "data.generate_valid"
             raise UserError(f"{where}: no validation pairs; give at least one")
-        data = prepare_recipe(TranslationRecipe(cfg), run_dir, log, resume=resume)
-        self.tok, self.manifest = data.tok, data.manifest
+        data = self.prepare(TranslationRecipe(cfg), run_dir, log, resume)
         self.src, self.tgt = data.sides["src"], data.sides["tgt"]  # memory-mapped ids, without </s> and <s>
         v_src = self.tok.encode_src([s for s, _ in self.valid_pairs])
         v_tgt = self.tok.encode_tgt([t for _, t in self.valid_pairs])
@@ -153,15 +141,9 @@ class TranslationTask:
         """Lengths as the model reads them: source ``x </s>``, target ``<s> y`` (= ``y </s>``)."""
         return src.lengths.astype(np.int32) + 1, tgt.lengths.astype(np.int32) + 1
 
-    def build_model(self) -> nn.Module:
-        return build_model(self.cfg, self.tok)
-
     def objective(self, model: nn.Module) -> nn.Module:
         """The reference loss, or the engine's fused one (``train.engine``); the same value."""
         return FusedSeq2SeqLoss(model) if self.cfg.train.engine == "fast" else Seq2SeqLoss(model)
-
-    def batches(self, epoch: int) -> Batches:
-        return self._batches(epoch)
 
     @staticmethod
     def _collate(src: TokenArrays, tgt: TokenArrays, indices: Sequence[int], device: torch.device,
