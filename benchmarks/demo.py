@@ -19,14 +19,17 @@ ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks" / "results" / "demo.json"
 
 
-def markdown_table(results: dict) -> str:
-    """README: the demo's exact match and cost, from ``benchmarks/results/demo.json``."""
-    changed = f" with `{' '.join(results['overrides'])}`" if results["overrides"] else ""
-    row = [f"**{results['exact_match']:.1f}%** of {results['held_out']:,}{changed}", f"{results['minutes']:.1f}",
-           f"{results['train_minutes']:.1f}", f"{results['updates']:,}", f"{results['peak_rss_gb']:.2f}",
-           measured(results), ">= 99% in < 3 min"]
+def markdown_table(runs: dict[str, dict]) -> str:
+    """README: the demo's exact match and cost, one row per run (``benchmarks/results/demo.json``, then the
+    earlier ones in ``results/earlier/demo.*.json``), newest first."""
+    rows = []
+    for results in sorted(runs.values(), key=lambda r: r["date"], reverse=True):
+        changed = f" with `{' '.join(results['overrides'])}`" if results["overrides"] else ""
+        rows.append([f"**{results['exact_match']:.1f}%** of {results['held_out']:,}{changed}",
+                     f"{results['minutes']:.1f}", f"{results['train_minutes']:.1f}", f"{results['updates']:,}",
+                     f"{results['peak_rss_gb']:.2f}", measured(results), ">= 99% in < 3 min"])
     return markdown(["exact match on held-out dates", "minutes, whole command", "training min", "updates",
-                     "peak RSS GB", "measured", "target"], [row], "lrrrrll")
+                     "peak RSS GB", "measured", "target"], rows, "lrrrrll")
 
 
 def main() -> None:

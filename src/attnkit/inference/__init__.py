@@ -1,1 +1,3 @@
-"""attnkit.inference."""
+"""Using a trained model: ``translate`` (texts to n-best translations by greedy or beam search),
+``classify`` (labels and probabilities), ``scores`` (sacreBLEU, chrF, accuracy, macro-F1) and
+``attention_maps`` (every attention weight of one text, per kind, layer and head)."""
