@@ -208,9 +208,9 @@ def traced(src: Path, work: Path) -> dict:
     roles = {m: ["textbook" if role(m) in TEXTBOOK else role(m), LAYER[role(m)]] for m in known}
     demo_yaml = src / "attnkit" / "demo.yaml"
     (work / "in.txt").write_text("March 3rd, 2021\n3. März 2021\n", encoding="utf-8")
-    run, out = str(work / "run"), str(work / "export")
-    jobs = {"demo": [["train", str(demo_yaml), "--run-dir", run, *DEMO], ["translate", run, "-i", str(work / "in.txt")]],
-            "export": [["export", run, "--to", "ctranslate2", "-o", out], ["translate", out, "-i", str(work / "in.txt")]]}
+    run, out, inputs = str(work / "run"), str(work / "export"), str(work / "in.txt")
+    jobs = {"demo": [["train", str(demo_yaml), "--run-dir", run, *DEMO], ["translate", run, "-i", inputs]],
+            "export": [["export", run, "--to", "ctranslate2", "-o", out], ["translate", out, "-i", inputs]]}
     done = subprocess.run([sys.executable, "-c", TRACER, str(src), json.dumps(roles), json.dumps(jobs)],
                           check=True, capture_output=True, text=True, cwd=work)
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -233,7 +233,8 @@ def measure(commit: str) -> dict:
 
 ROWS = [("modules in src/attnkit", "modules"), ("entries in `ls src/attnkit`", "top_level_entries"),
         ("role packages", "role_packages"), ("import levels", "import_levels"),
-        ("import circles", lambda r: len(r["circles"])), ("imports back up the layers", lambda r: len(r["back_arrows"])),
+        ("import circles", lambda r: len(r["circles"])),
+        ("imports back up the layers", lambda r: len(r["back_arrows"])),
         ("function-level imports", "function_level_imports"),
         ("largest module (lines)", lambda r: f"{r['largest_module'][1]} (`{r['largest_module'][0]}`)"),
         ("modules over 450 lines", "modules_over_450"),
@@ -241,10 +242,10 @@ ROWS = [("modules in src/attnkit", "modules"), ("entries in `ls src/attnkit`", "
         ("functions over 80 lines", "functions_over_80"),
         ("task-name comparisons outside the tasks package", "task_comparisons_outside_tasks"),
         ("README.md bytes", "readme_bytes"),
-        ("demo job: modules entered / entries / climbs back up",
-         lambda r: "{modules_entered} / {entries:,} / {climbs:,}".format(**r["jobs"]["demo"])),
-        ("export job: modules entered / entries / climbs back up",
-         lambda r: "{modules_entered} / {entries:,} / {climbs:,}".format(**r["jobs"]["export"]))]
+        *[(f"{job} job: modules entered / entries / calls that climb / distinct climbs (caller -> callee)",
+           lambda r, job=job: "{modules_entered} / {entries:,} / {climbs:,} / {n}".format(
+               **r["jobs"][job], n=len(r["jobs"][job]["distinct_climbs"])))
+          for job in ("demo", "export")]]
 
 
 def markdown_table(results: dict) -> str:
@@ -252,10 +253,11 @@ def markdown_table(results: dict) -> str:
     commits = results["commits"]
     header = ["", *[f"`{c['commit']}`" for c in commits]]
     rows = [[label, *[str(key(c) if callable(key) else c[key]) for c in commits]] for label, key in ROWS]
+    climbs = [f"`{c['commit']}`: " + ", ".join(f"`{x}`" for x in sorted(
+        {x for job in c["jobs"].values() for x in job["distinct_climbs"]})) for c in commits]
     return markdown(header, rows, "l" + "r" * len(commits)) + (
-        f"\nMeasured {results['date'][:10]} by `{results['command']}`; distinct climbs at "
-        f"`{commits[-1]['commit']}`: " + ", ".join(f"`{c}`" for c in sorted(
-            {c for job in commits[-1]['jobs'].values() for c in job['distinct_climbs']})) + ".\n")
+        f"\nMeasured {results['date'][:10]} by `{results['command']}`. The climbs, caller -> callee: "
+        + "; ".join(climbs) + ".\n")
 
 
 def main() -> None:
