@@ -6,9 +6,9 @@ prepares it itself when it is missing).
 from __future__ import annotations
 
 import argparse
-import sys
 
 from ..common.errors import UserError
+from ..common.log import to_stderr
 from ..config.loader import load_config
 from ..config.schema import RunConfig
 from ..runs.layout import DATA_DIR, checkpoints
@@ -32,7 +32,7 @@ def run(args: argparse.Namespace) -> None:
     if args.workers is not None and args.workers < 0:
         raise UserError(f"--workers must be 0 (encode in this process) or more, got {args.workers}")
     trained = bool(checkpoints(run_dir))  # its checkpoints refer to the prepared data
-    data = prepare(cfg, run_dir, lambda msg: print(msg, file=sys.stderr), resume=trained, workers=args.workers)
+    data = prepare(cfg, run_dir, to_stderr, resume=trained, workers=args.workers)
     size = sum(f.stat().st_size for f in (run_dir / DATA_DIR).iterdir())
     tokens = sum(side["tokens"] for side in data.manifest["sides"].values())
     print(f"{run_dir / DATA_DIR}: {len(data)} examples, {tokens} tokens, {size / 1e6:.1f} MB")

@@ -28,6 +28,7 @@ from ..common.errors import UserError
 __all__ = [
     "MAX_LINE_BYTES",
     "ReadStats",
+    "iter_kept_lines",
     "iter_lines",
     "iter_parallel",
     "read_lines",
@@ -143,6 +144,11 @@ def _decode_line(raw: bytes, name: str, line_no: int) -> str:
     except UnicodeDecodeError as e:
         raise UserError(f"{name}:{line_no}: invalid UTF-8 at column {e.start + 1} (byte 0x{raw[e.start]:02x}); "
                         f"convert the file to UTF-8, e.g. `iconv -f latin1 -t utf-8`") from None
+
+
+def iter_kept_lines(path: str | Path) -> Iterator[str]:
+    """The lines of ``path`` that :func:`iter_lines` does not skip (over-long ones are left out)."""
+    return (line for line in iter_lines(path) if line is not None)
 
 
 def read_stream(f: BinaryIO, name: str) -> list[str]:

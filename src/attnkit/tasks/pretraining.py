@@ -20,6 +20,7 @@ import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from itertools import islice
+from operator import itemgetter
 from pathlib import Path
 
 import torch
@@ -62,7 +63,7 @@ class PretrainRecipe(BaseRecipe):
         return ((text, "") for text in pretraining_texts(self.cfg, self.sources(), stats=stats, log=log))
 
     def tokenizer_texts(self) -> tuple[Iterator[str], None]:
-        return (text for text, _ in self.examples()), None
+        return map(itemgetter(0), self.examples()), None
 
     def tokenizer_note(self) -> str:
         return ", with <mask>"

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
+from operator import itemgetter
 from pathlib import Path
 
 import numpy as np
@@ -32,7 +33,7 @@ from ..data.batching import (
     padding_fraction,
 )
 from ..data.prepare import Encoded, flat
-from ..data.readers import ReadStats, iter_lines, iter_parallel, read_parallel
+from ..data.readers import ReadStats, iter_kept_lines, iter_parallel, read_parallel
 from ..data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 from ..engine import FusedSeq2SeqLoss
 from ..inference.translate import translate_texts
@@ -64,9 +65,8 @@ class TranslationRecipe(BaseRecipe):
         """Source and target text for SentencePiece (two files: each file alone)."""
         d = self.cfg.data
         if d.generate == "none" and d.train_tgt:
-            return tuple((line for line in iter_lines(path) if line is not None)  # type: ignore[return-value]
-                         for path in (d.train, d.train_tgt))
-        return (s for s, _ in self.examples()), (t for _, t in self.examples())
+            return iter_kept_lines(d.train), iter_kept_lines(d.train_tgt)
+        return map(itemgetter(0), self.examples()), map(itemgetter(1), self.examples())
 
     def tokenizer_note(self) -> str:
         return f", joint {self.cfg.data.tokenizer.joint}"

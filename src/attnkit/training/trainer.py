@@ -32,16 +32,15 @@ when to stop; the others follow its broadcasts. A checkpoint also holds every ra
 from __future__ import annotations
 
 import math
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 from torch import nn
-from tqdm import tqdm
 
 from ..common.errors import UserError
+from ..common.log import silent, to_stderr
 from ..config.schema import RunConfig, TrainConfig
 from ..engine import accelerate
 from ..runs.checkpoint import capture_rng_state, check_compatible, restore_rng_state
@@ -101,9 +100,9 @@ class Trainer:
         self.workers = distributed.start(distributed.from_env())  # one process unless launched by torchrun
         self.accumulate = accumulation(self.tc, self.workers.world_size)
         if self.workers.is_main:
-            self.log = log or (lambda msg: tqdm.write(msg, file=sys.stderr))
+            self.log = log or to_stderr
         else:  # only rank 0 logs
-            self.log = lambda msg: None
+            self.log = silent
         self.run_dir = RunDirectory(run_dir, is_main=self.workers.is_main, log=self.log)
         set_threads(self.tc.threads, self.workers)
         self.device = self.workers.device
