@@ -1,0 +1,140 @@
+"""NBSVM-bi (Wang & Manning 2012) on attnkit's IMDB held-out reviews: the bag-of-bigrams anchor.
+
+    python benchmarks/nbsvm.py                          # the split of configs/imdb.yaml; writes results/nbsvm.json
+    python benchmarks/nbsvm.py --config configs/imdb-finetune.yaml
+
+The same training rows and the same held-out reviews (10% of IMDB's labelled training reviews,
+held out by movie) as the Transformer configs, read by attnkit's own reader and split
+(:func:`attnkit.tasks.classification.read_validation` and the classification recipe), ``<br />``
+tags as line breaks. The model, as in the paper's NBSVM-bi:
+
+* features: binarized unigrams and bigrams of the whole review, ``x = 1{count > 0}``;
+* the naive-Bayes log-count ratio ``r = log((p / |p|_1) / (q / |q|_1))`` with ``p = alpha + sum of x
+  over positive reviews``, ``q`` the same over negative ones, ``alpha = 1``;
+* a linear SVM (L2-regularised, squared hinge loss, ``C = 1``; liblinear through scikit-learn) on
+  ``r * x``, then the interpolation ``w' = (1 - beta) * mean|w| + beta * w`` with ``beta = 0.25``.
+
+Tokens: lowercased runs of word characters, plus ``!`` and ``?`` (the paper does not fix a
+tokenizer). scikit-learn is a benchmark-only dependency (the ``dev`` extra); attnkit does not use it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "src"))
+
+from attnkit.common.measure import peak_rss_gb, stamp  # noqa: E402
+from attnkit.config.loader import load_config  # noqa: E402
+from attnkit.config.schema import RunConfig  # noqa: E402
+from attnkit.data.documents import clean_text  # noqa: E402
+from attnkit.tasks.classification import ClassificationRecipe, read_validation  # noqa: E402
+from tables import markdown, measured  # noqa: E402
+
+OUT = ROOT / "benchmarks" / "results" / "nbsvm.json"
+TOKEN = r"(?u)\b\w+\b|[!?]"
+
+
+@dataclass
+class NBSVM:
+    """A fitted NBSVM: scores ``(r * x) . w + b``, positive for ``positive``."""
+
+    r: np.ndarray  # (F,) log-count ratio
+    w: np.ndarray  # (F,) interpolated SVM weights
+    b: float
+    positive: str
+    negative: str
+
+    def decision(self, x) -> np.ndarray:
+        """``x`` (N, F) binary features (sparse or dense) -> (N,) scores."""
+        return np.asarray(x.multiply(self.r).dot(self.w) if hasattr(x, "multiply") else (x * self.r) @ self.w) + self.b
+
+    def predict(self, x) -> list[str]:
+        return [self.positive if s > 0 else self.negative for s in self.decision(x)]
+
+
+def fit_nbsvm(x, labels: list[str], *, alpha: float = 1.0, c: float = 1.0, beta: float = 0.25) -> NBSVM:
+    """NBSVM on binary features ``x`` (N, F) of two classes (the second in sorted order is positive)."""
+    from sklearn.svm import LinearSVC
+
+    negative, positive = sorted(set(labels))
+    y = np.array([label == positive for label in labels])
+    p = alpha + np.asarray(x[y].sum(axis=0)).ravel()  # (F,)
+    q = alpha + np.asarray(x[~y].sum(axis=0)).ravel()
+    r = np.log((p / p.sum()) / (q / q.sum()))  # (F,)
+    scaled = x.multiply(r).tocsr() if hasattr(x, "multiply") else x * r
+    svm = LinearSVC(C=c, loss="squared_hinge", penalty="l2", dual=True, max_iter=10_000, random_state=0).fit(scaled, y)
+    w = svm.coef_.ravel()
+    w = (1 - beta) * np.abs(w).mean() + beta * w  # interpolation between a uniform and the SVM's weights
+    return NBSVM(r, w, float(svm.intercept_[0]), positive, negative)
+
+
+def features(texts_train: list[str], texts_eval: list[str]):
+    """Binary uni+bigram features of both sets, with the training set's vocabulary."""
+    from sklearn.feature_extraction.text import CountVectorizer
+
+    vectorizer = CountVectorizer(ngram_range=(1, 2), binary=True, lowercase=True, token_pattern=TOKEN,
+                                 dtype=np.float64)
+    return vectorizer.fit_transform(texts_train), vectorizer.transform(texts_eval), len(vectorizer.vocabulary_)
+
+
+def cpu_model() -> str | None:
+    try:
+        found = re.search(r"^model name\s*:\s*(.+)$", Path("/proc/cpuinfo").read_text(), re.M)
+    except OSError:
+        return None
+    return found[1].strip() if found else None
+
+
+def measure(config: str) -> dict:
+    cfg = load_config(RunConfig, ROOT / config)
+    start = time.perf_counter()
+    train = list(ClassificationRecipe(cfg).examples())
+    valid = read_validation(cfg, log=lambda message: print(message, file=sys.stderr))
+    tags = cfg.data.line_break_tags
+    x_train, x_valid, n_features = features([clean_text(t, tags) for t, _ in train],
+                                            [clean_text(t, tags) for t in valid.texts])
+    read_seconds = time.perf_counter() - start
+    model = fit_nbsvm(x_train, [label for _, label in train])
+    predicted = model.predict(x_valid)
+    correct = sum(p == label for p, label in zip(predicted, valid.labels, strict=True))
+    return {**stamp(), "cpu": cpu_model(), "command": "python benchmarks/nbsvm.py --config " + config,
+            "config": config, "train_reviews": len(train), "held_out_reviews": len(valid.labels),
+            "features": n_features, "held_out_accuracy": round(100.0 * correct / len(valid.labels), 2),
+            "seconds": round(time.perf_counter() - start, 1), "read_and_featurize_seconds": round(read_seconds, 1),
+            "peak_rss_gb": round(peak_rss_gb(), 2), "alpha": 1.0, "C": 1.0, "beta": 0.25}
+
+
+def markdown_table(runs: dict) -> str:
+    """docs/results.md: NBSVM-bi on the held-out reviews, every run (``nbsvm.json`` holds a list)."""
+    rows = [[f"`{r['config']}` split", f"{r['train_reviews']:,}", f"{r['held_out_reviews']:,}", f"{r['features']:,}",
+             f"**{r['held_out_accuracy']:.2f}**", f"{r['seconds']:.0f}", f"{r['peak_rss_gb']:.1f}", r.get("cpu") or "",
+             measured(r)] for r in runs["runs"]]
+    return markdown(["held-out split", "training reviews", "held-out reviews", "uni+bigram features",
+                     "held-out accuracy", "seconds, all", "peak RSS GB", "CPU", "measured"], rows, "lrrrrrrll")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", default="configs/imdb.yaml", help="the classification config whose split to use")
+    args = p.parse_args()
+    result = measure(args.config)
+    runs = json.loads(OUT.read_text(encoding="utf-8"))["runs"] if OUT.exists() else []
+    latest = {k: result[k] for k in ("date", "commit", "uncommitted_changes") if k in result}  # for measured-at
+    OUT.write_text(json.dumps({**latest, "runs": [*runs, result]}, indent=2) + "\n", encoding="utf-8")
+    print(markdown_table({"runs": [result]}), end="")
+    print(f"wrote {OUT}")
+
+
+if __name__ == "__main__":
+    main()
