@@ -87,6 +87,7 @@ TABLES: dict[str, Table] = {
     "sst2": Table((f"{RESULTS}/sst2.json", f"{RESULTS}/earlier/sst2.*.json"), "benchmarks/sst2.py"),
     "imdb": Table(f"{RESULTS}/imdb.json", "benchmarks/imdb.py"),
     "nbsvm": Table(f"{RESULTS}/nbsvm.json", "benchmarks/nbsvm.py"),
+    "reading": Table(f"{RESULTS}/reading.json", "benchmarks/reading.py"),
     "imdb-trials": Table(f"{RESULTS}/imdb-trials.json", "benchmarks/imdb.py", "markdown_trials"),
     "mlm-probes": Table(f"{RESULTS}/mlm-probes.json", "benchmarks/imdb.py", "markdown_probes"),
     "demo": Table((f"{RESULTS}/demo.json", f"{RESULTS}/earlier/demo.*.json"), "benchmarks/demo.py"),

@@ -6,7 +6,7 @@ import argparse
 
 from ..inference.classify import classify_texts
 from ..runs.load import load_run, require
-from .options import read_input, write_output
+from .options import add_reading_argument, read_input, write_output
 
 HELP = "classify text with a trained classifier"
 
@@ -16,9 +16,12 @@ def add(sub: argparse._SubParsersAction) -> None:
     p.add_argument("model", help="run directory or a .safetensors checkpoint inside one")
     p.add_argument("-i", "--input", help="input file (default: stdin)")
     p.add_argument("--with-attention", action="store_true",
-                   help="also print the 5 tokens the pooled representation drew on most")
+                   help="also print the 5 tokens the pooled representation drew on most (of the text as "
+                        "truncated in training)")
+    add_reading_argument(p)
 
 
 def run(args: argparse.Namespace) -> None:
     run = require(load_run(args.model), "classify", args.model)
-    write_output(None, classify_texts(run, read_input(args.input), with_attention=args.with_attention))
+    write_output(None, classify_texts(run, read_input(args.input), with_attention=args.with_attention,
+                                           reading=args.read))

@@ -13,7 +13,7 @@ from ..export import open_translator
 from ..inference.classify import evaluate_classifier
 from ..inference.scores import translation_scores
 from ..tasks import spec
-from .options import FINITE, POSITIVE_INT, write_output
+from .options import FINITE, POSITIVE_INT, add_reading_argument, write_output
 
 HELP = "score a trained model on a test set"
 
@@ -27,6 +27,7 @@ def add(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--beam", type=POSITIVE_INT, default=None, help="beam size (default: the run's decode_beam)")
     p.add_argument("--lenpen", type=FINITE, default=None, help="length penalty alpha (default: the run's)")
     p.add_argument("--hyp-out", help="also write the hypotheses / predictions to this file")
+    add_reading_argument(p)
 
 
 def run(args: argparse.Namespace) -> None:
@@ -37,8 +38,8 @@ def run(args: argparse.Namespace) -> None:
     if run is not None and run.classes is not None:  # a classifier
         if not args.data:
             raise UserError("evaluating a classifier needs --data FILE (a labelled .tsv/.csv)")
-        scores, predictions = evaluate_classifier(run, read_labelled(args.data, text_column=run.cfg.data.text_column,
-                                                                     label_column=run.cfg.data.label_column))
+        data = read_labelled(args.data, text_column=run.cfg.data.text_column, label_column=run.cfg.data.label_column)
+        scores, predictions = evaluate_classifier(run, data, reading=args.read)
         if args.hyp_out:
             write_output(args.hyp_out, predictions)
         print(scores)

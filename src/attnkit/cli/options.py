@@ -10,6 +10,7 @@ from pathlib import Path
 
 from ..common.errors import UserError
 from ..data.readers import read_lines, read_stream
+from ..inference.classify import READINGS
 
 
 def number(kind: type[int] | type[float], at_least: float | None = None) -> Callable[[str], int | float]:
@@ -63,3 +64,11 @@ def add_config_arguments(p: argparse.ArgumentParser, override_example: str, run_
 def run_dir(args: argparse.Namespace) -> Path:
     """``--run-dir``, or ``runs/<config name>``."""
     return Path(args.run_dir or Path("runs") / Path(args.config).stem)
+
+
+def add_reading_argument(p: argparse.ArgumentParser) -> None:
+    """``--read``: how a classifier reads a text longer than its window (:mod:`attnkit.inference.classify`)."""
+    p.add_argument("--read", choices=list(READINGS), default="whole",
+                   help="classification: a text longer than the model's window is read whole, as overlapping "
+                        "windows whose logits are averaged (default), or cut to its head or head+tail as in "
+                        "training")

@@ -71,11 +71,27 @@ def is_held_out(key: str, fraction: float, seed: int) -> bool:
     return _unit_hash(seed, key) < fraction
 
 
+def document_ids(tok: Tokenizer, texts: list[str], data: DataConfig, *, threads: int = -1) -> list[list[int]]:
+    """The token ids of whole documents, ``<br />`` tags treated as ``data.line_break_tags`` says."""
+    return tok.encode_src([clean_text(t, data.line_break_tags) for t in texts], threads=threads)
+
+
 def classifier_inputs(tok: Tokenizer, texts: list[str], data: DataConfig, *, threads: int = -1) -> list[list[int]]:
-    """Token ids the classifier reads: ``<br />`` tags and truncation to ``data.max_len`` as ``data`` says
-    (:mod:`attnkit.data.documents`); an empty text becomes one ``<pad>`` (pooled to zeros)."""
-    ids = tok.encode_src([clean_text(t, data.line_break_tags) for t in texts], threads=threads)
-    return [truncate(x, data.max_len, data.truncate) or [PAD_ID] for x in ids]
+    """Token ids the classifier is trained on: :func:`document_ids` truncated to ``data.max_len`` as
+    ``data.truncate`` says; an empty text becomes one ``<pad>`` (pooled to zeros)."""
+    return [truncate(x, data.max_len, data.truncate) or [PAD_ID] for x in document_ids(tok, texts, data,
+                                                                                      threads=threads)]
+
+
+def reading_windows(ids: Sequence[int], max_len: int, stride: int | None = None) -> list[list[int]]:
+    """A document read whole: windows of ``max_len`` subwords starting every ``stride`` (default ``max_len // 2``,
+    so neighbours overlap by half), the last one ending at the document's end; every subword is in at least one.
+    A document of at most ``max_len`` subwords is one window, itself; an empty one is ``[<pad>]``."""
+    if len(ids) <= max_len:
+        return [list(ids) or [PAD_ID]]
+    stride = stride or max(max_len // 2, 1)
+    starts = list(range(0, len(ids) - max_len, stride)) + [len(ids) - max_len]
+    return [list(ids[s: s + max_len]) for s in starts]
 
 
 def text_windows(ids: list[list[int]], max_len: int, min_len: int) -> list[list[int]]:

@@ -1,16 +1,35 @@
-"""Predicting with a trained classifier: labels, probabilities, and the tokens the prediction drew on."""
+"""Predicting with a trained classifier: labels, probabilities, and the tokens the prediction drew on.
+
+How a text longer than the model's window (``data.max_len`` subwords) is read (``reading``):
+
+============  ===========================================================================================
+``whole``     (default) overlapping windows of ``max_len`` subwords, half a window apart, covering the whole
+              text (:func:`attnkit.data.documents.reading_windows`); the text's logits are the **mean of the
+              windows' logits**, then the softmax. A text that fits is one window, read as it was trained.
+``head``      its first ``max_len`` subwords.
+``head+tail`` its first quarter and last three quarters of ``max_len`` subwords.
+============  ===========================================================================================
+
+Training reads the configured truncation (``data.truncate``), so ``head``/``head+tail`` give what
+validation measured.
+"""
 
 from __future__ import annotations
+
+from typing import Literal
 
 import torch
 
 from ..common.errors import UserError
 from ..data.batching import pad_batch
-from ..data.documents import classifier_inputs
+from ..data.documents import document_ids, reading_windows, truncate
 from ..data.labelled import LabelledData
 from ..data.tokenizer import PAD_ID
 from ..runs.load import LoadedRun
 from .scores import ClassificationScores, classification_scores
+
+Reading = Literal["whole", "head", "head+tail"]
+READINGS: tuple[Reading, ...] = ("whole", "head", "head+tail")
 
 
 def _classes(run: LoadedRun) -> list[str]:
@@ -19,21 +38,40 @@ def _classes(run: LoadedRun) -> list[str]:
     return run.classes
 
 
-def predict(run: LoadedRun, texts: list[str], batch_size: int = 256) -> tuple[torch.Tensor, list[list[int]]]:
-    """Class probabilities ``(N, C)`` and the token ids fed to the model."""
-    ids = classifier_inputs(run.tok, texts, run.cfg.data)
-    probs = []
+def _logits(run: LoadedRun, windows: list[list[int]], batch_size: int) -> torch.Tensor:
+    """The model's logits ``(W, C)`` of every window, in batches of similar length (less padding)."""
+    order = sorted(range(len(windows)), key=lambda i: len(windows[i]))
+    out = torch.zeros(len(windows), len(run.classes or []))
     with torch.inference_mode():
-        for start in range(0, len(ids), batch_size):
-            x = pad_batch(ids[start: start + batch_size], PAD_ID)
-            probs.append(run.model(x).float().softmax(-1))
-    return (torch.cat(probs) if probs else torch.zeros(0, len(run.classes or []))), ids
+        for start in range(0, len(order), batch_size):
+            chunk = order[start: start + batch_size]
+            out[chunk] = run.model(pad_batch([windows[i] for i in chunk], PAD_ID)).float()  # (b, C)
+    return out
 
 
-def classify_texts(run: LoadedRun, texts: list[str], *, with_attention: bool = False, top: int = 5) -> list[str]:
+def predict(run: LoadedRun, texts: list[str], batch_size: int = 256, reading: Reading = "whole"
+            ) -> tuple[torch.Tensor, list[list[int]]]:
+    """Class probabilities ``(N, C)`` of ``texts`` read as ``reading`` says (module docstring), and the token
+    ids of each text as truncation gives them (what ``--with-attention`` shows)."""
+    data = run.cfg.data
+    full = document_ids(run.tok, texts, data)
+    inputs = [truncate(ids, data.max_len, data.truncate) or [PAD_ID] for ids in full]  # as in training
+    if reading == "whole":
+        windows = [reading_windows(ids, data.max_len) for ids in full]
+    else:
+        windows = [[truncate(ids, data.max_len, reading) or [PAD_ID]] for ids in full]
+    owner = torch.tensor([i for i, w in enumerate(windows) for _ in w], dtype=torch.long)  # (W,) text of each
+    logits = _logits(run, [x for w in windows for x in w], batch_size)  # (W, C)
+    summed = torch.zeros(len(texts), logits.size(1)).index_add_(0, owner, logits)  # (N, C)
+    mean = summed / torch.bincount(owner, minlength=len(texts)).clamp(min=1).unsqueeze(1)  # mean of window logits
+    return mean.softmax(-1), inputs
+
+
+def classify_texts(run: LoadedRun, texts: list[str], *, with_attention: bool = False, top: int = 5,
+                   reading: Reading = "whole") -> list[str]:
     """``label<TAB>probability<TAB>text`` per input (plus ``<TAB>token:share ...`` with attention)."""
     classes = _classes(run)
-    probs, ids = predict(run, texts)
+    probs, ids = predict(run, texts, reading=reading)
     lines = []
     for i, text in enumerate(texts):
         p, c = probs[i].max(dim=0)
@@ -47,7 +85,8 @@ def classify_texts(run: LoadedRun, texts: list[str], *, with_attention: bool = F
     return lines
 
 
-def evaluate_classifier(run: LoadedRun, data: LabelledData) -> tuple[ClassificationScores, list[str]]:
+def evaluate_classifier(run: LoadedRun, data: LabelledData, reading: Reading = "whole"
+                        ) -> tuple[ClassificationScores, list[str]]:
     """Scores on labelled data and one predicted label per line; unknown labels are an error."""
     classes = _classes(run)
     index = {c: i for i, c in enumerate(classes)}
@@ -55,7 +94,7 @@ def evaluate_classifier(run: LoadedRun, data: LabelledData) -> tuple[Classificat
     if unknown:
         raise UserError(f"{data.path}: label(s) {unknown} in column '{data.label_column}' were not seen in "
                         f"training (known: {classes})")
-    probs, _ = predict(run, data.texts)
+    probs, _ = predict(run, data.texts, reading=reading)
     predicted = probs.argmax(-1).tolist()
     scores = classification_scores([index[y] for y in data.labels], predicted, classes)
     return scores, [classes[p] for p in predicted]
