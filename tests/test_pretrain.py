@@ -274,3 +274,31 @@ def test_distributed_pretraining_resumes_exactly(tmp_path: Path, text: Path) -> 
     a, b = weights(Path(straight), 6), weights(Path(resumed), 6)
     for key in a:
         assert torch.equal(a[key], b[key]), key
+
+
+def test_unlabelled_reviews_of_held_out_movies_stay_out_of_pretraining(tmp_path: Path) -> None:
+    """IMDB's unlabelled reviews (movie, text; no label column) read beside the labelled ones: a movie held out
+    of the labelled reviews has none of its unlabelled reviews in the training text; a file without the group
+    column is held out by row."""
+    from attnkit.tasks.pretraining import pretraining_texts
+
+    labelled, unlabelled, lines = tmp_path / "train.tsv", tmp_path / "unsup.tsv", tmp_path / "more.txt"
+    texts = sentences(90, seed=3)
+    labelled.write_text("label\tmovie\ttext\n" + "".join(f"{i % 2}\tm{i % 9}\tlabelled {s}\n"
+                                                        for i, s in enumerate(texts[:30])), encoding="utf-8")
+    unlabelled.write_text("movie\ttext\n" + "".join(f"m{i % 9}\tunlabelled {s}\n"
+                                                    for i, s in enumerate(texts[30:60])), encoding="utf-8")
+    lines.write_text("".join(f"plain {s}\n" for s in texts[60:]), encoding="utf-8")
+    raw = pretrain_raw(labelled)
+    raw["data"].update(group_column="movie", valid_fraction=0.3, extra_text=[str(unlabelled), str(lines)])
+    cfg = load_config(RunConfig, raw)
+    paths = [str(labelled), str(unlabelled), str(lines)]
+    train = list(pretraining_texts(cfg, paths))
+    held = list(pretraining_texts(cfg, paths, held_out=True))
+    movie = {f"{kind} {s}": f"m{i % 9}" for kind, block in (("labelled", texts[:30]), ("unlabelled", texts[30:60]))
+             for i, s in enumerate(block)}
+    held_movies = {movie[t] for t in held if t in movie}
+    assert held_movies and all(movie[t] not in held_movies for t in train if t in movie)  # whole movies held out
+    assert any(t.startswith("unlabelled") for t in held) and any(t.startswith("unlabelled") for t in train)
+    assert sorted(train + held) == sorted([f"labelled {s}" for s in texts[:30]] + [f"unlabelled {s}" for s in
+                                           texts[30:60]] + [f"plain {s}" for s in texts[60:]])

@@ -124,12 +124,14 @@ class LabelledReader:
     :param group_column: header name of a column whose value is each row's group (config
         ``data.group_column``), e.g. the movie, for a held-out split that keeps each group on one side.
     :param stats: counts rows skipped for a line over the length cap.
+    :param labelled: False reads a file of texts without labels (pretraining): no label column is looked for
+        and every row's label is ``""``.
     :raises UserError: no/ambiguous header, a named column missing, a row with the wrong
         number of fields, an empty text or label (each naming ``file:line``).
     """
 
     def __init__(self, path: str | Path, *, text_column: str | None = None, label_column: str | None = None,
-                 group_column: str | None = None, stats: ReadStats | None = None) -> None:
+                 group_column: str | None = None, stats: ReadStats | None = None, labelled: bool = True) -> None:
         self.path = str(path)
         self.stats = stats if stats is not None else ReadStats()
         suffix = base_suffix(Path(path))
@@ -148,7 +150,8 @@ class LabelledReader:
             raise UserError(f"{path}: file is empty; expected a header line and data rows")
         self.header = [h.strip() for h in header]
         self.text_column = _choose_column(path, self.header, text_column, "text", TEXT_COLUMN_NAMES)
-        self.label_column = _choose_column(path, self.header, label_column, "label", LABEL_COLUMN_NAMES)
+        self.label_column = (_choose_column(path, self.header, label_column, "label", LABEL_COLUMN_NAMES)
+                             if labelled else None)
         if self.text_column == self.label_column:
             raise UserError(f"{path}: text and label column are both '{self.text_column}'; set "
                             f"data.text_column and data.label_column to different columns")
@@ -179,7 +182,8 @@ class LabelledReader:
         The key decides which side of a held-out split the row lands on (:func:`attnkit.data.documents.is_held_out`).
         """
         path, header = self.path, self.header
-        text_idx, label_idx = header.index(self.text_column), header.index(self.label_column)
+        text_idx = header.index(self.text_column)
+        label_idx = None if self.label_column is None else header.index(self.label_column)
         group_idx = None if self.group_column is None else header.index(self.group_column)
         n = 0
         line_no = [0]
@@ -192,11 +196,11 @@ class LabelledReader:
                 raise UserError(f"{path}:{line_no[0]}: expected {len(header)} {self._kind}-separated fields "
                                 f"like the header, found {len(row)}; fix the row (quote fields "
                                 f"that contain the delimiter in CSV)")
-            row_text, row_label = row[text_idx], row[label_idx].strip()
+            row_text, row_label = row[text_idx], "" if label_idx is None else row[label_idx].strip()
             if not row_text.strip():
                 raise UserError(f"{path}:{line_no[0]}:{self.text_column}: empty text; fill it in or "
                                 f"remove the row")
-            if not row_label:
+            if not row_label and label_idx is not None:
                 raise UserError(f"{path}:{line_no[0]}:{self.label_column}: empty label; fill it in or "
                                 f"remove the row")
             yield row_text, row_label, str(n) if group_idx is None else row[group_idx].strip()

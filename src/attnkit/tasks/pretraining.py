@@ -32,7 +32,7 @@ from ..config.schema import RunConfig
 from ..data.arrays import TokenArrays
 from ..data.batching import EpochBatches, FilterStats, make_batches, padding_fraction
 from ..data.documents import clean_text, document_settings, split_rows, text_windows
-from ..data.labelled import LabelledReader
+from ..data.labelled import LABEL_COLUMN_NAMES, LabelledReader
 from ..data.prepare import Encoded, flat
 from ..data.readers import ReadStats, base_suffix, iter_lines
 from ..data.tokenizer import BOS_ID, EOS_ID, PAD_ID, TOKENIZER_FILE, UNK_ID, Tokenizer
@@ -99,17 +99,24 @@ def pretraining_texts(cfg: RunConfig, paths: list[str], *, held_out: bool = Fals
     """The texts of pretraining files on one side of ``data.valid_fraction``, ``<br />`` treated as configured.
 
     ``.txt`` (optionally ``.gz``): one text per line, blank lines skipped. ``.tsv`` / ``.csv``: the text column
-    (``data.text_column`` or detected; the first file's rows grouped by ``data.group_column``); labels unread.
+    (``data.text_column`` or detected), labels unread (a file may have none, like IMDB's unlabelled reviews).
+    With ``data.valid_fraction`` and ``data.group_column`` the rows are held out by group: in the first file
+    (which must have that column) and in every other file that has it, so that a movie held out of the
+    labelled reviews has none of its unlabelled reviews in pretraining either; other files by row.
     """
     d = cfg.data
     for i, path in enumerate(paths):
         if base_suffix(Path(path)) in (".tsv", ".csv"):
-            reader = LabelledReader(path, text_column=d.text_column, label_column=d.label_column,
-                                    group_column=d.group_column if i == 0 and d.valid_fraction else None,
-                                    stats=stats)
+            reader = LabelledReader(path, text_column=d.text_column, labelled=False, stats=stats)
+            group = d.group_column if d.valid_fraction and (i == 0 or d.group_column in reader.header) else None
+            if group is not None:
+                reader = LabelledReader(path, text_column=d.text_column, group_column=group, labelled=False,
+                                        stats=stats)
             if log is not None:
-                log(f"{path}: pretraining on column '{reader.text_column}'; the labels in "
-                    f"'{reader.label_column}' are ignored")
+                labels = [h for h in reader.header if h == d.label_column or h.lower() in LABEL_COLUMN_NAMES]
+                log(f"{path}: pretraining on column '{reader.text_column}'" + (f" (held out by '{group}')" if group
+                                                                               else "")
+                    + (f"; the labels in '{labels[0]}' are ignored" if labels else ""))
             rows: Iterator[tuple[str, str, str]] = reader.keyed()
         else:
             lines = (line for line in iter_lines(path, stats) if line is not None and line.strip())
