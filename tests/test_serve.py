@@ -266,6 +266,36 @@ def test_errors_leave_the_server_working(client, server):
     assert server.proc.poll() is None
 
 
+def metric_samples(response: httpx.Response) -> dict[tuple[str, frozenset], float]:
+    """``GET /metrics`` parsed by prometheus_client: (sample name, labels) -> value."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    assert response.status_code == 200, response.text
+    return {(s.name, frozenset(s.labels.items())): s.value
+            for family in text_string_to_metric_families(response.text) for s in family.samples}
+
+
+def test_metrics_on_the_real_server(client, server):
+    """uvicorn serves /metrics; the counts move by what was sent (tests/test_serve_metrics.py has the rest)."""
+    def get(samples: dict, name: str, **labels: str) -> float:
+        return samples.get((name, frozenset(labels.items())), 0.0)
+
+    before = metric_samples(client.get("/metrics"))
+    for text in SOURCES[:3]:
+        assert client.post("/translate", json={"texts": [text], "beam": 1}).status_code == 200
+    assert client.post("/translate", json={"texts": ["x"] * 9}).status_code == 413
+    after = metric_samples(client.get("/metrics"))
+    batches = client.get("/health").json()["models"]["dates"]["batches"]
+
+    def moved(name: str, **labels: str) -> float:
+        return get(after, name, **labels) - get(before, name, **labels)
+
+    assert moved("attnkit_serve_requests_total", route="/translate", status="200") == 3
+    assert moved("attnkit_serve_requests_total", route="/translate", status="413") == 1
+    assert moved("attnkit_serve_stage_seconds_count", model="dates", stage="serialise") == 3
+    assert get(after, "attnkit_serve_batch_texts_count", model="dates") == batches
+
+
 # -- the API key, a full queue, SIGTERM ------------------------------------------------------------
 
 
@@ -290,6 +320,12 @@ def test_api_key(keyed_server):
         assert c.get("/models", headers={"Authorization": "bearer s3cret"}).status_code == 200
         assert c.get("/health").json()["api_key_required"] is True
         assert c.get("/").status_code == 200  # the page asks for the key itself
+
+
+def test_metrics_need_the_api_key(keyed_server):
+    with httpx.Client(base_url=keyed_server, timeout=60) as c:
+        assert_error(c.get("/metrics"), 401, "missing")
+        metric_samples(c.get("/metrics", headers={"Authorization": "Bearer s3cret"}))
 
 
 def test_full_queue_is_503_with_retry_after(keyed_server):

@@ -1,11 +1,14 @@
 """Serve translation and classification runs over HTTP (FastAPI on uvicorn), each under its
-run directory's name. Concurrent requests to a model are merged into one batch.
+run directory's name. Concurrent requests to a model are merged into one batch (those closest in
+length together, within --max-batch texts and --max-batch-tokens padded tokens).
 
   GET  /            a page: type sentences, see translations, click one to see its attention
   GET  /health      status; per model the texts queued and the batches run
   GET  /models      name, task, languages, parameters, beam defaults
   POST /translate   {"model", "texts": [...], "beam", "n_best", "lenpen", "attention": false}
   POST /classify    {"model", "texts": [...], "attention": false}
+  GET  /metrics     Prometheus text format: requests by route and status, latency, queued texts,
+                    batch sizes (texts, tokens), queue wait, time per stage
   GET  /docs        the OpenAPI page
 
 Errors are JSON {"error": "..."} with a 4xx status: 422 bad field, 413 too large, 404 unknown model,
@@ -42,7 +45,8 @@ def add(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--threads", type=POSITIVE_INT, metavar="N",
                    help="CPU threads for the models (default: torch's, one per core)")
     p.add_argument("--api-key", metavar="KEY",
-                   help="require the header 'Authorization: Bearer KEY' on /models, /translate and /classify "
+                   help="require the header 'Authorization: Bearer KEY' on /models, /translate, /classify and "
+                        "/metrics "
                         "(default: the environment variable ATTNKIT_API_KEY if set, else no key; the variable keeps "
                         "the key out of the process list)")
     defaults = Limits()
@@ -56,6 +60,9 @@ def add(sub: argparse._SubParsersAction) -> None:
                    help=f"texts waiting per model; beyond, requests get 503 (default: {defaults.max_queue})")
     p.add_argument("--max-batch", type=POSITIVE_INT, default=defaults.max_batch, metavar="N",
                    help=f"texts the model runs at once, from several requests (default: {defaults.max_batch})")
+    p.add_argument("--max-batch-tokens", type=POSITIVE_INT, default=defaults.max_batch_tokens, metavar="N",
+                   help="source tokens a model batch may hold, padded (texts x the longest text's tokens); a "
+                        f"request longer than that runs alone (default: {defaults.max_batch_tokens})")
     p.add_argument("--max-wait-ms", type=NON_NEGATIVE, default=defaults.max_wait_ms, metavar="MS",
                    help="how long a model's worker waits for more requests to join a batch (default: "
                         f"{defaults.max_wait_ms:g})")
@@ -70,7 +77,8 @@ def run(args: argparse.Namespace) -> None:
     if api_key is not None and not api_key.strip():
         raise UserError("--api-key is empty; give a key, or none to serve without one")
     limits = Limits(max_texts=args.max_texts, max_chars=args.max_chars, max_body=args.max_body,
-                    max_queue=args.max_queue, max_batch=args.max_batch, max_wait_ms=args.max_wait_ms)
+                    max_queue=args.max_queue, max_batch=args.max_batch, max_wait_ms=args.max_wait_ms,
+                    max_batch_tokens=args.max_batch_tokens)
     try:
         serve(args.models, host=args.host, port=args.port, threads=args.threads, api_key=api_key, limits=limits)
     except KeyboardInterrupt:  # Ctrl-C: the requests in flight were answered; nothing to resume

@@ -9,10 +9,13 @@ module              holds
 ``schemas.py``      the request and response models, and the JSON errors (``{"error": "..."}``)
 ``servables.py``    what is served: :class:`~attnkit.serve.servables.ModelInfo`, the ``Servable``
                     protocol, a run directory or a CTranslate2 export behind it, ``load_servable``
-``batching.py``     one worker thread per model, merging concurrent requests into batches
+``batching.py``     one worker thread per model, merging concurrent requests into batches of similar
+                    length within a token budget
+``metrics.py``      ``GET /metrics`` (prometheus_client, one registry per app) and the middleware that
+                    counts and times every request
 ``serve.html``      the page at ``GET /`` (the attention explorer's script and style inlined)
 ==================  ===================================================================================
 
-Nothing here imports FastAPI: the CLI reads the limits' defaults from :mod:`attnkit.serve.batching`
-for its ``--help`` without loading it.
+Nothing here imports FastAPI or prometheus_client (only ``app.py`` loads ``metrics.py``): the CLI
+reads the limits' defaults from :mod:`attnkit.serve.batching` for its ``--help`` without loading them.
 """

@@ -10,6 +10,9 @@ endpoint                   what it does
 ``GET /models``            name, task, languages, parameters, beam defaults (and classes) per model
 ``POST /translate``        ``{"model", "texts": [...], "beam", "n_best", "lenpen", "attention"}``
 ``POST /classify``         ``{"model", "texts": [...], "attention"}`` -> labels and probabilities
+``GET /metrics``           the server's own measurements in the Prometheus text format: requests by
+                           route and status, latency, queued texts, batch sizes, queue wait and time
+                           per stage (:mod:`attnkit.serve.metrics`)
 ``GET /docs``              FastAPI's OpenAPI page (``/openapi.json`` is the schema)
 =========================  ==========================================================================
 
@@ -22,8 +25,8 @@ uses :func:`attnkit.inference.translate.translate_texts`, classification
 
 **Dynamic batching** (:mod:`attnkit.serve.batching`). One inference thread owns each model; concurrent
 requests with the same decoding parameters are merged into one batch of at most ``max_batch``
-texts, waiting at most ``max_wait_ms`` for more to come. The event loop only parses, checks and
-awaits.
+texts and ``max_batch_tokens`` padded source tokens, those closest in length first, waiting at most
+``max_wait_ms`` for more to come. The event loop only parses, checks, measures lengths and awaits.
 
 **Routes.** Each is a function of this module reading the app's :class:`AppState` from
 ``request.app.state.serve``; :func:`create_app` registers them. The request and response shapes are
@@ -50,13 +53,14 @@ from typing import Any
 import torch
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi.responses import HTMLResponse, JSONResponse, Response
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 
 from ..common.errors import UserError
 from ..viz.explorer import explorer_data, fill_page, script_json
 from .batching import Limits, ModelWorker, QueueFull
+from .metrics import CONTENT_TYPE, TIMING, Measured, ServeMetrics
 from .schemas import (
     ClassifyRequest,
     ClassifyResponse,
@@ -71,7 +75,7 @@ from .servables import Servable, load_servable
 __all__ = ["AppState", "create_app", "listen", "serve"]
 
 #: Paths that need the API key when one is set; the page, /health and the OpenAPI page do not.
-PROTECTED = ("/models", "/translate", "/classify")
+PROTECTED = ("/models", "/translate", "/classify", "/metrics")
 #: Seconds a client is told to wait (``Retry-After``) when a model's queue is full.
 RETRY_AFTER = 1
 #: The page's Content-Security-Policy: it loads nothing from anywhere but this server.
@@ -150,13 +154,17 @@ class _Gate:
 @dataclass
 class AppState:
     """What the routes read (``request.app.state.serve``): the models by name and their workers (one
-    per model, started and drained with the app), the limits, the API key and the page."""
+    per model, started and drained with the app), the limits, the API key, the page and the metrics."""
 
     models: dict[str, Servable]
     limits: Limits
     api_key: str | None
     page: str
     workers: dict[str, ModelWorker] = field(default_factory=dict)
+    metrics: ServeMetrics = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.metrics = ServeMetrics(lambda: {name: w.stats()["queued"] for name, w in self.workers.items()})
 
 
 def _state(request: Request) -> AppState:
@@ -165,7 +173,7 @@ def _state(request: Request) -> AppState:
 
 async def _lifespan(app: FastAPI):
     state: AppState = app.state.serve
-    state.workers.update({name: ModelWorker(name, state.limits) for name in state.models})
+    state.workers.update({name: ModelWorker(name, state.limits, state.metrics.on_batch(name)) for name in state.models})
     yield
     await asyncio.get_running_loop().run_in_executor(None, lambda: [w.close() for w in state.workers.values()])
 
@@ -204,18 +212,25 @@ def _check_size(limits: Limits, texts: list[str]) -> None:
                                      f"{limits.max_chars} (--max-chars); split the text")
 
 
-async def _run(state: AppState, servable: Servable, key: tuple, fn: Callable[[list[str]], list],
+async def _run(request: Request, servable: Servable, key: tuple, fn: Callable[[list[str]], list],
                texts: list[str]) -> list:
-    """``fn(texts)`` on the model's worker, batched with the queued requests of the same ``key``."""
+    """``fn(texts)`` on the model's worker, batched with the queued requests of the same ``key`` and of
+    similar length (in source tokens; in characters for a servable that cannot count them)."""
+    state, timing = _state(request), request.scope.get(TIMING)
+    measure = getattr(servable, "lengths", None)
+    lengths = measure(texts) if measure is not None else None
     try:
-        future = state.workers[servable.info.name].submit(key, fn, texts)
+        future = state.workers[servable.info.name].submit(key, fn, texts, lengths)
     except QueueFull:
         raise HTTPException(503, f"model {servable.info.name!r} is busy ({state.limits.max_queue} texts queued, "
                                  "--max-queue); retry shortly", headers={"Retry-After": str(RETRY_AFTER)}) from None
+    state.metrics.job_queued(timing, servable.info.name)
     try:
         return await future
     except UserError as e:
         raise HTTPException(422, str(e)) from None
+    finally:
+        state.metrics.job_answered(timing)
 
 
 async def index(request: Request) -> HTMLResponse:
@@ -226,6 +241,10 @@ async def health(request: Request) -> dict:
     state = _state(request)
     return {"status": "ok", "api_key_required": state.api_key is not None,
             "models": {name: worker.stats() for name, worker in state.workers.items()}}
+
+
+async def metrics(request: Request) -> Response:
+    return Response(_state(request).metrics.render(), media_type=CONTENT_TYPE)
 
 
 async def list_models(request: Request) -> dict[str, list[dict]]:
@@ -241,12 +260,12 @@ async def translate(req: TranslateRequest, request: Request) -> TranslateRespons
     if req.n_best > beam:
         raise HTTPException(422, f"n_best: {req.n_best} is more than the beam {beam}; ask for a beam of at "
                                  "least n_best")
-    hyps = await _run(state, servable, ("translate", beam, req.n_best, lenpen),
+    hyps = await _run(request, servable, ("translate", beam, req.n_best, lenpen),
                       partial(servable.translate, beam=beam, n_best=req.n_best, lenpen=lenpen), req.texts)
     attention = None
     if req.attention:
         maps = partial(servable.attention, beam=beam, lenpen=lenpen)
-        attention = await _run(state, servable, ("attention", beam, lenpen),
+        attention = await _run(request, servable, ("attention", beam, lenpen),
                                lambda texts: [explorer_data(maps(t)) for t in texts], req.texts)
     return TranslateResponse(model=servable.info.name, translations=[h[0] for h in hyps],
                              n_best=hyps if req.n_best > 1 else None, attention=attention)
@@ -257,11 +276,11 @@ async def classify(req: ClassifyRequest, request: Request) -> ClassifyResponse:
     servable = _pick(state, req.model, "classify")
     _check_size(state.limits, req.texts)
     classes = servable.info.classes or []
-    probs = await _run(state, servable, ("classify",), servable.classify, req.texts)
+    probs = await _run(request, servable, ("classify",), servable.classify, req.texts)
     attention = None
     if req.attention:
         maps = partial(servable.attention, beam=1, lenpen=0.0)
-        attention = await _run(state, servable, ("attention",), lambda texts: [explorer_data(maps(t)) for t in texts],
+        attention = await _run(request, servable, ("attention",), lambda texts: [explorer_data(maps(t)) for t in texts],
                                req.texts)
     results = [Prediction(label=classes[max(range(len(p)), key=p.__getitem__)],
                           probabilities=dict(zip(classes, p, strict=True))) for p in probs]
@@ -269,7 +288,8 @@ async def classify(req: ClassifyRequest, request: Request) -> ClassifyResponse:
 
 
 def create_app(servables: list[Servable], limits: Limits | None = None, api_key: str | None = None) -> Any:
-    """The ASGI app serving ``servables`` (each under ``info.name``): FastAPI behind :class:`_Gate`.
+    """The ASGI app serving ``servables`` (each under ``info.name``): FastAPI behind :class:`_Gate`, behind
+    :class:`~attnkit.serve.metrics.Measured` (which counts and times every request, refused ones too).
 
     Its workers start with the app (lifespan) and are drained when it shuts down.
     """
@@ -293,7 +313,8 @@ def create_app(servables: list[Servable], limits: Limits | None = None, api_key:
     app.get("/models")(list_models)
     app.post("/translate", response_model=TranslateResponse, response_model_exclude_none=True)(translate)
     app.post("/classify", response_model=ClassifyResponse, response_model_exclude_none=True)(classify)
-    return _Gate(app, api_key, limits.max_body)
+    app.get("/metrics", response_class=Response, include_in_schema=False)(metrics)
+    return Measured(_Gate(app, api_key, limits.max_body), app.state.serve.metrics)
 
 
 # --------------------------------------------------------------------------------------

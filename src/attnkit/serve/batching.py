@@ -1,15 +1,17 @@
 """Dynamic batching for ``attnkit serve``: one worker thread per model, merging concurrent requests.
 
 The server (:mod:`attnkit.serve`) queues each request's texts as a job with a key (what to run and
-with which decoding parameters); the model's :class:`ModelWorker` takes the oldest job and the queued
-jobs with the same key, up to ``max_batch`` texts, waiting at most ``max_wait_ms`` for more (after the
-oldest arrived, or after the previous batch was answered), and runs them as one call. Only this
-thread touches the model.
+with which decoding parameters) and each text's length in source tokens; the model's
+:class:`ModelWorker` takes the oldest job and the queued jobs with the same key closest to it in length,
+up to ``max_batch`` texts and ``max_batch_tokens`` padded tokens, waiting at most ``max_wait_ms`` for
+more (after the oldest arrived, or after the previous batch was answered), and runs them as one call.
+Only this thread touches the model.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from collections import deque
@@ -18,7 +20,7 @@ from dataclasses import dataclass
 
 from ..common.errors import UserError
 
-__all__ = ["Limits", "ModelWorker", "QueueFull"]
+__all__ = ["BatchRecord", "Limits", "ModelWorker", "QueueFull"]
 
 
 @dataclass(frozen=True)
@@ -31,10 +33,21 @@ class Limits:
     max_queue: int = 256  # texts waiting per model; beyond: 503
     max_batch: int = 32  # texts per model batch
     max_wait_ms: float = 5.0  # how long the oldest queued request waits for others to join its batch
+    max_batch_tokens: int = 4096  # padded source tokens per model batch: texts x the longest text's tokens
 
 
 class QueueFull(Exception):
     """The model's queue holds ``max_queue`` texts already (HTTP 503)."""
+
+
+@dataclass(frozen=True)
+class BatchRecord:
+    """What one batch was, for the server's metrics (:mod:`attnkit.serve.metrics`)."""
+
+    texts: int  # texts in the batch
+    tokens: int  # padded source tokens: texts x the longest text's length, as padding makes it
+    waits: tuple[float, ...]  # per job: seconds from submit to the batch being taken
+    compute: float  # seconds of the model call (the first try, when one job had to run alone after it)
 
 
 @dataclass
@@ -42,8 +55,18 @@ class _Job:
     key: tuple  # jobs with equal keys may share a batch: (what, decoding parameters)
     run: Callable[[list[str]], list]  # texts -> one result per text; the same for every job of a key
     texts: list[str]
+    lengths: list[int]  # each text's length (source tokens, or characters where the model cannot say)
     future: asyncio.Future
-    arrived: float
+    arrived: float  # time.monotonic() at submit
+
+    @property
+    def longest(self) -> int:
+        return max(self.lengths, default=0)
+
+
+def padded_tokens(jobs: list[_Job]) -> int:
+    """Source tokens of ``jobs`` run as one batch: every text is padded to the longest."""
+    return sum(len(j.texts) for j in jobs) * max((j.longest for j in jobs), default=0)
 
 
 class ModelWorker:
@@ -52,12 +75,16 @@ class ModelWorker:
     :meth:`submit` (from the event loop) queues texts and returns a future of their results; the
     thread takes the oldest job, waits up to ``max_wait_ms`` after its arrival (or after the previous
     batch was answered, if that is later) for jobs with the same key until ``max_batch`` texts are
-    queued, runs them as one call and resolves each job's future with its share. A job larger than
-    ``max_batch`` runs alone. :meth:`close` lets it finish what is queued, then stops it.
+    queued, runs them as one call and resolves each job's future with its share. Which jobs join the
+    oldest is :meth:`_select`'s rule (closest in length, within ``max_batch`` texts and
+    ``max_batch_tokens`` padded tokens). A job larger than either limit runs alone. :meth:`close` lets
+    it finish what is queued, then stops it. ``on_batch`` (if given) hears of every batch, from the
+    worker thread, before its futures are resolved.
     """
 
-    def __init__(self, name: str, limits: Limits) -> None:
+    def __init__(self, name: str, limits: Limits, on_batch: Callable[[BatchRecord], None] | None = None) -> None:
         self.limits = limits
+        self.on_batch = on_batch
         self._jobs: deque[_Job] = deque()
         self._queued = 0  # texts in self._jobs
         self._closed = False
@@ -67,23 +94,53 @@ class ModelWorker:
         self._thread = threading.Thread(target=self._serve, name=f"attnkit-serve-{name}", daemon=True)
         self._thread.start()
 
-    def submit(self, key: tuple, run: Callable[[list[str]], list], texts: list[str]) -> asyncio.Future:
+    def submit(self, key: tuple, run: Callable[[list[str]], list], texts: list[str],
+               lengths: list[int] | None = None) -> asyncio.Future:
         """Queue ``texts`` (called from the event loop); the future gets ``run``'s results for them.
+
+        ``lengths``: each text's length in source tokens (default: its characters), for grouping.
 
         :raises QueueFull: the queue would hold more than ``max_queue`` texts, or the worker is closing.
         """
+        lengths = [len(t) for t in texts] if lengths is None else list(lengths)
+        if len(lengths) != len(texts):
+            raise ValueError(f"{len(lengths)} lengths for {len(texts)} texts")
         future = asyncio.get_running_loop().create_future()
         with self._cond:
             if self._closed or self._queued + len(texts) > self.limits.max_queue:
                 raise QueueFull
-            self._jobs.append(_Job(key, run, texts, future, time.monotonic()))
+            self._jobs.append(_Job(key, run, texts, lengths, future, time.monotonic()))
             self._queued += len(texts)
             self._cond.notify()
         return future
 
+    def _select(self, first: _Job) -> list[_Job]:
+        """The jobs to run with ``first`` (the oldest), in queue order.
+
+        The rule (offline batching sorts by length for the same reason): the oldest job always runs;
+        the queued jobs of its key join it closest in length first (the older first on a tie), each
+        only if the batch stays within ``max_batch`` texts and within ``max_batch_tokens`` tokens as
+        padded (texts x longest). So a long request does not pad short ones past the budget, and a job
+        above a limit on its own runs alone. Called with the lock held.
+        """
+        limits = self.limits
+        batch, size, longest = [first], len(first.texts), first.longest
+        others = [j for j in self._jobs if j is not first and j.key == first.key]
+        for job in sorted(others, key=lambda j: abs(j.longest - first.longest)):  # stable: older first on ties
+            grown, wider = size + len(job.texts), max(longest, job.longest)
+            if grown <= limits.max_batch and grown * wider <= limits.max_batch_tokens:
+                batch.append(job)
+                size, longest = grown, wider
+        order = {id(j): i for i, j in enumerate(self._jobs)}
+        return sorted(batch, key=lambda j: order[id(j)])
+
+    def _full(self, batch: list[_Job]) -> bool:
+        """No job could join ``batch``: it holds ``max_batch`` texts, or one more text would pad it past the budget."""
+        size, longest = sum(len(j.texts) for j in batch), max(j.longest for j in batch)
+        return size >= self.limits.max_batch or (size + 1) * longest > self.limits.max_batch_tokens
+
     def _take(self) -> list[_Job] | None:
-        """The next batch: the oldest job and the queued ones with its key (None once closed and drained)."""
-        limit = self.limits.max_batch
+        """The next batch: the oldest job and queued ones with its key (None once closed and drained)."""
         with self._cond:
             while not self._jobs:
                 if self._closed:
@@ -94,28 +151,26 @@ class ModelWorker:
             # send their next request and join, rather than the queue splitting into alternating halves
             deadline = max(first.arrived, self._free_since) + self.limits.max_wait_ms / 1000
             while not self._closed:
-                ready = sum(len(j.texts) for j in self._jobs if j.key == first.key)
                 remaining = deadline - time.monotonic()
-                if ready >= limit or remaining <= 0:
+                ready = sum(len(j.texts) for j in self._jobs if j.key == first.key)  # texts of its key queued
+                if remaining <= 0 or ready >= self.limits.max_batch or self._full(self._select(first)):
                     break
                 self._cond.wait(remaining)
-            batch, size = [], 0
-            for job in self._jobs:
-                if job.key == first.key and (not batch or size + len(job.texts) <= limit):
-                    batch.append(job)
-                    size += len(job.texts)
+            batch = self._select(first)
             taken = {id(j) for j in batch}
             self._jobs = deque(j for j in self._jobs if id(j) not in taken)
-            self._queued -= size
+            self._queued -= sum(len(j.texts) for j in batch)
             return batch
 
     def _serve(self) -> None:
         while (batch := self._take()) is not None:
+            started = time.monotonic()
             self.batches += 1
             self.texts += sum(len(job.texts) for job in batch)
             try:
                 results = batch[0].run([t for job in batch for t in job.texts])
             except UserError as e:
+                self._record(batch, started)
                 if len(batch) == 1:
                     self._resolve(batch[0], error=e)
                     continue
@@ -123,14 +178,27 @@ class ModelWorker:
                     self._run_alone(job)
                 continue
             except Exception as e:  # a bug: every request of the batch gets a 500 (the app logs it)
+                self._record(batch, started)
                 for job in batch:
                     self._resolve(job, error=e)
                 continue
+            self._record(batch, started)
             start = 0
             for job in batch:
                 self._resolve(job, results[start: start + len(job.texts)])
                 start += len(job.texts)
             self._free_since = time.monotonic()
+
+    def _record(self, batch: list[_Job], started: float) -> None:
+        """Tell ``on_batch`` of a batch taken at ``started`` (a failing listener does not stop the worker)."""
+        if self.on_batch is None:
+            return
+        record = BatchRecord(texts=sum(len(j.texts) for j in batch), tokens=padded_tokens(batch),
+                             waits=tuple(started - j.arrived for j in batch), compute=time.monotonic() - started)
+        try:
+            self.on_batch(record)
+        except Exception:  # metrics must never fail a request; a bug there is logged
+            logging.getLogger(__name__).exception("attnkit serve: recording a batch failed")
 
     def _run_alone(self, job: _Job) -> None:
         try:

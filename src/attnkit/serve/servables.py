@@ -55,11 +55,14 @@ class Servable(Protocol):
     Calls come from the model's one worker thread, never two at a time. ``translate`` returns the
     n-best list of every text, ``classify`` the class probabilities of every text (in the order of
     ``info.classes``), ``attention`` every attention map of one text (:class:`AttentionMaps`).
-    Each raises :class:`UserError` for what the model cannot do.
+    Each raises :class:`UserError` for what the model cannot do. ``lengths`` is every text's length in
+    source tokens (as the model's tokenizer counts them, without BOS/EOS), for the worker's
+    length-aware batching; it is called from the event loop, so it must be cheap and touch no model.
     """
 
     info: ModelInfo
 
+    def lengths(self, texts: list[str]) -> list[int]: ...
     def translate(self, texts: list[str], *, beam: int, n_best: int, lenpen: float) -> list[list[str]]: ...
     def classify(self, texts: list[str]) -> list[list[float]]: ...
     def attention(self, text: str, *, beam: int, lenpen: float) -> AttentionMaps: ...
@@ -93,6 +96,9 @@ class RunServable:
                             f"fine-tuned from it (model.init_from)")
         self.info = _INFO[serves](run, name, sum(p.numel() for p in run.model.parameters()))
 
+    def lengths(self, texts: list[str]) -> list[int]:
+        return [len(ids) for ids in self.run.tok.encode_src(texts, threads=1)]  # SentencePiece only
+
     def translate(self, texts: list[str], *, beam: int, n_best: int, lenpen: float) -> list[list[str]]:
         return translate_texts(self.run.model, self.run.tok, texts, beam=beam, lenpen=lenpen, n_best=n_best)
 
@@ -115,6 +121,9 @@ class ExportedServable:
             source_language=source, target_language=target,
             parameters=self.translator.parameters, beam=self.translator.decode.beam,
             lenpen=self.translator.decode.lenpen, classes=None)
+
+    def lengths(self, texts: list[str]) -> list[int]:
+        return [len(ids) for ids in self.translator.tok.encode_src(texts, threads=1)]  # the export's tokenizer
 
     def translate(self, texts: list[str], *, beam: int, n_best: int, lenpen: float) -> list[list[str]]:
         d = self.translator.decode

@@ -1,0 +1,222 @@
+"""Tests for `GET /metrics` (attnkit.serve.metrics) and the worker's length-aware batching with a token budget
+(attnkit.serve.batching): the app in process (Starlette's TestClient runs its lifespan, so its workers) with the
+tiny translation run; the worker on its own with made-up lengths; served outputs still equal offline ones."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import threading
+import warnings
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from attnkit.cli import main
+from attnkit.inference.translate import translate_texts
+from attnkit.runs.load import load_run
+from attnkit.serve.app import create_app
+from attnkit.serve.batching import BatchRecord, Limits, ModelWorker
+from attnkit.serve.servables import RunServable
+
+with warnings.catch_warnings():  # Starlette >= 1 asks for httpx2 under its TestClient; httpx still works
+    warnings.filterwarnings("ignore", message="Using `httpx` with `starlette.testclient` is deprecated")
+    from fastapi.testclient import TestClient
+
+TEXTS = ["3. März 2021", "May 1, 1999", "12.10.1999", "Sonntag, 3. März 2024", "1999-05-01", "2021年3月3日",
+         "Montag, 12. Oktober 1999", "1. 1. 2000"]
+
+
+@pytest.fixture(scope="module")
+def dates(translation_run: Path) -> RunServable:
+    return RunServable(load_run(translation_run), "dates")
+
+
+def offline(servable: RunServable, texts: list[str]) -> list[str]:
+    """What `attnkit translate --beam 1` gives for each text, one at a time."""
+    run = servable.run
+    return [translate_texts(run.model, run.tok, [t], beam=1, lenpen=run.cfg.decode_lenpen)[0][0] for t in texts]
+
+
+def scrape(client: TestClient, **headers: str) -> dict[tuple[str, frozenset], float]:
+    """``/metrics`` parsed by prometheus_client's own parser: (sample name, labels) -> value."""
+    r = client.get("/metrics", headers=headers)
+    assert r.status_code == 200, r.text
+    assert r.headers["content-type"].startswith("text/plain")
+    return {(s.name, frozenset(s.labels.items())): s.value
+            for family in text_string_to_metric_families(r.text) for s in family.samples}
+
+
+def value(samples: dict, name: str, **labels: str) -> float:
+    return samples.get((name, frozenset(labels.items())), 0.0)
+
+
+# -- GET /metrics ----------------------------------------------------------------------------------
+
+
+def test_metrics_count_requests_batches_and_stages(dates):
+    n = len(TEXTS)
+    app = create_app([dates], Limits(max_wait_ms=0))
+    with TestClient(app) as client:
+        served = []
+        for text in TEXTS:  # one after the other: one batch each
+            r = client.post("/translate", json={"texts": [text], "beam": 1})
+            assert r.status_code == 200, r.text
+            served.append(r.json()["translations"][0])
+        assert client.post("/translate", json={"texts": ["x"], "beam": 0}).status_code == 422
+        assert client.get("/nowhere/at/all").status_code == 404
+        health = client.get("/health").json()["models"]["dates"]
+        samples = scrape(client)
+
+    assert served == offline(dates, TEXTS)
+    assert value(samples, "attnkit_serve_requests_total", route="/translate", status="200") == n
+    assert value(samples, "attnkit_serve_requests_total", route="/translate", status="422") == 1
+    assert value(samples, "attnkit_serve_requests_total", route="other", status="404") == 1  # no label per path
+    assert value(samples, "attnkit_serve_requests_total", route="/health", status="200") == 1
+    assert value(samples, "attnkit_serve_request_seconds_count", route="/translate") == n + 1
+    # one observation per batch the worker ran; the texts add up
+    assert health["batches"] == n and health["texts"] == n
+    assert value(samples, "attnkit_serve_batch_texts_count", model="dates") == health["batches"]
+    assert value(samples, "attnkit_serve_batch_texts_sum", model="dates") == health["texts"]
+    # a batch of one text is as many tokens as that text (the 422 never reached the worker)
+    assert value(samples, "attnkit_serve_batch_tokens_sum", model="dates") == sum(dates.lengths(TEXTS))
+    assert value(samples, "attnkit_serve_queue_wait_seconds_count", model="dates") == n
+    for stage in ("parse", "queue", "compute", "serialise"):
+        assert value(samples, "attnkit_serve_stage_seconds_count", model="dates", stage=stage) == n, stage
+        assert value(samples, "attnkit_serve_stage_seconds_sum", model="dates", stage=stage) >= 0
+    compute = value(samples, "attnkit_serve_stage_seconds_sum", model="dates", stage="compute")
+    latency = value(samples, "attnkit_serve_request_seconds_sum", route="/translate")
+    assert 0 < compute < latency  # the model's time is part of the requests' time
+    assert value(samples, "attnkit_serve_queued_texts", model="dates") == 0
+
+
+def test_metrics_needs_the_api_key_when_one_is_set(dates):
+    with TestClient(create_app([dates], api_key="s3cret")) as client:
+        r = client.get("/metrics")
+        assert r.status_code == 401 and "API key missing" in r.json()["error"]
+        samples = scrape(client, Authorization="Bearer s3cret")
+    assert value(samples, "attnkit_serve_requests_total", route="/metrics", status="401") == 1
+    with TestClient(create_app([dates])) as client:  # no key: open, like /health
+        assert client.get("/metrics").status_code == 200
+
+
+def test_each_app_has_its_own_registry(dates):
+    with TestClient(create_app([dates])) as one, TestClient(create_app([dates])) as other:
+        one.get("/health")
+        assert value(scrape(one), "attnkit_serve_requests_total", route="/health", status="200") == 1
+        assert value(scrape(other), "attnkit_serve_requests_total", route="/health", status="200") == 0
+
+
+# -- length-aware batching within a token budget ---------------------------------------------------
+
+
+def held_worker(limits: Limits):
+    """A worker whose first batch waits for ``gate``, so that everything submitted meanwhile is queued together;
+    ``calls`` records each batch's texts, ``records`` each BatchRecord."""
+    gate, calls, records = threading.Event(), [], []
+
+    def run(texts: list[str]) -> list[str]:
+        gate.wait(10)
+        calls.append(texts)
+        return [t.upper() for t in texts]
+
+    worker = ModelWorker("test", limits, records.append)
+    return worker, run, gate, calls, records
+
+
+def test_short_requests_are_not_batched_with_a_long_one_past_the_budget():
+    async def scenario(first_is_long: bool) -> list[list[str]]:
+        worker, run, gate, calls, records = held_worker(Limits(max_batch=8, max_batch_tokens=100, max_wait_ms=0))
+        held = worker.submit(("k",), run, ["held"], [1])
+        await asyncio.sleep(0.2)  # the worker has taken it and waits at the gate
+        jobs = [(["long"], [60]), (["s1"], [5]), (["s2", "s3"], [6, 4]), (["s4"], [5])]
+        if not first_is_long:
+            jobs = jobs[1:2] + jobs[:1] + jobs[2:]
+        futures = [worker.submit(("k",), run, texts, lengths) for texts, lengths in jobs]
+        gate.set()
+        results = await asyncio.gather(held, *futures)
+        worker.close(timeout=10)
+        assert results[1:] == [[t.upper() for t in texts] for texts, _ in jobs]
+        assert all(r.tokens <= 100 for r in records)
+        return calls[1:]
+
+    # the short ones run together, the long one alone, whichever came first (5 x 60 tokens > 100)
+    assert asyncio.run(scenario(first_is_long=True)) == [["long"], ["s1", "s2", "s3", "s4"]]
+    assert asyncio.run(scenario(first_is_long=False)) == [["s1", "s2", "s3", "s4"], ["long"]]
+
+
+def test_batches_stay_within_the_budget_and_group_similar_lengths():
+    budget, rng = 120, random.Random(0)
+    lengths = [rng.choice([2, 3, 4, 5, 30, 35, 40, 150]) for _ in range(60)]
+
+    async def scenario() -> tuple[list[list[str]], list[BatchRecord]]:
+        worker, run, gate, calls, records = held_worker(Limits(max_batch=16, max_batch_tokens=budget,
+                                                               max_wait_ms=0))
+        held = worker.submit(("k",), run, ["held"], [1])
+        await asyncio.sleep(0.2)
+        futures = [worker.submit(("k",), run, [f"t{i}"], [n]) for i, n in enumerate(lengths)]
+        gate.set()
+        results = await asyncio.gather(held, *futures)
+        worker.close(timeout=10)
+        assert results[1:] == [[f"T{i}"] for i in range(len(lengths))]
+        return calls[1:], records[1:]
+
+    calls, records = asyncio.run(scenario())
+    assert sorted(t for batch in calls for t in batch) == sorted(f"t{i}" for i in range(len(lengths)))
+    for batch, record in zip(calls, records, strict=True):
+        longest = max(lengths[int(t[1:])] for t in batch)
+        assert record.texts == len(batch) <= 16 and record.tokens == len(batch) * longest  # padded: size x longest
+        assert record.tokens <= budget or len(batch) == 1  # only a text over the budget on its own exceeds it
+        if longest == 150:
+            assert len(batch) == 1
+    assert len(records) == len(calls) < len(lengths) / 2  # batches are filled: far fewer than one per text
+    # grouping by length pads less than taking the queue in order under the same limits
+    fifo, queue = 0, list(lengths)
+    while queue:
+        batch = [queue.pop(0)]
+        for n in list(queue):
+            if len(batch) < 16 and (len(batch) + 1) * max(batch + [n]) <= budget:
+                batch.append(n)
+                queue.remove(n)
+        fifo += len(batch) * max(batch)
+    assert sum(r.tokens for r in records) < fifo
+
+
+def test_length_grouped_batches_give_the_offline_translations(dates):
+    texts = TEXTS * 3
+    lengths = dates.lengths(texts)
+    assert lengths == [len(ids) for ids in dates.run.tok.encode_src(texts)]
+    budget = 2 * max(lengths)  # several batches, mixed lengths split
+
+    async def scenario() -> tuple[list[list[str]], list[BatchRecord]]:
+        records: list[BatchRecord] = []
+        worker = ModelWorker("dates", Limits(max_batch=8, max_batch_tokens=budget, max_wait_ms=50), records.append)
+        run = lambda batch: dates.translate(batch, beam=1, n_best=1, lenpen=dates.info.lenpen)  # noqa: E731
+        futures = [worker.submit(("translate",), run, [t], dates.lengths([t])) for t in texts]
+        results = await asyncio.gather(*futures)
+        worker.close(timeout=60)
+        return results, records
+
+    results, records = asyncio.run(scenario())
+    assert [r[0][0] for r in results] == offline(dates, texts)
+    assert sum(r.texts for r in records) == len(texts) and len(records) < len(texts)
+    assert all(r.tokens <= budget for r in records)
+
+
+# -- the command line ------------------------------------------------------------------------------
+
+
+def test_help_names_the_metrics_route_and_the_token_budget(capsys):
+    with pytest.raises(SystemExit):
+        main(["serve", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "GET /metrics" in out and "Prometheus" in out
+    assert "--max-batch-tokens N" in out and f"(default: {Limits().max_batch_tokens})" in out
+    assert "/classify and /metrics" in out  # the API key covers it
+
+
+def test_max_batch_tokens_must_be_positive(translation_run, capsys):
+    assert main(["serve", str(translation_run), "--max-batch-tokens", "0"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--max-batch-tokens" in err
