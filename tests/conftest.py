@@ -30,6 +30,16 @@ def classifier_run(tmp_path_factory) -> Path:
     return _trained(tmp_path_factory, "classification", classification_config)
 
 
+@pytest.fixture
+def text(tmp_path: Path) -> Path:
+    """A tiny text file to pretrain on: 200 short generated movie sentences, one per line."""
+    from test_pretrain import sentences
+
+    path = tmp_path / "text.txt"
+    path.write_text("".join(s + "\n" for s in sentences(200)), encoding="utf-8")
+    return path
+
+
 def _browser() -> tuple[str, str]:
     """(chromium, chromedriver) paths, or skip (fail under CI) saying what is missing."""
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")

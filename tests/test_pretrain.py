@@ -49,11 +49,6 @@ def write_yaml(path: Path, raw: dict) -> Path:
     return path
 
 
-@pytest.fixture
-def text(tmp_path: Path) -> Path:
-    path = tmp_path / "text.txt"
-    path.write_text("".join(s + "\n" for s in sentences(200)), encoding="utf-8")
-    return path
 
 
 # -- masking -----------------------------------------------------------------------------
@@ -121,16 +116,21 @@ def weights(run: Path, step: int) -> dict[str, torch.Tensor]:
     return load_weights(run / "checkpoints" / f"step-{step:08d}" / "model.safetensors")[0]
 
 
-def test_resume_of_a_pretraining_run_is_bitwise_identical(tmp_path: Path, text: Path, capsys) -> None:
-    raw = pretrain_raw(text, valid_every=5, keep_checkpoints=10)
-    raw["model"]["transformer"]["dropout"] = 0.1
+def straight_and_resumed(raw: dict, tmp_path: Path) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """The weights after 12 updates of ``raw`` (dropout 0.1) trained straight, and trained 7 then resumed to 12."""
+    raw = {**raw, "train": {**raw["train"], "valid_every": 5, "keep_checkpoints": 10}}
+    raw["model"] = {**raw["model"], "transformer": {**raw["model"]["transformer"], "dropout": 0.1}}
     config = write_yaml(tmp_path / "p.yaml", raw)
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     assert main(["train", str(config), "--run-dir", str(straight), "train.max_updates=12"]) == 0
     assert main(["train", str(config), "--run-dir", str(resumed), "train.max_updates=7"]) == 0
     assert main(["train", str(config), "--run-dir", str(resumed), "--resume", "train.max_updates=12"]) == 0
+    return weights(straight, 12), weights(resumed, 12)
+
+
+def test_resume_of_a_pretraining_run_is_bitwise_identical(tmp_path: Path, text: Path, capsys) -> None:
+    a, b = straight_and_resumed(pretrain_raw(text), tmp_path)
     capsys.readouterr()
-    a, b = weights(straight, 12), weights(resumed, 12)
     assert a.keys() == b.keys()
     for key in a:
         assert torch.equal(a[key], b[key]), key

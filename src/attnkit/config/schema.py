@@ -96,12 +96,21 @@ class MLMConfig:
     random: float = 0.1  # of those: replaced by a random subword (the rest stay as they are)
     min_len: int = 4  # text windows shorter than this many subwords are not trained on
     valid_windows: int = 2000  # validate on at most this many held-out windows
+    # mlm: restore the masked subwords (BERT); electra: detect the subwords a small generator replaced
+    # (replaced-token detection, Clark et al. 2020; every selected subword -> <mask>, mask/random unused)
+    objective: Literal["mlm", "electra"] = "mlm"
+    generator_width: float = 0.25  # electra: the generator's d_model, d_ff and heads as a share of the encoder's
+    electra_weight: float = 50.0  # electra: lambda, the weight of the discriminator's loss (the paper's 50)
 
     def validate(self) -> None:
         if not 0.0 < self.select < 1.0:
             raise UserError(f"select must be in (0, 1), got {self.select}")
         if self.mask < 0 or self.random < 0 or self.mask + self.random > 1.0:
             raise UserError(f"mask ({self.mask}) and random ({self.random}) must be >= 0 and sum to at most 1")
+        if not 0.0 < self.generator_width <= 1.0:
+            raise UserError(f"generator_width must be in (0, 1], got {self.generator_width}")
+        if not 0.0 <= self.electra_weight < float("inf"):
+            raise UserError(f"electra_weight must be a finite number >= 0, got {self.electra_weight}")
 
 
 @dataclass

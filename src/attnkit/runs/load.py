@@ -21,9 +21,9 @@ from ..classifier import TransformerClassifier
 from ..common.errors import UserError
 from ..config.loader import load_config
 from ..config.schema import RunConfig
-from ..data.tokenizer import Tokenizer
+from ..data.tokenizer import BOS_ID, EOS_ID, UNK_ID, Tokenizer
 from ..engine import accelerate
-from ..mlm import MaskedLanguageModel
+from ..mlm import MaskedLanguageModel, ReplacedTokenDetection
 from ..rnn import RNNSeq2Seq
 from ..transformer import Transformer
 from .checkpoint import check_compatible, load_weights
@@ -79,9 +79,14 @@ def build_classifier(cfg: RunConfig, tok: Tokenizer, classes: list[str] | None) 
 
 
 def build_encoder_lm(cfg: RunConfig, tok: Tokenizer, classes: list[str] | None = None) -> nn.Module:
-    """The :class:`MaskedLanguageModel` an encoder is pretrained as."""
+    """The model an encoder is pretrained as (``mlm.objective``): a :class:`MaskedLanguageModel`, or ELECTRA's
+    :class:`ReplacedTokenDetection` (its generator never samples a special piece, which no target is)."""
     if cfg.model.arch != "transformer":
         raise UserError("task pretrain needs model.arch: transformer")
+    if cfg.mlm.objective == "electra":
+        specials = (UNK_ID, BOS_ID, EOS_ID) + ((tok.mask_id,) if tok.mask_id is not None else ())
+        return ReplacedTokenDetection(cfg.model.transformer, tok.src_vocab_size,
+                                      generator_width=cfg.mlm.generator_width, never_sample=specials)
     return MaskedLanguageModel(cfg.model.transformer, tok.src_vocab_size)
 
 

@@ -1,4 +1,4 @@
-"""``task: pretrain``: masked-language-model pretraining on unlabelled text, and fine-tuning from it.
+"""``task: pretrain``: masked-language-model (or ELECTRA) pretraining on unlabelled text, and fine-tuning from it.
 
     attnkit train configs/imdb-pretrain.yaml --run-dir runs/imdb-pretrain      # MLM on the review text
     attnkit train configs/imdb-finetune.yaml --run-dir runs/imdb-finetune      # model.init_from: runs/imdb-pretrain
@@ -9,6 +9,14 @@ streamed, a SentencePiece tokenizer with a ``<mask>`` piece, each text cut into 
 ``data.max_len`` subwords, memory-mapped) and corrupts every batch as BERT does (:mod:`attnkit.mlm`).
 Validation: the MLM loss and the accuracy on the masked
 positions of held-out texts, under a fixed corruption.
+
+With ``mlm.objective: electra`` the encoder is trained as ELECTRA's discriminator instead
+(:class:`attnkit.mlm.ReplacedTokenDetection`): collate masks every selected subword, the model's
+generator samples the replacements in its forward pass (torch's default generator, so resume stays
+exact), and the loss is :class:`~attnkit.mlm.ReplacedTokenDetectionLoss`; ``n_targets`` is still the
+number of selected positions. Its validation reports the generator's masked accuracy and the
+discriminator's loss and accuracy over every non-pad position (``score`` = that accuracy), with the
+masks and the samples drawn from a fixed seed.
 
 A classification run with ``model.init_from: RUN`` copies that run's tokenizer and starts from its
 encoder and embedding weights (:mod:`attnkit.tasks.init_from`); the classification head is new.
@@ -37,7 +45,7 @@ from ..data.prepare import Encoded, flat
 from ..data.readers import ReadStats, base_suffix, iter_lines
 from ..data.tokenizer import BOS_ID, EOS_ID, PAD_ID, TOKENIZER_FILE, UNK_ID, Tokenizer
 from ..engine import FusedMLMLoss
-from ..mlm import MLMLoss, mask_tokens
+from ..mlm import MLMLoss, ReplacedTokenDetectionLoss, mask_tokens, replaced_labels
 from .base import BaseRecipe, EpochTask, TaskSpec
 
 #: Validation always corrupts the held-out texts with this seed, so every validation scores the same task.
@@ -163,15 +171,19 @@ class PretrainTask(EpochTask):
             f"per epoch, {padding:.1%} of positions padding")
 
     def objective(self, model: nn.Module) -> nn.Module:
-        """The reference loss, or the engine's fused one (``train.engine``); the same value."""
+        """The reference loss, or the engine's fused one (``train.engine``); the same value. ELECTRA: its loss."""
+        if self.cfg.mlm.objective == "electra":
+            return ReplacedTokenDetectionLoss(model, self.cfg.mlm.electra_weight)
         return FusedMLMLoss(model) if self.cfg.train.engine == "fast" else MLMLoss(model)
 
     def _corrupt(self, tokens: Tensor, device: torch.device, generator: torch.Generator | None) -> MLMBatch:
-        """BERT's corruption of ``tokens`` (B, T), padded, on the CPU: the masks come from the CPU generator."""
+        """BERT's corruption of ``tokens`` (B, T), padded, on the CPU: the masks come from the CPU generator.
+        ELECTRA replaces every selected subword by ``<mask>`` (its generator fills them in)."""
         m = self.cfg.mlm
+        mask, random = (1.0, 0.0) if m.objective == "electra" else (m.mask, m.random)
         inputs, selected = mask_tokens(tokens, mask_id=self.tok.mask_id, special_ids=(UNK_ID, BOS_ID, EOS_ID),
-                                       vocab_size=self.tok.src_vocab_size, select=m.select, mask=m.mask,
-                                       random=m.random, generator=generator)
+                                       vocab_size=self.tok.src_vocab_size, select=m.select, mask=mask,
+                                       random=random, generator=generator)
         targets = tokens[selected]  # (N,)
         return MLMBatch(inputs.to(device), selected.to(device), targets.to(device), int(selected.sum()))
 
@@ -182,15 +194,21 @@ class PretrainTask(EpochTask):
     def loss(self, objective: nn.Module, batch: MLMBatch, label_smoothing: float) -> Tensor:
         return objective(batch.tokens, batch.selected, batch.targets, label_smoothing)
 
+    def _valid_batches(self, device: torch.device, generator: torch.Generator) -> Iterator[MLMBatch]:
+        """The held-out windows in batches, corrupted with ``generator``."""
+        order = make_batches(self.valid_x.lengths, None, self.cfg.train.max_tokens, seed=0, epoch=0, shuffle=False)
+        for b_index in range(len(order)):
+            yield self._corrupt(self.valid_x.pad(order.array(b_index), PAD_ID), device, generator)
+
     def validate(self, model: nn.Module, device: torch.device) -> dict[str, float]:
         """MLM loss (no smoothing) and accuracy on the masked positions of the held-out windows; score = accuracy."""
+        if self.cfg.mlm.objective == "electra":
+            return self._validate_electra(model, device)
         model.eval()
         generator = torch.Generator().manual_seed(VALID_MASK_SEED)
         total, correct, n = 0.0, 0, 0
-        order = make_batches(self.valid_x.lengths, None, self.cfg.train.max_tokens, seed=0, epoch=0, shuffle=False)
         with torch.inference_mode():
-            for b_index in range(len(order)):
-                b = self._corrupt(self.valid_x.pad(order.array(b_index), PAD_ID), device, generator)
+            for b in self._valid_batches(device, generator):
                 logits = model(b.tokens, b.selected).float()  # (N, V)
                 total += F.cross_entropy(logits, b.targets, reduction="sum").item()
                 correct += int((logits.argmax(-1) == b.targets).sum())
@@ -198,6 +216,30 @@ class PretrainTask(EpochTask):
         model.train()
         loss, acc = total / max(n, 1), 100.0 * correct / max(n, 1)
         return {"valid_loss": loss, "valid_ppl": math.exp(min(loss, 50.0)), "valid_mlm_acc": acc, "score": acc}
+
+    def _validate_electra(self, model: nn.Module, device: torch.device) -> dict[str, float]:
+        """The generator's MLM loss and accuracy on the masked positions, the discriminator's BCE and accuracy
+        on every non-pad position (masks and samples from one fixed seed); ``valid_loss`` = the training
+        objective per selected position (no smoothing); score = the discriminator's accuracy."""
+        model.eval()
+        generator = torch.Generator().manual_seed(VALID_MASK_SEED)
+        mlm, correct, n, bce, detected, m = 0.0, 0, 0, 0.0, 0, 0
+        with torch.inference_mode():
+            for b in self._valid_batches(device, generator):
+                out = model(b.tokens, b.selected, generator)
+                logits = out.generator_logits.float()  # (N, V)
+                mlm += F.cross_entropy(logits, b.targets, reduction="sum").item()
+                correct += int((logits.argmax(-1) == b.targets).sum())
+                replaced, real = replaced_labels(out.corrupted, b.tokens.masked_scatter(b.selected, b.targets))
+                scores = out.replaced_logits.float()[real]  # (M,)
+                bce += F.binary_cross_entropy_with_logits(scores, replaced[real].float(), reduction="sum").item()
+                detected += int(((scores > 0) == replaced[real]).sum())
+                n, m = n + b.n_targets, m + int(real.sum())
+        model.train()
+        mlm_loss, rtd_loss, rtd_acc = mlm / max(n, 1), bce / max(m, 1), 100.0 * detected / max(m, 1)
+        return {"valid_loss": mlm_loss + self.cfg.mlm.electra_weight * rtd_loss, "valid_mlm_loss": mlm_loss,
+                "valid_mlm_acc": 100.0 * correct / max(n, 1), "valid_rtd_loss": rtd_loss, "valid_rtd_acc": rtd_acc,
+                "score": rtd_acc}
 
 
 
