@@ -113,23 +113,31 @@ def test_each_app_has_its_own_registry(dates):
 
 def held_worker(limits: Limits):
     """A worker whose first batch waits for ``gate``, so that everything submitted meanwhile is queued together;
-    ``calls`` records each batch's texts, ``records`` each BatchRecord."""
-    gate, calls, records = threading.Event(), [], []
+    ``started`` is set once the worker runs a batch, ``calls`` records each batch's texts, ``records`` each
+    BatchRecord."""
+    gate, started, calls, records = threading.Event(), threading.Event(), [], []
 
     def run(texts: list[str]) -> list[str]:
+        started.set()
         gate.wait(10)
         calls.append(texts)
         return [t.upper() for t in texts]
 
     worker = ModelWorker("test", limits, records.append)
-    return worker, run, gate, calls, records
+    return worker, run, gate, started, calls, records
+
+
+async def taken(started: threading.Event) -> None:
+    """Until the worker has taken the held job and waits at the gate (however busy the machine)."""
+    assert await asyncio.get_running_loop().run_in_executor(None, started.wait, 30)
 
 
 def test_short_requests_are_not_batched_with_a_long_one_past_the_budget():
     async def scenario(first_is_long: bool) -> list[list[str]]:
-        worker, run, gate, calls, records = held_worker(Limits(max_batch=8, max_batch_tokens=100, max_wait_ms=0))
+        worker, run, gate, started, calls, records = held_worker(Limits(max_batch=8, max_batch_tokens=100,
+                                                                        max_wait_ms=0))
         held = worker.submit(("k",), run, ["held"], [1])
-        await asyncio.sleep(0.2)  # the worker has taken it and waits at the gate
+        await taken(started)
         jobs = [(["long"], [60]), (["s1"], [5]), (["s2", "s3"], [6, 4]), (["s4"], [5])]
         if not first_is_long:
             jobs = jobs[1:2] + jobs[:1] + jobs[2:]
@@ -151,10 +159,10 @@ def test_batches_stay_within_the_budget_and_group_similar_lengths():
     lengths = [rng.choice([2, 3, 4, 5, 30, 35, 40, 150]) for _ in range(60)]
 
     async def scenario() -> tuple[list[list[str]], list[BatchRecord]]:
-        worker, run, gate, calls, records = held_worker(Limits(max_batch=16, max_batch_tokens=budget,
-                                                               max_wait_ms=0))
+        worker, run, gate, started, calls, records = held_worker(Limits(max_batch=16, max_batch_tokens=budget,
+                                                                        max_wait_ms=0))
         held = worker.submit(("k",), run, ["held"], [1])
-        await asyncio.sleep(0.2)
+        await taken(started)
         futures = [worker.submit(("k",), run, [f"t{i}"], [n]) for i, n in enumerate(lengths)]
         gate.set()
         results = await asyncio.gather(held, *futures)
