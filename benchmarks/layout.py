@@ -69,8 +69,9 @@ def modules(src: Path) -> dict[str, Path]:
     return out
 
 
-def imports(name: str, path: Path, known: dict[str, Path]) -> list[tuple[str, bool]]:
-    """``(imported attnkit module, inside a function?)`` for every import in a module."""
+def imports(name: str, path: Path, known: dict[str, Path]) -> list[tuple[str, bool, int]]:
+    """``(imported attnkit module, inside a function?, line)`` for every import in a module (``tests/test_layout.py``
+    holds the rules over them)."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     tree = ast.parse(path.read_text(encoding="utf-8"))
     nested = {id(n) for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
@@ -85,7 +86,7 @@ def imports(name: str, path: Path, known: dict[str, Path]) -> list[tuple[str, bo
             targets = [a.name for a in node.names]
         else:
             continue
-        found += [(t, id(node) in nested) for t in dict.fromkeys(targets) if t in known and t != name]
+        found += [(t, id(node) in nested, node.lineno) for t in dict.fromkeys(targets) if t in known and t != name]
     return found
 
 
@@ -135,8 +136,8 @@ def levels(graph: dict[str, set[str]]) -> int:
 def static(src: Path, readme: Path) -> dict:
     known = modules(src)
     edges = {m: imports(m, p, known) for m, p in known.items()}
-    graph = {m: {t for t, _ in e} for m, e in edges.items()}
-    back = [(m, t) for m, e in edges.items() for t, _ in e
+    graph = {m: {t for t, _, _ in e} for m, e in edges.items()}
+    back = [(m, t) for m, e in edges.items() for t, _, _ in e
             if role(t) != role(m) and LAYER[role(t)] > LAYER[role(m)]
             and not (role(t) in TEXTBOOK and role(m) in TEXTBOOK)]
     lines = {m: len(p.read_text(encoding="utf-8").splitlines()) for m, p in known.items()}
@@ -151,7 +152,7 @@ def static(src: Path, readme: Path) -> dict:
         "role_packages": sum(1 for p in top if p.is_dir()),
         "import_levels": levels(graph), "circles": [c for c in components(graph) if len(c) > 1],
         "back_arrows": [f"{m} -> {t}" for m, t in back],
-        "function_level_imports": sum(nested for e in edges.values() for _, nested in e),
+        "function_level_imports": sum(nested for e in edges.values() for _, nested, _ in e),
         "largest_module": max(lines.items(), key=lambda kv: kv[1]),
         "modules_over_450": sum(n > 450 for n in lines.values()),
         "longest_function": max(functions, key=lambda f: f[1]),

@@ -21,7 +21,6 @@ tokenizer). scikit-learn is a benchmark-only dependency (the ``dev`` extra); att
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import sys
 import time
@@ -39,7 +38,7 @@ from attnkit.config.loader import load_config  # noqa: E402
 from attnkit.config.schema import RunConfig  # noqa: E402
 from attnkit.data.documents import clean_text  # noqa: E402
 from attnkit.tasks.classification import ClassificationRecipe, read_validation  # noqa: E402
-from tables import markdown, measured  # noqa: E402
+from tables import append_run, markdown, measured  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "results" / "nbsvm.json"
 TOKEN = r"(?u)\b\w+\b|[!?]"
@@ -129,9 +128,7 @@ def main() -> None:
     p.add_argument("--config", default="configs/imdb.yaml", help="the classification config whose split to use")
     args = p.parse_args()
     result = measure(args.config)
-    runs = json.loads(OUT.read_text(encoding="utf-8"))["runs"] if OUT.exists() else []
-    latest = {k: result[k] for k in ("date", "commit", "uncommitted_changes") if k in result}  # for measured-at
-    OUT.write_text(json.dumps({**latest, "runs": [*runs, result]}, indent=2) + "\n", encoding="utf-8")
+    append_run(OUT, result)
     print(markdown_table({"runs": [result]}), end="")
     print(f"wrote {OUT}")
 

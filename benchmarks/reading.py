@@ -12,7 +12,6 @@ as overlapping windows of ``max_len`` subwords, half a window apart, whose logit
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -26,7 +25,7 @@ from attnkit.data.documents import document_ids, reading_windows  # noqa: E402
 from attnkit.inference.classify import READINGS, evaluate_classifier  # noqa: E402
 from attnkit.runs.load import load_run  # noqa: E402
 from attnkit.tasks.classification import read_validation  # noqa: E402
-from tables import markdown, measured  # noqa: E402
+from tables import append_run, markdown, measured  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "results" / "reading.json"
 
@@ -71,9 +70,7 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1)
     args = p.parse_args()
     result = measure(args.run, args.threads)
-    runs = json.loads(OUT.read_text(encoding="utf-8"))["runs"] if OUT.exists() else []
-    latest = {k: result[k] for k in ("date", "commit", "uncommitted_changes") if k in result}  # for measured-at
-    OUT.write_text(json.dumps({**latest, "runs": [*runs, result]}, indent=2) + "\n", encoding="utf-8")
+    append_run(OUT, result)
     print(markdown_table({"runs": [result]}), end="")
     print(f"wrote {OUT}")
 

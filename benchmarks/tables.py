@@ -6,7 +6,9 @@ such a function from the JSON a script wrote; these keep their formatting alike.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
+from pathlib import Path
 
 
 def markdown(header: Sequence[str], rows: Sequence[Sequence[object]], align: str = "") -> str:
@@ -47,3 +49,11 @@ def caption(data: dict) -> str:
     return (f"Measured {data['date'][:10]} at commit `{data['commit']}` by `{data['command']}` "
             f"({data['run_seconds'] / 60:.1f} min, {data['torch_threads']} torch "
             f"thread{'s' if data['torch_threads'] > 1 else ''}).")
+
+
+def append_run(path: Path, result: dict) -> None:
+    """Add ``result`` to the runs of a results file ``{"date", "commit", "runs": [...]}`` (every run is kept; the
+    newest run's date and commit head the file, for the ``measured-at`` line)."""
+    runs = json.loads(path.read_text(encoding="utf-8"))["runs"] if path.exists() else []
+    latest = {k: result[k] for k in ("date", "commit", "uncommitted_changes") if k in result}
+    path.write_text(json.dumps({**latest, "runs": [*runs, result]}, indent=2) + "\n", encoding="utf-8")

@@ -13,56 +13,27 @@ commands that use it, never to dodge a circle.
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parents[1] / "src" / "attnkit"
-TEXTBOOK = ("attention", "multihead", "layers", "transformer", "rnn", "classifier", "mlm", "search", "vocab")
-LAYERS = [("common",), TEXTBOOK, ("engine", "config"), ("data",), ("runs",), ("inference",), ("viz", "tasks"),
-          ("training", "export"), ("serve",), ("cli", "demo", "__main__", "__init__")]
-LAYER = {name: i for i, names in enumerate(LAYERS) for name in names}
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+# the one definition of the layers and of the import walker, shared with the benchmark that measures them
+from layout import LAYER, TEXTBOOK, components, modules, role  # noqa: E402
+from layout import imports as module_imports  # noqa: E402
+
+PACKAGE = ROOT / "src" / "attnkit"
 #: Modules loaded only inside the functions that need them: they import matplotlib or FastAPI.
 DEFERRED = {"attnkit.viz.figures", "attnkit.viz.plot", "attnkit.serve.app", "attnkit.serve.server"}
 MAX_MODULE_LINES, MAX_FUNCTION_LINES = 450, 80
-
-
-def module_name(path: Path) -> str:
-    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
-MODULES = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
-
-
-def role(module: str) -> str:
-    """The layer name of ``attnkit.X[.Y]``: its package, or the module itself at the top (``__init__`` for attnkit)."""
-    parts = module.split(".")
-    return parts[1] if len(parts) > 1 else "__init__"
+MODULES = modules(PACKAGE.parent)
 
 
 def imports(module: str) -> list[tuple[str, bool, int]]:
     """``(imported attnkit module, inside a function?, line)`` for every import in ``module``."""
-    path = MODULES[module]
-    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
-    tree = ast.parse(path.read_text(encoding="utf-8"))
-    nested = {id(n) for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
-              for n in ast.walk(f) if n is not f}
-    found = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")[: len(package.split(".")) - node.level + 1]
-                source = ".".join(base + ([node.module] if node.module else []))
-            else:
-                source = node.module or ""
-            targets = [f"{source}.{a.name}" if f"{source}.{a.name}" in MODULES else source for a in node.names]
-        elif isinstance(node, ast.Import):
-            targets = [a.name for a in node.names]
-        else:
-            continue
-        found += [(t, id(node) in nested, node.lineno) for t in dict.fromkeys(targets) if t in MODULES]
-    return found
+    return module_imports(module, MODULES[module], MODULES)
 
 
 def test_every_module_has_a_layer() -> None:
@@ -98,35 +69,8 @@ def test_function_level_imports_only_defer_heavy_dependencies(module: str) -> No
 
 
 def test_no_import_circle() -> None:
-    graph = {m: {t for t, _, _ in imports(m) if t != m} for m in MODULES}
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    circles = []
-
-    def visit(v: str) -> None:  # Tarjan's strongly connected components
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        for w in graph[v]:
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in stack:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            component = []
-            while True:
-                w = stack.pop()
-                component.append(w)
-                if w == v:
-                    break
-            if len(component) > 1:
-                circles.append(sorted(component))
-
-    for v in graph:
-        if v not in index:
-            visit(v)
-    assert not circles
+    graph = {m: {t for t, _, _ in imports(m)} for m in MODULES}
+    assert not [sorted(c) for c in components(graph) if len(c) > 1]
 
 
 @pytest.mark.parametrize("module", sorted(MODULES))
