@@ -7,8 +7,9 @@
    idle server): the throughput batching should reach, the mean of the two.
 2. The real server (``python -m attnkit serve RUN --port 0``, a subprocess on 127.0.0.1) driven by
    1, 8 and 32 concurrent httpx clients, each sending one sentence per request (greedy): latency
-   p50 / p95 / p99, sentences/s, the mean batch the server formed, and how many translations equal
-   the offline ones.
+   p50 / p95 / p99, sentences/s, the mean batch the server formed, how many translations equal
+   the offline ones, and where a request's time went by the server's own measure (``GET /metrics``:
+   the mean milliseconds of each stage, parse, queue, compute and serialise, over the level's requests).
 3. 1,000 requests, malformed ones (bad JSON, wrong types, non-finite numbers, huge bodies, 10,000
    texts, unknown model, empty bodies and lists, invalid UTF-8, lone surrogates, over-long texts,
    unknown fields) mixed with good ones: every bad one must get a 4xx JSON error, every good one a
@@ -113,6 +114,32 @@ async def drive(url: str, sentences: list[str], clients: int) -> dict:
     return {"clients": clients, "requests": len(sentences), "failures": failures, "seconds": round(seconds, 2),
             "sent_per_s": round(len(sentences) / seconds, 1), "p50_ms": round(q[49], 1), "p95_ms": round(q[94], 1),
             "p99_ms": round(q[98], 1), "outputs": outputs}
+
+
+STAGES = ("parse", "queue", "compute", "serialise")
+
+
+def stage_totals(url: str) -> dict[str, tuple[float, int]]:
+    """``{stage: (seconds summed, observations)}`` of the server's ``attnkit_serve_stage_seconds`` (GET /metrics)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    totals = {stage: [0.0, 0] for stage in STAGES}
+    for family in text_string_to_metric_families(httpx.get(f"{url}/metrics").text):
+        if family.name != "attnkit_serve_stage_seconds":
+            continue
+        for sample in family.samples:
+            stage = sample.labels.get("stage")
+            if stage in totals and sample.name.endswith("_sum"):
+                totals[stage][0] += sample.value
+            elif stage in totals and sample.name.endswith("_count"):
+                totals[stage][1] += int(sample.value)
+    return {stage: (s, n) for stage, (s, n) in totals.items()}
+
+
+def stage_means_ms(before: dict[str, tuple[float, int]], after: dict[str, tuple[float, int]]) -> dict[str, float]:
+    """Mean milliseconds per observation of each stage between two :func:`stage_totals` readings."""
+    return {stage: round(1000 * (after[stage][0] - before[stage][0]) / max(after[stage][1] - before[stage][1], 1), 2)
+            for stage in STAGES}
 
 
 def malformed_requests(n: int, sentences: list[str], seed: int = 0) -> list[tuple[str, bool, bytes, dict]]:
@@ -236,13 +263,14 @@ def main() -> None:
         levels_out = []
         for clients in levels:
             subset = sentences[: args.single_client_sentences] if clients == 1 else sentences
-            before = httpx.get(f"{url}/health").json()["models"]
+            before, stages_before = httpx.get(f"{url}/health").json()["models"], stage_totals(url)
             result = asyncio.run(drive(url, subset, clients))
-            after = httpx.get(f"{url}/health").json()["models"]
+            after, stages_after = httpx.get(f"{url}/health").json()["models"], stage_totals(url)
             (name,) = after
             batches = after[name]["batches"] - before[name]["batches"]
             outputs = result.pop("outputs")
             result.update(mean_batch=round(len(subset) / max(batches, 1), 1),
+                          stage_ms=stage_means_ms(stages_before, stages_after),
                           identical_to_offline=sum(o == ref for o, ref in zip(outputs, offline_out, strict=False)))
             levels_out.append(result)
             print(f"{clients} clients: {result}", flush=True)
