@@ -10,6 +10,10 @@ Where things are (the layout is the architecture):
 - :mod:`attnkit.rnn`         — :class:`RNNSeq2Seq` with and without attention
 - :mod:`attnkit.search`      — greedy and beam search over the shared single-step interface
 - :mod:`attnkit.engine`      — every speed trick, apart: :func:`attnkit.engine.accelerate` swaps them in
+
+Everything else is a package named for its role, imports pointing down (``tests/test_layout.py``):
+``common`` < the textbook < ``engine``, ``config`` < ``data`` < ``runs`` < ``inference`` < ``viz``,
+``tasks`` < ``training``, ``export`` < ``serve`` < ``cli``.
 """
 
 from .attention import (
