@@ -61,7 +61,7 @@ def add_config_arguments(p: argparse.ArgumentParser, override_example: str, run_
     p.add_argument("--run-dir", help=f"{run_dir_help} (default: runs/<config name>)")
 
 
-def run_dir(args: argparse.Namespace) -> Path:
+def config_run_dir(args: argparse.Namespace) -> Path:
     """``--run-dir``, or ``runs/<config name>``."""
     return Path(args.run_dir or Path("runs") / Path(args.config).stem)
 

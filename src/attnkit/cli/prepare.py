@@ -13,8 +13,7 @@ from ..config.loader import load_config
 from ..config.schema import RunConfig
 from ..runs.layout import DATA_DIR, checkpoints
 from ..tasks import prepare
-from . import options
-from .options import add_config_arguments
+from .options import add_config_arguments, config_run_dir
 
 HELP = "tokenize a config's training data once, for any number of runs"
 
@@ -27,7 +26,7 @@ def add(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    run_dir = options.run_dir(args)
+    run_dir = config_run_dir(args)
     cfg = load_config(RunConfig, args.config, args.overrides)
     if args.workers is not None and args.workers < 0:
         raise UserError(f"--workers must be 0 (encode in this process) or more, got {args.workers}")

@@ -12,8 +12,7 @@ from ..config.schema import RunConfig
 from ..runs.layout import CONFIG_FILE
 from ..tasks.init_from import check_init_from
 from ..training.trainer import Trainer
-from . import options
-from .options import add_config_arguments
+from .options import add_config_arguments, config_run_dir
 
 HELP = "train a model from a YAML config"
 
@@ -26,7 +25,7 @@ def add(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    run_dir = options.run_dir(args)
+    run_dir = config_run_dir(args)
     if args.resume and (run_dir / CONFIG_FILE).exists():
         cfg = load_config(RunConfig, run_dir / CONFIG_FILE, args.overrides)  # the run's own config
     else:
