@@ -27,7 +27,11 @@ pytest.importorskip("ctranslate2")
 #: positions, unscaled dot-product scores and unequal depths (every other branch of the spec mapping)
 VARIANTS = {"post-norm": {}, "pre-norm": {"norm_first": True},
             "separate": {"share_embeddings": False, "tie_output": False, "positions": "learned",
-                         "attention_score": "dot", "encoder_layers": 1}}
+                         "attention_score": "dot", "encoder_layers": 1},
+            # the options other published models need (attnkit import): Marian's, then BERT's
+            "marian": {"activation": "swish", "position_layout": "halves", "output_bias": True},
+            "bert-like": {"activation": "gelu", "scale_embeddings": False, "positions": "learned", "token_types": 2,
+                          "embedding_norm": True, "norm_eps": 1e-12}}
 
 
 def tiny_config(norm_first: bool, arch: str = "transformer", updates: int = 150, **model) -> dict:

@@ -2,6 +2,7 @@
 
     H = Encoder(Embed(x) + PE)               # (B, T, d_model)
     z = Pool(H)                              # max over positions (the seed), mean, or the first token
+    z = tanh(W_p z + b_p)                    # only with pooler=True (BERT's pooler)
     logits = W z + b                         # (B, n_classes)
 
 The seed's IMDB model is ``TransformerConfig(d_model=32, n_heads=2, d_ff=128, encoder_layers=1)``
@@ -40,12 +41,14 @@ class TransformerClassifier(nn.Module):
     """Encoder + pooling + linear head; returns class logits ``(B, n_classes)``."""
 
     def __init__(self, cfg: TransformerConfig, vocab_size: int, n_classes: int, pooling: Pooling = "max",
-                 pad_id: int = PAD_ID) -> None:
+                 pad_id: int = PAD_ID, pooler: bool = False) -> None:
+        """:param pooler: a dense layer with tanh on the pooled vector, ``z = tanh(W_p z + b_p)`` (BERT's)."""
         super().__init__()
         cfg.validate()
         self.cfg = cfg
         self.pooling = pooling
         self.encoder = TransformerEncoder(cfg, vocab_size, pad_id=pad_id)
+        self.pooler = nn.Linear(cfg.d_model, cfg.d_model) if pooler else None
         self.head = nn.Linear(cfg.d_model, n_classes)
         self.dropout = nn.Dropout(cfg.dropout)  # on the pooled vector
         xavier_init_(self)
@@ -54,6 +57,8 @@ class TransformerClassifier(nn.Module):
         """``tokens`` ``(B, T)`` padded with ``pad_id`` -> logits ``(B, n_classes)``."""
         hidden, mask, _ = self.encoder(tokens)  # (B, T, D), (B, 1, 1, T)
         z = pool(hidden, mask[:, 0, 0], self.pooling)  # (B, D)
+        if self.pooler is not None:
+            z = torch.tanh(self.pooler(z))  # (B, D)
         return self.head(self.dropout(z))  # (B, n_classes)
 
     @torch.no_grad()

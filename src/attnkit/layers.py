@@ -4,6 +4,12 @@
 - :class:`SinusoidalPositions` / :class:`LearnedPositions`: ``PE(pos, 2i) = sin(pos / 10000^(2i/d_model))``,
   ``PE(pos, 2i+1) = cos(pos / 10000^(2i/d_model))`` (section 3.5), or a learned table.
 - :class:`FeedForward`: ``FFN(x) = max(0, x W_1 + b_1) W_2 + b_2`` (section 3.3).
+- :func:`input_embedding`: BERT's additions to ``Embed(x) + PE``: a token-type row, then a LayerNorm.
+
+Options that other published models use, each off by default (``attnkit import`` sets them for
+Hugging Face checkpoints): the FFN's activation (``gelu`` in BERT, ``swish`` in Marian / OPUS-MT),
+no ``sqrt(d_model)`` scale (BERT), the sinusoids laid out in two halves (tensor2tensor, Marian),
+a token-type embedding and an embedding LayerNorm (BERT), and the LayerNorm epsilon (BERT: 1e-12).
 - :class:`EncoderLayer`: self-attention -> Add & Norm -> FFN -> Add & Norm.
 - :class:`DecoderLayer`: masked self-attention -> Add & Norm -> cross-attention -> Add & Norm -> FFN -> Add & Norm.
 
@@ -17,6 +23,8 @@ Deviation flag: ``norm_first=True`` gives the pre-norm variant ``x + Sublayer(La
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -27,19 +35,19 @@ from .multihead import KVCache, MultiHeadAttention
 
 
 class TokenEmbedding(nn.Module):
-    """Token ids ``(B, T)`` -> vectors ``(B, T, d_model)`` scaled by ``sqrt(d_model)``.
+    """Token ids ``(B, T)`` -> vectors ``(B, T, d_model)`` scaled by ``sqrt(d_model)`` (or by 1: ``scale=False``).
 
     Initialised ``N(0, d_model^-1/2)`` so the scaled embedding has unit variance, like the
     positional encoding it is added to; ``weight`` can be tied to the output projection.
     """
 
-    def __init__(self, vocab_size: int, d_model: int, pad_id: int = 0) -> None:
+    def __init__(self, vocab_size: int, d_model: int, pad_id: int = 0, scale: bool = True) -> None:
         super().__init__()
         self.embedding = nn.Embedding(vocab_size, d_model, padding_idx=pad_id)
         nn.init.normal_(self.embedding.weight, 0.0, d_model ** -0.5)
         with torch.no_grad():
             self.embedding.weight[pad_id].zero_()
-        self.scale = math.sqrt(d_model)
+        self.scale = math.sqrt(d_model) if scale else 1.0
 
     @property
     def weight(self) -> Tensor:
@@ -49,23 +57,38 @@ class TokenEmbedding(nn.Module):
         return self.embedding(tokens) * self.scale  # (B, T, d_model)
 
 
-def sinusoidal_table(max_len: int, d_model: int) -> Tensor:
-    """The paper's table ``(max_len, d_model)``: even dims ``sin(pos / 10000^(2i/d))``, odd dims ``cos(...)``."""
+#: Where the sines and cosines go: alternate dimensions (the paper), or all sines then all cosines.
+PositionLayout = Literal["interleaved", "halves"]
+
+
+def sinusoidal_table(max_len: int, d_model: int, layout: PositionLayout = "interleaved") -> Tensor:
+    """The paper's table ``(max_len, d_model)``: even dims ``sin(pos / 10000^(2i/d))``, odd dims ``cos(...)``.
+
+    ``layout="halves"``: ``[sin(pos / 10000^(2i/d)) for i < d/2] ++ [cos(...) for i < d/2]``, the same
+    frequencies laid out as tensor2tensor and Marian (OPUS-MT) do.
+    """
     pos = torch.arange(max_len, dtype=torch.float64)[:, None]  # (L, 1)
     two_i = torch.arange(0, d_model, 2, dtype=torch.float64)  # (d/2,)
     angle = pos / torch.pow(10000.0, two_i / d_model)  # (L, d/2)
     table = torch.zeros(max_len, d_model, dtype=torch.float64)
-    table[:, 0::2] = torch.sin(angle)
-    table[:, 1::2] = torch.cos(angle[:, : d_model // 2])
+    if layout == "halves":
+        half = angle.size(1)  # ceil(d/2) sines, the rest cosines
+        table[:, :half] = torch.sin(angle)
+        table[:, half:] = torch.cos(angle[:, : d_model - half])
+    elif layout == "interleaved":
+        table[:, 0::2] = torch.sin(angle)
+        table[:, 1::2] = torch.cos(angle[:, : d_model // 2])
+    else:
+        raise ValueError(f"unknown position layout {layout!r}; choose interleaved or halves")
     return table.float()
 
 
 class SinusoidalPositions(nn.Module):
     """Fixed sinusoidal positional encoding; ``forward(T, offset)`` returns rows ``offset..offset+T-1``."""
 
-    def __init__(self, d_model: int, max_len: int = 1024) -> None:
+    def __init__(self, d_model: int, max_len: int = 1024, layout: PositionLayout = "interleaved") -> None:
         super().__init__()
-        self.register_buffer("table", sinusoidal_table(max_len, d_model), persistent=False)
+        self.register_buffer("table", sinusoidal_table(max_len, d_model, layout), persistent=False)
 
     def forward(self, T: int, offset: int = 0) -> Tensor:
         if offset + T > self.table.size(0):
@@ -87,10 +110,10 @@ class LearnedPositions(nn.Module):
         return self.table.weight[offset: offset + T]  # (T, d_model)
 
 
-def make_positions(kind: str, d_model: int, max_len: int) -> nn.Module:
-    """``"sinusoidal"`` or ``"learned"`` positional encoding."""
+def make_positions(kind: str, d_model: int, max_len: int, layout: PositionLayout = "interleaved") -> nn.Module:
+    """``"sinusoidal"`` (laid out as ``layout`` says) or ``"learned"`` positional encoding."""
     if kind == "sinusoidal":
-        return SinusoidalPositions(d_model, max_len)
+        return SinusoidalPositions(d_model, max_len, layout)
     if kind == "learned":
         return LearnedPositions(d_model, max_len)
     raise ValueError(f"unknown positional encoding {kind!r}; choose sinusoidal or learned")
@@ -108,17 +131,41 @@ def xavier_init_(module: nn.Module) -> None:
             nn.init.xavier_uniform_(m.weight)
 
 
-class FeedForward(nn.Module):
-    """Position-wise ``max(0, x W_1 + b_1) W_2 + b_2`` — a 1x1 convolution, as seed 001 puts it."""
+def input_embedding(x: Tensor, token_types: nn.Embedding | None, norm: nn.LayerNorm | None) -> Tensor:
+    """BERT's embedding layer on top of ``x = Embed(tokens) + PE`` ``(B, T, d_model)``:
+    ``LayerNorm(x + T[0])``, each part only where the model has it.
 
-    def __init__(self, d_model: int, d_ff: int, activation_dropout: float = 0.0) -> None:
+    ``T`` is the token-type (segment) table; attnkit reads one segment per text, so every position
+    adds row 0. Without either part this returns ``x`` (the paper's models).
+    """
+    if token_types is not None:
+        x = x + token_types.weight[0]  # (B, T, d_model), segment 0 everywhere
+    return norm(x) if norm is not None else x
+
+
+#: The FFN's non-linearity: the paper's ``relu``, BERT's ``gelu`` (exact, erf), Marian's ``swish`` (``x sigmoid(x)``).
+Activation = Literal["relu", "gelu", "swish"]
+ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {"relu": F.relu, "gelu": F.gelu, "swish": F.silu}
+
+
+class FeedForward(nn.Module):
+    """Position-wise ``max(0, x W_1 + b_1) W_2 + b_2`` — a 1x1 convolution, as seed 001 puts it.
+
+    ``activation`` replaces ``max(0, .)``: ``gelu(z) = z Phi(z)``, ``swish(z) = z sigmoid(z)``.
+    """
+
+    def __init__(self, d_model: int, d_ff: int, activation_dropout: float = 0.0,
+                 activation: Activation = "relu") -> None:
         super().__init__()
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"unknown activation {activation!r}; choose one of {', '.join(ACTIVATIONS)}")
         self.w1 = nn.Linear(d_model, d_ff)
         self.w2 = nn.Linear(d_ff, d_model)
+        self.activation = ACTIVATIONS[activation]
         self.activation_dropout = nn.Dropout(activation_dropout)
 
     def forward(self, x: Tensor) -> Tensor:
-        h = self.activation_dropout(F.relu(self.w1(x)))  # (B, T, d_ff)
+        h = self.activation_dropout(self.activation(self.w1(x)))  # (B, T, d_ff)
         return self.w2(h)  # (B, T, d_model)
 
 
@@ -147,10 +194,11 @@ class EncoderLayer(_ResidualBlock):
 
     def __init__(self, d_model: int, n_heads: int, d_ff: int, *, dropout: float = 0.1,
                  attention_dropout: float = 0.0, activation_dropout: float = 0.0,
-                 norm_first: bool = False, eps: float = 1e-5, score: ScoreName = "scaled_dot") -> None:
+                 norm_first: bool = False, eps: float = 1e-5, score: ScoreName = "scaled_dot",
+                 activation: Activation = "relu") -> None:
         super().__init__()
         self.self_attn = MultiHeadAttention(d_model, n_heads, dropout=attention_dropout, score=score)
-        self.ff = FeedForward(d_model, d_ff, activation_dropout)
+        self.ff = FeedForward(d_model, d_ff, activation_dropout, activation)
         self.norm1 = nn.LayerNorm(d_model, eps=eps)
         self.norm2 = nn.LayerNorm(d_model, eps=eps)
         self.dropout = nn.Dropout(dropout)  # on each sub-layer's output
@@ -170,11 +218,12 @@ class DecoderLayer(_ResidualBlock):
 
     def __init__(self, d_model: int, n_heads: int, d_ff: int, *, dropout: float = 0.1,
                  attention_dropout: float = 0.0, activation_dropout: float = 0.0,
-                 norm_first: bool = False, eps: float = 1e-5, score: ScoreName = "scaled_dot") -> None:
+                 norm_first: bool = False, eps: float = 1e-5, score: ScoreName = "scaled_dot",
+                 activation: Activation = "relu") -> None:
         super().__init__()
         self.self_attn = MultiHeadAttention(d_model, n_heads, dropout=attention_dropout, score=score)
         self.cross_attn = MultiHeadAttention(d_model, n_heads, dropout=attention_dropout, score=score)
-        self.ff = FeedForward(d_model, d_ff, activation_dropout)
+        self.ff = FeedForward(d_model, d_ff, activation_dropout, activation)
         self.norm1 = nn.LayerNorm(d_model, eps=eps)
         self.norm2 = nn.LayerNorm(d_model, eps=eps)
         self.norm3 = nn.LayerNorm(d_model, eps=eps)

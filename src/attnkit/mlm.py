@@ -75,7 +75,8 @@ class MaskedLanguageModel(nn.Module):
         cfg.validate()
         self.cfg = cfg
         self.encoder = TransformerEncoder(cfg, vocab_size, pad_id=pad_id)
-        self.transform = nn.Sequential(nn.Linear(cfg.d_model, cfg.d_model), nn.GELU(), nn.LayerNorm(cfg.d_model))
+        self.transform = nn.Sequential(nn.Linear(cfg.d_model, cfg.d_model), nn.GELU(),
+                                       nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps))
         self.output_bias = nn.Parameter(torch.zeros(vocab_size))
         xavier_init_(self)
 

@@ -18,7 +18,16 @@ import torch
 from torch import Tensor, nn
 
 from .attention import causal_mask, padding_mask
-from .layers import DecoderLayer, EncoderLayer, TokenEmbedding, make_positions, xavier_init_
+from .layers import (
+    Activation,
+    DecoderLayer,
+    EncoderLayer,
+    PositionLayout,
+    TokenEmbedding,
+    input_embedding,
+    make_positions,
+    xavier_init_,
+)
 from .multihead import KVCache
 from .vocab import BOS_ID, EOS_ID, PAD_ID
 
@@ -41,6 +50,14 @@ class TransformerConfig:
     max_len: int = 1024
     share_embeddings: bool = True  # one embedding for source and target (needs a joint vocabulary)
     tie_output: bool = True  # output projection = target embedding matrix
+    # -- options of other published models, off by default (`attnkit import` sets them; see attnkit.layers) --
+    activation: Activation = "relu"  # the FFN's non-linearity: relu (the paper), gelu (BERT), swish (Marian)
+    scale_embeddings: bool = True  # token embeddings x sqrt(d_model) (section 3.4); BERT does not scale
+    position_layout: PositionLayout = "interleaved"  # sinusoids in alternate dims, or sines then cosines (Marian)
+    token_types: int = 0  # > 0: a token-type (segment) table of this many rows; every position adds row 0 (BERT)
+    embedding_norm: bool = False  # a LayerNorm over embeddings + positions (BERT)
+    norm_eps: float = 1e-5  # every LayerNorm's epsilon (BERT: 1e-12)
+    output_bias: bool = False  # a bias on the output projection (Marian's final_logits_bias)
 
     def validate(self) -> None:
         """:raises ValueError: for dimensions no model can have (the config loader reports it with the key)."""
@@ -48,6 +65,8 @@ class TransformerConfig:
             raise ValueError(f"d_model ({self.d_model}) and n_heads ({self.n_heads}) must be positive")
         if self.d_model % self.n_heads:
             raise ValueError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
+        if self.token_types < 0 or not self.norm_eps > 0:
+            raise ValueError(f"token_types ({self.token_types}) must be >= 0 and norm_eps ({self.norm_eps}) > 0")
 
 
 PRESETS: dict[str, TransformerConfig] = {
@@ -69,27 +88,55 @@ def layer_stack(layer: type[EncoderLayer] | type[DecoderLayer], cfg: Transformer
     """``n`` identical :class:`EncoderLayer` s or :class:`DecoderLayer` s, sized and regularised by ``cfg``."""
     return nn.ModuleList(
         layer(cfg.d_model, cfg.n_heads, cfg.d_ff, dropout=cfg.dropout, attention_dropout=cfg.attention_dropout,
-              activation_dropout=cfg.activation_dropout, norm_first=cfg.norm_first, score=cfg.attention_score)
+              activation_dropout=cfg.activation_dropout, norm_first=cfg.norm_first, score=cfg.attention_score,
+              eps=cfg.norm_eps, activation=cfg.activation)
         for _ in range(n)
     )
 
 
-class TransformerEncoder(nn.Module):
+class InputEmbedding(nn.Module):
+    """What a stack reads: ``Dropout(Embed(x) + PE)``, with BERT's token type and LayerNorm where configured.
+
+    Holds no weights of its own (the stack owns them, under the names its checkpoints have always had);
+    :meth:`embed_input` is the one place a stack's input is put together.
+    """
+
+    embed: TokenEmbedding
+    positions: nn.Module
+    token_type: nn.Embedding | None
+    embed_norm: nn.LayerNorm | None
+    dropout: nn.Dropout
+
+    def add_embedding_options(self, cfg: TransformerConfig) -> None:
+        """The optional token-type table and embedding LayerNorm of ``cfg`` (none by default)."""
+        self.token_type = nn.Embedding(cfg.token_types, cfg.d_model) if cfg.token_types else None
+        if self.token_type is not None:
+            nn.init.normal_(self.token_type.weight, 0.0, cfg.d_model ** -0.5)
+        self.embed_norm = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps) if cfg.embedding_norm else None
+
+    def embed_input(self, tokens: Tensor, offset: int = 0) -> Tensor:
+        """``tokens`` ``(B, T)`` at positions ``offset..offset+T-1`` -> ``(B, T, d_model)``."""
+        x = self.embed(tokens) + self.positions(tokens.size(1), offset=offset)  # (B, T, d_model)
+        return self.dropout(input_embedding(x, self.token_type, self.embed_norm))
+
+
+class TransformerEncoder(InputEmbedding):
     """Embedding + positions + N encoder layers (+ a final LayerNorm for pre-norm stacks)."""
 
     def __init__(self, cfg: TransformerConfig, vocab_size: int, pad_id: int = PAD_ID) -> None:
         super().__init__()
         self.pad_id = pad_id
-        self.embed = TokenEmbedding(vocab_size, cfg.d_model, pad_id)
-        self.positions = make_positions(cfg.positions, cfg.d_model, cfg.max_len)
+        self.embed = TokenEmbedding(vocab_size, cfg.d_model, pad_id, scale=cfg.scale_embeddings)
+        self.positions = make_positions(cfg.positions, cfg.d_model, cfg.max_len, cfg.position_layout)
         self.dropout = nn.Dropout(cfg.dropout)  # on embeddings + positions
         self.layers = layer_stack(EncoderLayer, cfg, cfg.encoder_layers)
-        self.final_norm = nn.LayerNorm(cfg.d_model) if cfg.norm_first else None
+        self.final_norm = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps) if cfg.norm_first else None
+        self.add_embedding_options(cfg)
 
     def forward(self, src: Tensor, need_weights: bool = False) -> tuple[Tensor, Tensor, list[Tensor]]:
         """``src`` ``(B, S)`` -> ``(memory (B, S, d_model), mask (B, 1, 1, S), per-layer self-attention weights)``."""
         mask = padding_mask(src, self.pad_id).unsqueeze(1)  # (B, 1, 1, S): True at real tokens
-        x = self.dropout(self.embed(src) + self.positions(src.size(1)))  # (B, S, d_model)
+        x = self.embed_input(src)  # (B, S, d_model)
         all_weights = []
         for layer in self.layers:
             x, weights = layer(x, mask, need_weights=need_weights)
@@ -125,7 +172,7 @@ class TransformerState:
                                 self.tokens.index_select(0, index), caches)
 
 
-class Transformer(nn.Module):
+class Transformer(InputEmbedding):
     """Encoder-decoder Transformer returning logits; loss, search and precision live elsewhere."""
 
     pad_id, bos_id, eos_id = PAD_ID, BOS_ID, EOS_ID
@@ -137,16 +184,25 @@ class Transformer(nn.Module):
         if cfg.share_embeddings and src_vocab_size != tgt_vocab_size:
             raise ValueError(f"share_embeddings needs one vocabulary, got {src_vocab_size} and {tgt_vocab_size}")
         self.encoder = TransformerEncoder(cfg, src_vocab_size)
-        self.tgt_embed = self.encoder.embed if cfg.share_embeddings else TokenEmbedding(tgt_vocab_size, cfg.d_model)
-        self.positions = make_positions(cfg.positions, cfg.d_model, cfg.max_len)
+        self.tgt_embed = self.encoder.embed if cfg.share_embeddings else TokenEmbedding(
+            tgt_vocab_size, cfg.d_model, scale=cfg.scale_embeddings)
+        self.positions = make_positions(cfg.positions, cfg.d_model, cfg.max_len, cfg.position_layout)
         self.dropout = nn.Dropout(cfg.dropout)  # on embeddings + positions
         self.layers = layer_stack(DecoderLayer, cfg, cfg.decoder_layers)
-        self.final_norm = nn.LayerNorm(cfg.d_model) if cfg.norm_first else None
-        self.out_proj = nn.Linear(cfg.d_model, tgt_vocab_size, bias=False)
+        self.final_norm = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps) if cfg.norm_first else None
+        self.out_proj = nn.Linear(cfg.d_model, tgt_vocab_size, bias=cfg.output_bias)
         if cfg.tie_output:
             self.out_proj.weight = self.tgt_embed.weight
+        self.add_embedding_options(cfg)
         self.state_type = TransformerState  # the engine's beam search shares the encoder side instead
         xavier_init_(self)
+        if self.out_proj.bias is not None:
+            nn.init.zeros_(self.out_proj.bias)
+
+    @property
+    def embed(self) -> TokenEmbedding:
+        """The target embedding (what :meth:`embed_input` reads on the decoder side)."""
+        return self.tgt_embed
 
     @property
     def output_layer(self) -> nn.Linear:
@@ -171,7 +227,7 @@ class Transformer(nn.Module):
         """
         T = tgt_in.size(1)
         self_mask = causal_mask(T, device=tgt_in.device)  # (T, T)
-        x = self.dropout(self.tgt_embed(tgt_in) + self.positions(T))  # (B, T, d_model)
+        x = self.embed_input(tgt_in)  # (B, T, d_model)
         self_weights, cross = [], []
         for layer in self.layers:
             x, weights, _ = layer(x, memory, self_mask, memory_mask, need_weights=need_weights)
@@ -232,7 +288,7 @@ class Transformer(nn.Module):
             hidden, _, cross = self.decode(tokens, state.memory, state.memory_mask, need_weights=need_weights)
             hidden, caches = hidden[:, -1:], None
         else:
-            x = self.dropout(self.tgt_embed(prev[:, None]) + self.positions(1, offset=t - 1))  # (B, 1, d_model)
+            x = self.embed_input(prev[:, None], offset=t - 1)  # (B, 1, d_model)
             caches, cross = [], []
             for layer, cache in zip(self.layers, state.caches, strict=True):
                 # one query at the newest position sees every cached key: no look-ahead mask needed

@@ -60,6 +60,7 @@ class DataConfig:
     valid_seed: int = 1  # which rows are held out (a stable hash of seed and row number or group)
     line_break_tags: LineBreakTags = "newline"  # <br />: a line break (whitespace to SentencePiece), or keep
     truncate: Truncation = "head"  # classification: keep the first max_len subwords, or the head and the tail
+    frame: bool = False  # classification: read each window as <s> window </s> (BERT's [CLS] .. [SEP]) in max_len
     extra_text: list[str] = field(default_factory=list)  # pretraining: more unlabelled text files
     max_len: int = 100  # translation: pairs with a side longer than this many subwords are dropped from training;
     #                     classification: texts are cut to this many subwords
@@ -84,6 +85,7 @@ class ModelConfig:
     transformer: TransformerConfig = field(default_factory=TransformerConfig)
     rnn: RNNConfig = field(default_factory=RNNConfig)
     pooling: Literal["max", "mean", "first"] = "max"  # classification only
+    pooler: bool = False  # classification: tanh(W z + b) on the pooled vector before the head (BERT's pooler)
     init_from: str | None = None  # classification: start from the encoder of this `task: pretrain` run
 
 

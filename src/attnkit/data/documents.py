@@ -26,7 +26,7 @@ import re
 from collections.abc import Iterator, Sequence
 
 from ..config.schema import DataConfig, LineBreakTags, Truncation
-from .tokenizer import PAD_ID, Tokenizer
+from .tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 
 _BR_TAG = re.compile(r"<br\s*/?\s*>", re.IGNORECASE)
 
@@ -76,19 +76,33 @@ def document_ids(tok: Tokenizer, texts: list[str], data: DataConfig, *, threads:
     return tok.encode_src([clean_text(t, data.line_break_tags) for t in texts], threads=threads)
 
 
+def window_length(data: DataConfig) -> int:
+    """Subwords of text in one classifier window: ``data.max_len``, less two for ``<s>``/``</s>`` with ``data.frame``."""
+    return max(data.max_len - 2, 1) if data.frame else data.max_len
+
+
+def framed(ids: Sequence[int], data: DataConfig) -> list[int]:
+    """One window as the classifier reads it: ``<s> ids </s>`` with ``data.frame`` (BERT's ``[CLS] .. [SEP]``),
+    else ``ids``, an empty one as one ``<pad>`` (pooled to zeros)."""
+    if data.frame:
+        return [BOS_ID, *ids, EOS_ID]
+    return list(ids) or [PAD_ID]
+
+
 def classifier_inputs(tok: Tokenizer, texts: list[str], data: DataConfig, *, threads: int = -1) -> list[list[int]]:
-    """Token ids the classifier is trained on: :func:`document_ids` truncated to ``data.max_len`` as
-    ``data.truncate`` says; an empty text becomes one ``<pad>`` (pooled to zeros)."""
-    return [truncate(x, data.max_len, data.truncate) or [PAD_ID] for x in document_ids(tok, texts, data,
-                                                                                      threads=threads)]
+    """Token ids the classifier is trained on: :func:`document_ids` truncated to :func:`window_length` as
+    ``data.truncate`` says, then :func:`framed`."""
+    n = window_length(data)
+    return [framed(truncate(x, n, data.truncate), data) for x in document_ids(tok, texts, data, threads=threads)]
 
 
-def reading_windows(ids: Sequence[int], max_len: int, stride: int | None = None) -> list[list[int]]:
+def reading_windows(ids: Sequence[int], max_len: int, stride: int | None = None, empty: Sequence[int] = (PAD_ID,)
+                    ) -> list[list[int]]:
     """A document read whole: windows of ``max_len`` subwords starting every ``stride`` (default ``max_len // 2``,
     so neighbours overlap by half), the last one ending at the document's end; every subword is in at least one.
-    A document of at most ``max_len`` subwords is one window, itself; an empty one is ``[<pad>]``."""
+    A document of at most ``max_len`` subwords is one window, itself; an empty one is ``empty`` (one ``<pad>``)."""
     if len(ids) <= max_len:
-        return [list(ids) or [PAD_ID]]
+        return [list(ids) or list(empty)]
     stride = stride or max(max_len // 2, 1)
     starts = list(range(0, len(ids) - max_len, stride)) + [len(ids) - max_len]
     return [list(ids[s: s + max_len]) for s in starts]

@@ -20,11 +20,13 @@ How attnkit's layers map onto the spec (the two implement the same equations):
                                        applied before the sub-layer (``pre_norm``) or after the
                                        residual add (post-norm), as in attnkit
  ``final_norm`` (pre-norm only)         encoder / decoder ``layer_norm``
- embedding x sqrt(d_model)             ``scale_embeddings = True``
+ embedding x sqrt(d_model) (or x 1)    ``scale_embeddings`` (True / False)
  sinusoidal (interleaved sin/cos) or   ``position_encodings.encodings``, the table itself (CTranslate2's
  learned position table                built-in table concatenates sin and cos, so it is not used)
  ``attention_score: dot``              ``queries_scale = 1`` (scaled_dot: CTranslate2's 1/sqrt(d_k))
- tied ``out_proj``                      ``decoder.projection`` = the target embedding (aliased on save)
+ token-type row 0, embedding norm      added to the position table (one segment); ``layernorm_embedding``
+ ``activation`` relu / gelu / swish    ``Activation.RELU`` / ``GELU`` / ``SWISH``
+ tied ``out_proj`` (+ ``output_bias``)  ``decoder.projection`` = the target embedding (aliased on save)
 =====================================  ============================================================
 
 Decoding differences, in one line: CTranslate2 takes one length limit per call, so a batch decodes to
@@ -58,7 +60,6 @@ MANIFEST = "attnkit-export.json"
 FORMAT = "attnkit-ctranslate2"
 FORMAT_VERSION = 1
 QUANTIZATIONS = ("float32", "int8", "int8_float32", "bfloat16")
-LAYER_NORM_EPS = 1e-5  # torch.nn.LayerNorm's default, which every attnkit norm uses
 
 
 def _ctranslate2():
@@ -104,6 +105,18 @@ def _positions(module: nn.Module) -> np.ndarray:
     return _array(table)
 
 
+def _embedding_input(spec, stack: nn.Module) -> None:
+    """A stack's input (:class:`~attnkit.transformer.InputEmbedding`): the scale, the position table (with
+    the token-type row every position adds folded in: one segment) and the embedding LayerNorm."""
+    spec.scale_embeddings = stack.embed.scale != 1.0
+    table = _positions(stack.positions)  # (max_len, d_model)
+    if stack.token_type is not None:
+        table = table + _array(stack.token_type.weight[0])
+    spec.position_encodings.encodings = table
+    if stack.embed_norm is not None:
+        _norm(spec.layernorm_embedding, stack.embed_norm)
+
+
 def _ffn(spec, ff: nn.Module, norm: nn.LayerNorm) -> None:
     _norm(spec.layer_norm, norm)
     _linear(spec.linear_0, ff.w1.weight, ff.w1.bias)
@@ -115,18 +128,20 @@ def transformer_spec(model: Transformer, tok: Tokenizer):
     specs = _ctranslate2().specs
     TransformerSpec, common_spec = specs.TransformerSpec, specs.common_spec
     cfg = model.cfg
+    activation = {"relu": "RELU", "gelu": "GELU", "swish": "SWISH"}[cfg.activation]
     spec = TransformerSpec.from_config((cfg.encoder_layers, cfg.decoder_layers), cfg.n_heads,
-                                       pre_norm=cfg.norm_first, activation=common_spec.Activation.RELU)
+                                       pre_norm=cfg.norm_first, activation=getattr(common_spec.Activation, activation),
+                                       layernorm_embedding=cfg.embedding_norm)
     dot = cfg.attention_score == "dot"
     encoder, decoder = model.encoder, model
+    _embedding_input(spec.encoder, encoder)
     spec.encoder.embeddings[0].weight = _array(encoder.embed.weight)
-    spec.encoder.position_encodings.encodings = _positions(encoder.positions)
     for layer_spec, layer in zip(spec.encoder.layer, encoder.layers, strict=True):
         _attention(layer_spec.self_attention, layer.self_attn, cross=False, dot=dot)
         _norm(layer_spec.self_attention.layer_norm, layer.norm1)
         _ffn(layer_spec.ffn, layer.ff, layer.norm2)
+    _embedding_input(spec.decoder, decoder)
     spec.decoder.embeddings.weight = _array(decoder.tgt_embed.weight)
-    spec.decoder.position_encodings.encodings = _positions(decoder.positions)
     for layer_spec, layer in zip(spec.decoder.layer, decoder.layers, strict=True):
         _attention(layer_spec.self_attention, layer.self_attn, cross=False, dot=dot)
         _norm(layer_spec.self_attention.layer_norm, layer.norm1)
@@ -137,7 +152,7 @@ def transformer_spec(model: Transformer, tok: Tokenizer):
         _norm(spec.encoder.layer_norm, encoder.final_norm)
         _norm(spec.decoder.layer_norm, decoder.final_norm)
     _linear(spec.decoder.projection, decoder.out_proj.weight, decoder.out_proj.bias)
-    spec.config.layer_norm_epsilon = LAYER_NORM_EPS
+    spec.config.layer_norm_epsilon = cfg.norm_eps
     spec.config.add_source_eos = False  # the caller appends </s> itself, after cutting over-long inputs
     spec.register_source_vocabulary(tok.src_pieces_from_ids(range(tok.src_vocab_size)))
     spec.register_target_vocabulary(tok.tgt_pieces_from_ids(range(tok.tgt_vocab_size)))

@@ -22,7 +22,7 @@ import torch
 
 from ..common.errors import UserError
 from ..data.batching import pad_batch
-from ..data.documents import document_ids, reading_windows, truncate
+from ..data.documents import document_ids, framed, reading_windows, truncate, window_length
 from ..data.labelled import LabelledData
 from ..data.tokenizer import PAD_ID
 from ..runs.load import LoadedRun
@@ -54,12 +54,13 @@ def predict(run: LoadedRun, texts: list[str], batch_size: int = 256, reading: Re
     """Class probabilities ``(N, C)`` of ``texts`` read as ``reading`` says (module docstring), and the token
     ids of each text as truncation gives them (what ``--with-attention`` shows)."""
     data = run.cfg.data
+    n = window_length(data)
     full = document_ids(run.tok, texts, data)
-    inputs = [truncate(ids, data.max_len, data.truncate) or [PAD_ID] for ids in full]  # as in training
+    inputs = [framed(truncate(ids, n, data.truncate), data) for ids in full]  # as in training
     if reading == "whole":
-        windows = [reading_windows(ids, data.max_len) for ids in full]
+        windows = [[framed(w, data) for w in reading_windows(ids, n, empty=[])] for ids in full]
     else:
-        windows = [[truncate(ids, data.max_len, reading) or [PAD_ID]] for ids in full]
+        windows = [[framed(truncate(ids, n, reading), data)] for ids in full]
     owner = torch.tensor([i for i, w in enumerate(windows) for _ in w], dtype=torch.long)  # (W,) text of each
     logits = _logits(run, [x for w in windows for x in w], batch_size)  # (W, C)
     summed = torch.zeros(len(texts), logits.size(1)).index_add_(0, owner, logits)  # (N, C)

@@ -75,7 +75,7 @@ def build_classifier(cfg: RunConfig, tok: Tokenizer, classes: list[str] | None) 
     if cfg.model.arch != "transformer":
         raise UserError("task classify needs model.arch: transformer")
     return TransformerClassifier(cfg.model.transformer, tok.src_vocab_size, len(classes or []),
-                                 pooling=cfg.model.pooling)
+                                 pooling=cfg.model.pooling, pooler=cfg.model.pooler)
 
 
 def build_encoder_lm(cfg: RunConfig, tok: Tokenizer, classes: list[str] | None = None) -> nn.Module:
