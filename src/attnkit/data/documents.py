@@ -77,7 +77,7 @@ def document_ids(tok: Tokenizer, texts: list[str], data: DataConfig, *, threads:
 
 
 def window_length(data: DataConfig) -> int:
-    """Subwords of text in one classifier window: ``data.max_len``, less two for ``<s>``/``</s>`` with ``data.frame``."""
+    """Subwords of text in a classifier window: ``data.max_len``, less two for ``<s>``, ``</s>`` (``data.frame``)."""
     return max(data.max_len - 2, 1) if data.frame else data.max_len
 
 
