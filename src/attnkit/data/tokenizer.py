@@ -1,6 +1,7 @@
-"""SentencePiece subword tokenizers (unigram or BPE) with fixed special ids.
+"""Subword tokenizers with fixed special ids: SentencePiece models trained here, or imported ones.
 
-Every model trained here reserves the same four ids, so the model, the search and the
+Every tokenizer, trained here or imported (:mod:`attnkit.data.pieces` lists the kinds of tokenizer
+directory and their files), gives the same four special ids, so the model, the search and the
 batching code can use the constants below without asking the tokenizer:
 
 =====  =========  ==========================================
@@ -14,12 +15,15 @@ batching code can use the constants below without asking the tokenizer:
                    tokenizers trained with ``mask=True``, for ``task: pretrain``
 =====  =========  ==========================================
 
-``<mask>`` is a SentencePiece control symbol: text never encodes to it (a review that
+Imported tokenizers keep their own names for these pieces (BERT's ``[PAD] [UNK] [CLS] [SEP]``,
+``[MASK]`` at any id). ``<mask>`` is a SentencePiece control symbol: text never encodes to it (a review that
 contains the characters ``<mask>`` reads them as text), and tokenizers trained without it
 keep their ids.
 
 A trained tokenizer is a directory holding ``tokenizer.json`` and one model file
-(``spm.model``, joint or classification) or two (``src.model``, ``tgt.model``).
+(``spm.model``, joint or classification) or two (``src.model``, ``tgt.model``); ``tokenizer.json``
+names the kind (``"kind"``, absent for a trained one) and its files. The writers of imported
+tokenizers are in :mod:`attnkit.data.hf_tokenizer`.
 
 Text is normalised with SentencePiece's default ``nmt_nfkc`` rule, so
 ``decode(encode(x)) == x`` holds for NFKC-normalised text with single spaces and no
@@ -28,10 +32,8 @@ leading/trailing whitespace (ordinary sentences in any script).
 
 from __future__ import annotations
 
-import io
 import json
-import re
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from itertools import chain
 from pathlib import Path
 
@@ -41,12 +43,39 @@ from attnkit.vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 from ..common.errors import UserError
 from ..common.files import atomic_write_bytes, atomic_write_text
+from .hf_tokenizer import wordpiece_from_vocab_txt, write_sentencepiece_vocab, write_wordpiece
+from .pieces import (
+    BOS_PIECE,
+    EOS_PIECE,
+    FORMAT_VERSION,
+    JOINT_MODEL_FILE,
+    KINDS,
+    MASK_PIECE,
+    PAD_PIECE,
+    SENTENCEPIECE,
+    SENTENCEPIECE_VOCAB,
+    SRC_MODEL_FILE,
+    TGT_MODEL_FILE,
+    TOKENIZER_FILE,
+    UNK_PIECE,
+    VOCAB_FILE,
+    WORDPIECE,
+    WORDPIECE_FILE,
+    PieceModel,
+    SentencePieceModel,
+    VocabSentencePieceModel,
+    load_sentencepiece,
+    load_wordpiece,
+    read_vocab,
+)
+from .spm_train import MODEL_TYPES, check_options, train_model
 
 __all__ = [
     "BOS_ID",
     "BOS_PIECE",
     "EOS_ID",
     "EOS_PIECE",
+    "KINDS",
     "MASK_PIECE",
     "MODEL_TYPES",
     "PAD_ID",
@@ -57,118 +86,23 @@ __all__ = [
     "Tokenizer",
     "UNK_ID",
     "UNK_PIECE",
+    "save_sentencepiece_vocab",
+    "save_wordpiece",
     "train_tokenizer",
+    "wordpiece_from_vocab_txt",
 ]
 
-PAD_PIECE, UNK_PIECE, BOS_PIECE, EOS_PIECE, MASK_PIECE = "<pad>", "<unk>", "<s>", "</s>", "<mask>"
 #: Ids that never carry text; decoding drops them.
 SPECIAL_IDS: frozenset[int] = frozenset({PAD_ID, BOS_ID, EOS_ID})
-_NUM_SPECIAL = 4  # pad, unk, bos, eos
-MODEL_TYPES: tuple[str, ...] = ("unigram", "bpe", "char")
-#: Name of the metadata file inside a tokenizer directory.
-TOKENIZER_FILE = "tokenizer.json"
-_FORMAT_VERSION = 1
-_JOINT_MODEL, _SRC_MODEL, _TGT_MODEL = "spm.model", "src.model", "tgt.model"
+_JOINT_MODEL, _SRC_MODEL, _TGT_MODEL = JOINT_MODEL_FILE, SRC_MODEL_FILE, TGT_MODEL_FILE
+#: Every file a tokenizer directory of any kind may hold, in the order :func:`tokenizer_files` lists them.
+_FILES = (TOKENIZER_FILE, _JOINT_MODEL, _SRC_MODEL, _TGT_MODEL, VOCAB_FILE, WORDPIECE_FILE)
 
 
 def tokenizer_files(directory: str | Path) -> list[str]:
-    """The names of the tokenizer files in ``directory``: :data:`TOKENIZER_FILE` and its SentencePiece model(s),
-    in a fixed order (a digest over them does not depend on the file system's)."""
-    return [n for n in (TOKENIZER_FILE, _JOINT_MODEL, _SRC_MODEL, _TGT_MODEL) if (Path(directory) / n).exists()]
-#: Threads used by the SentencePiece trainer (the target machine has two cores).
-_TRAIN_THREADS = 2
-#: Longest training sentence in bytes; longer ones are skipped by SentencePiece
-#: (its default, 4192, would drop long classification documents).
-_MAX_SENTENCE_BYTES = 1 << 15
-#: SentencePiece refuses a sample (input_sentence_size) of this many sentences or fewer.
-_MIN_SAMPLE = 100
-
-
-def _train_one(
-    texts: Iterable[str],
-    *,
-    vocab_size: int,
-    model_type: str,
-    character_coverage: float,
-    seed: int,
-    max_sentences: int,
-    what: str,
-    where: str,
-    mask: bool = False,
-) -> bytes:
-    """Train one SentencePiece model in memory from streamed ``texts`` and return its serialized proto.
-
-    SentencePiece reads the stream once and keeps a reservoir sample of at most
-    ``max_sentences`` non-empty sentences (all of them, in order, when there are fewer), so the
-    corpus is never held in memory. The reservoir draws from SentencePiece's own fixed seed: the
-    same stream always gives the same sample.
-
-    :raises UserError: no text to train on, or a vocabulary too small for the alphabet.
-    """
-    seen = [0]
-
-    def sentences() -> Iterator[str]:
-        for t in texts:
-            if t.strip():
-                seen[0] += 1
-                yield t
-
-    # SentencePiece 0.2 has no per-trainer seed option; seed its library-wide generator in case a
-    # code path draws from it (the reservoir sampler has its own fixed seed).
-    spm.set_random_generator_seed(seed)
-    model = io.BytesIO()
-    try:
-        spm.SentencePieceTrainer.train(
-            sentence_iterator=sentences(),
-            model_writer=model,
-            vocab_size=vocab_size,
-            model_type=model_type,
-            character_coverage=character_coverage,
-            hard_vocab_limit=False,  # tiny corpora: shrink the vocab instead of failing
-            pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID,
-            pad_piece=PAD_PIECE, unk_piece=UNK_PIECE, bos_piece=BOS_PIECE, eos_piece=EOS_PIECE,
-            control_symbols=[MASK_PIECE] if mask else [],  # id 4, right after the four special ids
-            input_sentence_size=max_sentences,  # a seeded reservoir sample of the stream
-            shuffle_input_sentence=True,
-            max_sentence_length=_MAX_SENTENCE_BYTES,
-            num_threads=_TRAIN_THREADS,
-            minloglevel=2,
-        )
-    except RuntimeError as e:
-        if not seen[0]:
-            raise _no_text(what, where) from None
-        msg = str(e)
-        m = re.search(r"Vocabulary size is smaller than required_chars\. (\d+) vs (\d+)", msg)
-        if m:
-            raise UserError(
-                f"tokenizer vocab_size={vocab_size} is too small for the {what} text: it needs at "
-                f"least {m.group(2)} entries ({_NUM_SPECIAL} special ids + its characters); raise vocab_size "
-                f"or lower character_coverage"
-            ) from None
-        raise UserError(f"SentencePiece could not train the {what} tokenizer: "
-                        f"{msg.splitlines()[0] if msg else type(e).__name__}") from None
-    if not seen[0]:
-        raise _no_text(what, where)
-    return model.getvalue()
-
-
-def _no_text(what: str, where: str) -> UserError:
-    return UserError(f"{where}: no non-empty {what} text to train the tokenizer on; check the file(s)")
-
-
-def _check_options(model_type: str, vocab_size: int, max_sentences: int, character_coverage: float) -> None:
-    """Reject tokenizer options SentencePiece cannot train with, naming the option."""
-    if model_type not in MODEL_TYPES:
-        raise UserError(f"tokenizer model_type '{model_type}' is not supported; use one of "
-                        f"{', '.join(MODEL_TYPES)}")
-    if vocab_size <= _NUM_SPECIAL:
-        raise UserError(f"tokenizer vocab_size must be larger than {_NUM_SPECIAL} (the special ids), got "
-                        f"{vocab_size}; try 8000 for translation")
-    if max_sentences <= _MIN_SAMPLE:
-        raise UserError(f"tokenizer max_sentences must be more than {_MIN_SAMPLE} (SentencePiece's minimum "
-                        f"sample), got {max_sentences}")
-    if not 0.0 < character_coverage <= 1.0:
-        raise UserError(f"tokenizer character_coverage must be in (0, 1], got {character_coverage}")
+    """The names of the tokenizer files in ``directory``: :data:`TOKENIZER_FILE` and its model and vocabulary
+    files, in a fixed order (a digest over them does not depend on the file system's)."""
+    return [n for n in _FILES if (Path(directory) / n).exists()]
 
 
 def train_tokenizer(
@@ -210,7 +144,7 @@ def train_tokenizer(
     :param mask: also reserve ``<mask>`` (id 4) for masked-language-model pretraining (classification only).
     :raises UserError: invalid option, no text, or vocab_size too small for the alphabet.
     """
-    _check_options(model_type, vocab_size, max_sentences, character_coverage)
+    check_options(model_type, vocab_size, max_sentences, character_coverage)
     options = dict(vocab_size=vocab_size, model_type=model_type,
                    character_coverage=character_coverage, seed=seed, max_sentences=max_sentences)
     out = Path(out_dir)
@@ -218,22 +152,22 @@ def train_tokenizer(
 
     if tgt_texts is None:
         files = {"src": _JOINT_MODEL, "tgt": None}
-        protos = {_JOINT_MODEL: _train_one(src_texts, what="source", mask=mask, where=where, **options)}
+        protos = {_JOINT_MODEL: train_model(src_texts, what="source", mask=mask, where=where, **options)}
         joint = True
     elif joint:
         files = {"src": _JOINT_MODEL, "tgt": _JOINT_MODEL}
-        protos = {_JOINT_MODEL: _train_one(chain(src_texts, tgt_texts), what="source+target", where=where, **options)}
+        protos = {_JOINT_MODEL: train_model(chain(src_texts, tgt_texts), what="source+target", where=where, **options)}
     else:
         files = {"src": _SRC_MODEL, "tgt": _TGT_MODEL}
-        protos = {_SRC_MODEL: _train_one(src_texts, what="source", where=where, **options),
-                  _TGT_MODEL: _train_one(tgt_texts, what="target", where=where, **options)}
+        protos = {_SRC_MODEL: train_model(src_texts, what="source", where=where, **options),
+                  _TGT_MODEL: train_model(tgt_texts, what="target", where=where, **options)}
     for name, proto in protos.items():
         atomic_write_bytes(out / name, proto)
 
     sizes = {name: spm.SentencePieceProcessor(model_proto=proto).get_piece_size()
              for name, proto in protos.items()}
     meta = {
-        "format_version": _FORMAT_VERSION,
+        "format_version": FORMAT_VERSION,
         "joint": joint,
         "src_model": files["src"],
         "tgt_model": files["tgt"],
@@ -249,21 +183,31 @@ def train_tokenizer(
     return Tokenizer.load(out)
 
 
-def _load_model(path: Path) -> spm.SentencePieceProcessor:
-    """Load one model file and check it uses attnkit's special ids."""
-    if not path.is_file():
-        raise UserError(f"{path}: tokenizer model file not found; re-train the tokenizer or "
-                        f"restore the file next to {TOKENIZER_FILE}")
-    try:
-        sp = spm.SentencePieceProcessor(model_file=str(path))
-    except (RuntimeError, OSError) as e:
-        raise UserError(f"{path}: not a valid SentencePiece model ({str(e).splitlines()[0]}); "
-                        f"re-train the tokenizer") from None
-    ids = (sp.pad_id(), sp.unk_id(), sp.bos_id(), sp.eos_id())
-    if ids != (PAD_ID, UNK_ID, BOS_ID, EOS_ID):
-        raise UserError(f"{path}: special ids (pad, unk, bos, eos) are {ids}, expected "
-                        f"{(PAD_ID, UNK_ID, BOS_ID, EOS_ID)}; re-train it with attnkit")
-    return sp
+def save_sentencepiece_vocab(out: str | Path, src_model: bytes, tgt_model: bytes, pieces: list[str]) -> Tokenizer:
+    """Write a ``sentencepiece+vocab`` tokenizer in ``out`` (Hugging Face Marian's) and load it.
+
+    :param src_model: the source SentencePiece model, as shipped (``source.spm``).
+    :param tgt_model: the target SentencePiece model (``target.spm``).
+    :param pieces: the piece of attnkit id ``i`` at index ``i``: pad, unk, bos, eos, then the rest.
+    :raises ValueError: ``pieces`` is not a list of at least 4 distinct strings.
+    :raises UserError: a model is not a SentencePiece model.
+    """
+    write_sentencepiece_vocab(Path(out), src_model, tgt_model, pieces)
+    return Tokenizer.load(out)
+
+
+def save_wordpiece(out: str | Path, tokenizer_json: str, pieces: list[str], mask_piece: str | None) -> Tokenizer:
+    """Write a ``wordpiece`` tokenizer in ``out`` (BERT's, renumbered into ``pieces``' order) and load it.
+
+    :param tokenizer_json: a Hugging Face ``tokenizer.json`` with a WordPiece model (or
+        :func:`wordpiece_from_vocab_txt`'s).
+    :param pieces: the piece of attnkit id ``i`` at index ``i``, a permutation of that vocabulary.
+    :param mask_piece: the masked-language-model piece (``[MASK]``), or None.
+    :raises ValueError: ``pieces`` is not a permutation of the vocabulary, or UNK or the mask piece is misplaced.
+    :raises UserError: ``tokenizer_json`` is not a WordPiece tokenizer the ``tokenizers`` library can read.
+    """
+    write_wordpiece(Path(out), tokenizer_json, pieces, mask_piece)
+    return Tokenizer.load(out)
 
 
 def _model_name(meta: dict, key: str, meta_path: Path) -> str:
@@ -275,66 +219,97 @@ def _model_name(meta: dict, key: str, meta_path: Path) -> str:
     return name
 
 
+def _read_metadata(meta_path: Path) -> dict:
+    """``tokenizer.json`` as a dict, with the keys its kind needs.
+
+    :raises UserError: missing, unreadable or invalid file, unknown kind, or a missing key.
+    """
+    try:
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise UserError(f"{meta_path}: not found; train a tokenizer first or point to the "
+                        f"directory that contains {TOKENIZER_FILE}") from None
+    except json.JSONDecodeError as e:
+        raise UserError(f"{meta_path}:{e.lineno}:{e.colno}: invalid JSON ({e.msg}); "
+                        f"re-train the tokenizer") from None
+    except (UnicodeDecodeError, OSError) as e:
+        raise UserError(f"{meta_path}: cannot read ({e}); re-train the tokenizer") from None
+    if not isinstance(meta, dict):
+        raise UserError(f"{meta_path}: expected a JSON object; re-train the tokenizer")
+    kind = meta.get("kind", SENTENCEPIECE)
+    if kind not in KINDS:
+        raise UserError(f"{meta_path}: kind {kind!r} is not one of {', '.join(KINDS)}; a newer attnkit may "
+                        f"have written it, or re-create the tokenizer")
+    for key in ("joint", "src_model", "tgt_model", "model_type") + (("vocab",) if kind == SENTENCEPIECE_VOCAB else ()):
+        if key not in meta:
+            raise UserError(f"{meta_path}: missing key '{key}'; re-train the tokenizer")
+    return meta
+
+
+def _load_sides(base: Path, meta: dict, meta_path: Path,
+                load_one: Callable[[Path], PieceModel]) -> tuple[PieceModel, PieceModel | None]:
+    """``(source, target)`` piece models from ``src_model`` and ``tgt_model`` (null: none; the same name: shared)."""
+    src = load_one(base / _model_name(meta, "src_model", meta_path))
+    tgt_name = meta["tgt_model"]
+    if tgt_name is None:
+        return src, None
+    if tgt_name == meta["src_model"]:
+        return src, src
+    return src, load_one(base / _model_name(meta, "tgt_model", meta_path))
+
+
+def _load_models(base: Path, meta: dict, meta_path: Path) -> tuple[PieceModel, PieceModel | None]:
+    """The piece models of ``meta``'s kind (:mod:`attnkit.data.pieces`)."""
+    kind = meta.get("kind", SENTENCEPIECE)
+    if kind == SENTENCEPIECE_VOCAB:
+        vocab = read_vocab(base / _model_name(meta, "vocab", meta_path))
+        return _load_sides(base, meta, meta_path,
+                           lambda p: VocabSentencePieceModel(load_sentencepiece(p, attnkit_ids=False), vocab))
+    if kind == WORDPIECE:
+        mask = meta.get("mask_piece")
+        if mask is not None and not isinstance(mask, str):
+            raise UserError(f"{meta_path}: mask_piece {mask!r} must be a string or null; re-import the checkpoint")
+        return load_wordpiece(base / _model_name(meta, "src_model", meta_path), mask), None
+    return _load_sides(base, meta, meta_path, lambda p: SentencePieceModel(load_sentencepiece(p)))
+
+
 class Tokenizer:
-    """Source and target SentencePiece models behind one interface.
+    """Source and target piece models (:mod:`attnkit.data.pieces`) behind one interface.
 
     Build one with :func:`train_tokenizer` or :meth:`Tokenizer.load`. Encoding adds no
     BOS/EOS (callers add :data:`BOS_ID`/:data:`EOS_ID`); decoding stops at the first EOS
     and drops PAD/BOS.
     """
 
-    def __init__(
-        self,
-        src_model: spm.SentencePieceProcessor,
-        tgt_model: spm.SentencePieceProcessor | None,
-        *,
-        joint: bool,
-        model_type: str,
-    ) -> None:
-        """:param tgt_model: None for a classification tokenizer (source only)."""
+    def __init__(self, src_model: PieceModel, tgt_model: PieceModel | None, *, joint: bool, model_type: str,
+                 kind: str = SENTENCEPIECE) -> None:
+        """:param tgt_model: None for a classification tokenizer (source only).
+
+        :param kind: the kind of tokenizer directory (:data:`KINDS`).
+        """
         self._src = src_model
         self._tgt = tgt_model
         self._joint = joint
         self.model_type = model_type
+        self.kind = kind
 
     @classmethod
     def load(cls, directory: str | Path) -> Tokenizer:
-        """Load a tokenizer saved by :func:`train_tokenizer`.
+        """Load a tokenizer directory of any kind (saved by :func:`train_tokenizer` or an importer).
 
-        :raises UserError: ``tokenizer.json`` or a model file is missing or corrupt.
+        :raises UserError: ``tokenizer.json`` or a model or vocabulary file is missing or corrupt.
         """
         meta_path = Path(directory) / TOKENIZER_FILE
-        try:
-            meta = json.loads(meta_path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise UserError(f"{meta_path}: not found; train a tokenizer first or point to the "
-                            f"directory that contains {TOKENIZER_FILE}") from None
-        except json.JSONDecodeError as e:
-            raise UserError(f"{meta_path}:{e.lineno}:{e.colno}: invalid JSON ({e.msg}); "
-                            f"re-train the tokenizer") from None
-        except (UnicodeDecodeError, OSError) as e:
-            raise UserError(f"{meta_path}: cannot read ({e}); re-train the tokenizer") from None
-        if not isinstance(meta, dict):
-            raise UserError(f"{meta_path}: expected a JSON object; re-train the tokenizer")
-        for key in ("joint", "src_model", "tgt_model", "model_type"):
-            if key not in meta:
-                raise UserError(f"{meta_path}: missing key '{key}'; re-train the tokenizer")
-        base = Path(directory)
-        src = _load_model(base / _model_name(meta, "src_model", meta_path))
-        tgt_name = meta["tgt_model"]
-        if tgt_name is None:
-            tgt = None
-        elif tgt_name == meta["src_model"]:
-            tgt = src
-        else:
-            tgt = _load_model(base / _model_name(meta, "tgt_model", meta_path))
-        return cls(src, tgt, joint=bool(meta["joint"]), model_type=str(meta["model_type"]))
+        meta = _read_metadata(meta_path)
+        src, tgt = _load_models(Path(directory), meta, meta_path)
+        return cls(src, tgt, joint=bool(meta["joint"]), model_type=str(meta["model_type"]),
+                   kind=meta.get("kind", SENTENCEPIECE))
 
     # -- properties -----------------------------------------------------------------
 
     @property
     def joint(self) -> bool:
-        """True when source and target share one model (and one id space)."""
+        """True when source and target share one id space."""
         return self._joint
 
     @property
@@ -344,21 +319,20 @@ class Tokenizer:
 
     @property
     def mask_id(self) -> int | None:
-        """The id of ``<mask>``, or None when the tokenizer was trained without it."""
-        i = self._src.piece_to_id(MASK_PIECE)
-        return i if i != UNK_ID and self._src.is_control(i) else None
+        """The id of the mask piece (``<mask>``, BERT's ``[MASK]``), or None when there is none."""
+        return self._src.mask_id
 
     @property
     def src_vocab_size(self) -> int:
         """Number of source ids, special ids included."""
-        return self._src.get_piece_size()
+        return self._src.size
 
     @property
     def tgt_vocab_size(self) -> int:
         """Number of target ids, special ids included."""
-        return self._target().get_piece_size()
+        return self._target().size
 
-    def _target(self) -> spm.SentencePieceProcessor:
+    def _target(self) -> PieceModel:
         if self._tgt is None:
             raise ValueError("this tokenizer has no target model (it was trained for "
                              "classification, with tgt_texts=None)")
@@ -367,7 +341,8 @@ class Tokenizer:
     # -- encoding / decoding --------------------------------------------------------
 
     def encode_src(self, texts: Sequence[str], *, threads: int = -1) -> list[list[int]]:
-        """Source texts -> id lists, without BOS/EOS; ``threads``: SentencePiece's threads (-1: one per CPU)."""
+        """Source texts -> id lists, without BOS/EOS; ``threads``: SentencePiece's threads (-1: one per CPU;
+        a ``wordpiece`` tokenizer uses the ``tokenizers`` thread pool instead)."""
         return _encode(self._src, texts, threads)
 
     def encode_tgt(self, texts: Sequence[str], *, threads: int = -1) -> list[list[int]]:
@@ -386,7 +361,7 @@ class Tokenizer:
 
     def src_pieces(self, text: str) -> list[str]:
         """Subword pieces of one source text, aligned with :meth:`encode_src` ids."""
-        return self._src.encode(text, out_type=str)
+        return self._src.pieces(text)
 
     def src_pieces_from_ids(self, ids: Sequence[int]) -> list[str]:
         """Piece of every source id, special pieces included (``<s>``, ``</s>``, ``<pad>``)."""
@@ -397,41 +372,41 @@ class Tokenizer:
         return _pieces(self._target(), ids)
 
     def __repr__(self) -> str:
-        tgt = self._tgt.get_piece_size() if self._tgt is not None else None
+        tgt = self._tgt.size if self._tgt is not None else None
         return (f"Tokenizer(model_type={self.model_type!r}, joint={self._joint}, "
                 f"src_vocab_size={self.src_vocab_size}, tgt_vocab_size={tgt})")
 
 
-def _encode(sp: spm.SentencePieceProcessor, texts: Sequence[str], threads: int = -1) -> list[list[int]]:
+def _encode(model: PieceModel, texts: Sequence[str], threads: int = -1) -> list[list[int]]:
     """Encode a list of texts (a bare string is refused: it would be read as characters)."""
     if isinstance(texts, str):
         raise TypeError("encode_src/encode_tgt take a list of texts, got a single str; wrap it: [text]")
-    return sp.encode(list(texts), out_type=int, num_threads=threads)
+    return model.encode(list(texts), threads)
 
 
-def _check_ids(sp: spm.SentencePieceProcessor, ids: Sequence[int]) -> list[int]:
+def _check_ids(model: PieceModel, ids: Sequence[int]) -> list[int]:
     """Convert to plain ints (tensors welcome) and check the range."""
     out = [int(i) for i in ids]
-    size = sp.get_piece_size()
+    size = model.size
     bad = [i for i in out if not 0 <= i < size]
     if bad:
         raise ValueError(f"token id {bad[0]} out of range for a vocabulary of {size}")
     return out
 
 
-def _decode(sp: spm.SentencePieceProcessor, batch: Sequence[Sequence[int]]) -> list[str]:
+def _decode(model: PieceModel, batch: Sequence[Sequence[int]]) -> list[str]:
     """Decode each sequence up to its first EOS, ignoring PAD and BOS."""
     texts: list[str] = []
     for seq in batch:
         kept: list[int] = []
-        for i in _check_ids(sp, seq):
+        for i in _check_ids(model, seq):
             if i == EOS_ID:
                 break
             if i not in SPECIAL_IDS:
                 kept.append(i)
-        texts.append(sp.decode(kept))
+        texts.append(model.decode(kept))
     return texts
 
 
-def _pieces(sp: spm.SentencePieceProcessor, ids: Sequence[int]) -> list[str]:
-    return [sp.id_to_piece(i) for i in _check_ids(sp, ids)]
+def _pieces(model: PieceModel, ids: Sequence[int]) -> list[str]:
+    return [model.id_to_piece(i) for i in _check_ids(model, ids)]
