@@ -37,7 +37,8 @@ from tables import markdown  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "results" / "layout.json"
 TEXTBOOK = ("attention", "multihead", "layers", "transformer", "rnn", "classifier", "mlm", "search", "vocab")
-LAYERS = [("common",), TEXTBOOK, ("engine", "config"), ("data",), ("runs",), ("inference",), ("viz", "tasks"),
+LAYERS = [("common",), TEXTBOOK, ("engine", "config"), ("data",), ("runs",), ("inference",),
+          ("viz", "tasks", "interop"),
           ("training", "export"), ("serve",), ("cli", "demo", "__main__", "__init__")]
 LAYER = {name: i for i, names in enumerate(LAYERS) for name in names}
 #: Where each module of the flat layout (0bc1665) went: its role package.

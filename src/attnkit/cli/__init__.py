@@ -1,4 +1,4 @@
-"""Command line: ``attnkit {demo,prepare,train,translate,evaluate,classify,attention,export,serve}``.
+"""Command line: ``attnkit {demo,prepare,train,translate,evaluate,classify,attention,export,import,serve}``.
 
 User errors (:class:`~attnkit.common.errors.UserError`), bad options included, print one line
 ``attnkit: error: ...`` and exit with status 2, without a traceback. Warnings (an input line
@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 
 from ..common.errors import UserError
-from . import attention, classify, demo, evaluate, export, prepare, serve, train, translate
+from . import attention, classify, demo, evaluate, export, import_model, prepare, serve, train, translate
 
 EXAMPLES = """examples:
   attnkit demo                                   # train on generated dates (a few minutes), print exact match
@@ -27,6 +27,8 @@ EXAMPLES = """examples:
   attnkit attention runs/de-en --src "Ein Hund rennt." -o attn/ --html
   attnkit export runs/de-en --to ctranslate2 -o runs/de-en-ct2 --quantization int8
   attnkit translate runs/de-en-ct2 -i test.de -o test.hyp.en
+  attnkit export runs/de-en --to huggingface -o runs/de-en-hf   # MarianMTModel.from_pretrained reads it
+  attnkit import opus-mt-de-en/ -o runs/opus-de-en        # a downloaded Hugging Face Marian or BERT directory
   attnkit serve runs/de-en runs/sst2 --port 8000          # HTTP API + a page at http://127.0.0.1:8000/
 """
 
@@ -41,7 +43,7 @@ class _Parser(argparse.ArgumentParser):
 
 #: The commands in the order ``--help`` lists them; each module has ``add(subparsers)`` and ``run(args)``.
 COMMANDS = {"demo": demo, "prepare": prepare, "train": train, "translate": translate, "evaluate": evaluate,
-            "classify": classify, "attention": attention, "export": export, "serve": serve}
+            "classify": classify, "attention": attention, "export": export, "import": import_model, "serve": serve}
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -31,7 +31,7 @@ def run(args: argparse.Namespace) -> None:
     else:
         cfg = load_config(RunConfig, args.config, args.overrides)
     if cfg.model.init_from:  # a missing or mismatched pretraining run: an error before the run directory is touched
-        check_init_from(cfg.model.init_from, run_dir)
+        check_init_from(cfg.model.init_from, run_dir, cfg)
     trainer = Trainer(cfg, run_dir, resume=args.resume)
     metrics = trainer.run()
     if trainer.workers.is_main:  # under torchrun, one of several processes (see attnkit.training.distributed)

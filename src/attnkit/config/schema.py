@@ -65,8 +65,11 @@ class DataConfig:
     max_len: int = 100  # translation: pairs with a side longer than this many subwords are dropped from training;
     #                     classification: texts are cut to this many subwords
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+    imported_from: str = ""  # the Hugging Face model directory `attnkit import` read (such a run has no data files)
 
     def validate(self) -> None:
+        if self.imported_from:
+            return  # an imported run was not trained here: it names no training data
         if self.generate == "none" and not self.train:
             raise UserError("data.train is empty: give a training file (or data.generate: dates)")
         if not 0.0 <= self.valid_fraction < 1.0:
@@ -184,8 +187,9 @@ class RunConfig:
         if self.data.max_len < 1:
             raise UserError(f"data.max_len must be at least 1, got {self.data.max_len}")
         if self.model.arch == "transformer":
-            longest = round_up(self.data.max_len + 1, self.train.pad_multiple)  # + </s>, padded
+            ends = int(self.task == "translate")  # a translation side gets </s>; a classifier window is max_len
+            longest = round_up(self.data.max_len + ends, self.train.pad_multiple)  # padded
             if longest > self.model.transformer.max_len:
-                raise UserError(f"data.max_len={self.data.max_len} (+ </s>, padded to {longest}) exceeds "
+                raise UserError(f"data.max_len={self.data.max_len} (+ </s> to translate, padded: {longest}) exceeds "
                                 f"model.transformer.max_len={self.model.transformer.max_len}; raise the latter "
                                 f"or lower the former")

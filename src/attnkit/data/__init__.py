@@ -7,7 +7,11 @@ module                    what it holds
 ``labelled``              labelled ``.tsv`` / ``.csv`` files (text and label columns)
 ``documents``             long documents: ``<br />`` tags, truncation, held-out rows
 ``dates``                 the built-in dates task (generated, no download)
-``tokenizer``             SentencePiece: training, loading, encoding, the special ids
+``tokenizer``             the :class:`~attnkit.data.tokenizer.Tokenizer` of every run, its kinds and the special ids
+``pieces``                one piece model per kind: SentencePiece (trained here), SentencePiece + a
+                          vocabulary (Marian), WordPiece (BERT, the ``tokenizers`` library)
+``spm_train``             training a SentencePiece model on streamed text
+``hf_tokenizer``          writing the imported kinds (``attnkit import``)
 ``batching``              length filters and token-budget batches
 ``arrays``                token sequences stored flat, written once and memory-mapped
 ``prepare``               prepared corpora: a task's :class:`~attnkit.data.prepare.Recipe`, encoded

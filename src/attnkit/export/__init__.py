@@ -5,6 +5,8 @@
 =================  ===============================================  ===========================
 ``ctranslate2``    a CTranslate2 model directory (float32, int8,    ``export/ctranslate2.py``
                    int8_float32 or bfloat16 weights) + tokenizer
+``huggingface``    a ``MarianMTModel`` + ``MarianTokenizer``        ``interop/marian.py``
+                   directory (float32)
 =================  ===============================================  ===========================
 
 :data:`TARGETS` maps ``--to`` to its exporter; a new target is a module here and one line there.
@@ -19,13 +21,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..inference.translate import translate_texts
+from ..interop import export_marian
 from ..runs.load import LoadedRun, load_run
 from .ctranslate2 import ExportedTranslator, export_ctranslate2, is_exported
 
 __all__ = ["TARGETS", "Translator", "export", "is_exported", "open_translator"]
 
 #: ``attnkit export --to NAME``: the function that writes it, ``(run, out, *, quantization, force) -> out``.
-TARGETS: dict[str, Callable[..., Path]] = {"ctranslate2": export_ctranslate2}
+TARGETS: dict[str, Callable[..., Path]] = {"ctranslate2": export_ctranslate2, "huggingface": export_marian}
 
 
 def export(run: str | Path, to: str, out: str | Path, **options) -> Path:

@@ -47,7 +47,7 @@ import numpy as np
 from torch import Tensor, nn
 
 from ..common.errors import UserError
-from ..data.tokenizer import EOS_ID, EOS_PIECE, UNK_ID, Tokenizer
+from ..data.tokenizer import BOS_ID, EOS_ID, UNK_ID, Tokenizer
 from ..inference.translate import check_decode_options, encode_sources, output_budget, translation_order
 from ..layers import SinusoidalPositions
 from ..rnn import RNNSeq2Seq
@@ -154,6 +154,9 @@ def transformer_spec(model: Transformer, tok: Tokenizer):
     _linear(spec.decoder.projection, decoder.out_proj.weight, decoder.out_proj.bias)
     spec.config.layer_norm_epsilon = cfg.norm_eps
     spec.config.add_source_eos = False  # the caller appends </s> itself, after cutting over-long inputs
+    # the special pieces by the tokenizer's names (an imported Marian or BERT vocabulary names its own)
+    spec.config.unk_token, spec.config.bos_token, spec.config.eos_token = tok.tgt_pieces_from_ids([UNK_ID, BOS_ID,
+                                                                                                    EOS_ID])
     spec.register_source_vocabulary(tok.src_pieces_from_ids(range(tok.src_vocab_size)))
     spec.register_target_vocabulary(tok.tgt_pieces_from_ids(range(tok.tgt_vocab_size)))
     spec.validate()
@@ -285,6 +288,7 @@ class ExportedTranslator:
         self.tok = Tokenizer.load(self.path)
         self._check_vocabulary()
         self._target_ids = {p: i for i, p in enumerate(self.tok.tgt_pieces_from_ids(range(self.tok.tgt_vocab_size)))}
+        self._eos_piece = self.tok.tgt_pieces_from_ids([EOS_ID])[0]
         try:
             self.translator = ctranslate2.Translator(str(self.path), device="cpu", intra_threads=threads)
         except (RuntimeError, ValueError, OSError) as e:
@@ -336,7 +340,7 @@ class ExportedTranslator:
             for i, cap, result in zip(chunk, budgets, results, strict=True):
                 ranked = []
                 for pieces, score in zip(result.hypotheses, result.scores, strict=True):
-                    ended = bool(pieces) and pieces[-1] == EOS_PIECE
+                    ended = bool(pieces) and pieces[-1] == self._eos_piece
                     tokens = [self._target_ids.get(p, UNK_ID) for p in (pieces[:-1] if ended else pieces)]
                     if len(tokens) + ended > cap:  # past this sentence's own budget: cut there, without </s>
                         tokens, ended = tokens[:cap], False

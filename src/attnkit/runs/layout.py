@@ -4,13 +4,15 @@
 one place that names its files::
 
     config.yaml              CONFIG_FILE      the resolved configuration
-    tokenizer.json, *.model  TOKENIZER_FILE   the SentencePiece model(s) (attnkit.data.tokenizer)
+    tokenizer.json, *.model  TOKENIZER_FILE   the tokenizer: SentencePiece model(s), and for an imported
+      (vocab.json, ...)                       model its vocabulary or WordPiece file (attnkit.data.tokenizer)
     classes.json             CLASSES_FILE     class names (classification)
     data/                    DATA_DIR         the prepared training data, memory-mapped (attnkit.data.prepare)
       manifest.json          MANIFEST_FILE    its sources, settings and counts, written last
     checkpoints/step-N/      CHECKPOINTS_DIR  MODEL_FILE + STATE_FILE (optimizer, schedule, data position, RNG)
     best.safetensors         BEST_FILE        best validation score so far
     averaged.safetensors     AVERAGED_FILE    mean of the last K checkpoints (written at the end of training)
+    imported.safetensors     IMPORTED_FILE    the weights of a run made by `attnkit import` (no training here)
     metrics.jsonl            METRICS_FILE     one JSON object per validation
 
 :mod:`attnkit.runs.directory` writes it, :mod:`attnkit.runs.load` loads a trained model from it.
@@ -24,7 +26,7 @@ from ..common.errors import UserError
 from ..data.prepare import MANIFEST_FILE
 from ..data.tokenizer import TOKENIZER_FILE, tokenizer_files
 
-__all__ = ["AVERAGED_FILE", "BEST_FILE", "CHECKPOINTS_DIR", "CLASSES_FILE", "CONFIG_FILE", "DATA_DIR",
+__all__ = ["AVERAGED_FILE", "BEST_FILE", "CHECKPOINTS_DIR", "CLASSES_FILE", "CONFIG_FILE", "DATA_DIR", "IMPORTED_FILE",
            "MANIFEST_FILE", "METRICS_FILE", "MODEL_FILE", "STATE_FILE", "TOKENIZER_FILE", "checkpoints",
            "find_run", "find_weights", "tokenizer_files"]
 
@@ -32,7 +34,7 @@ CONFIG_FILE = "config.yaml"
 CLASSES_FILE = "classes.json"
 DATA_DIR = "data"
 CHECKPOINTS_DIR, MODEL_FILE, STATE_FILE = "checkpoints", "model.safetensors", "trainer.pt"
-BEST_FILE, AVERAGED_FILE = "best.safetensors", "averaged.safetensors"
+BEST_FILE, AVERAGED_FILE, IMPORTED_FILE = "best.safetensors", "averaged.safetensors", "imported.safetensors"
 METRICS_FILE = "metrics.jsonl"
 _STEP = "step-{:08d}"
 
@@ -61,13 +63,14 @@ def find_run(path: Path) -> Path:
 def find_weights(path: Path) -> tuple[Path, Path]:
     """``(run_dir, weights file)`` for a run directory or a ``.safetensors`` file inside one.
 
-    A run directory resolves to :data:`AVERAGED_FILE`, else :data:`BEST_FILE`, else the newest checkpoint.
+    A run directory resolves to :data:`AVERAGED_FILE`, else :data:`BEST_FILE`, else :data:`IMPORTED_FILE`,
+    else the newest checkpoint.
     """
     if path.is_file():
         return find_run(path), path
     if not (path / CONFIG_FILE).exists():
         raise UserError(f"{path}: not a run directory (no {CONFIG_FILE}); train one with `attnkit train`")
-    for name in (AVERAGED_FILE, BEST_FILE):
+    for name in (AVERAGED_FILE, BEST_FILE, IMPORTED_FILE):
         if (path / name).exists():
             return path, path / name
     steps = [c / MODEL_FILE for c in checkpoints(path) if (c / MODEL_FILE).exists()]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import filecmp
 import shutil
+from dataclasses import fields
 from pathlib import Path
 
 from torch import nn
@@ -20,6 +21,24 @@ from ..config.schema import RunConfig
 from ..data.tokenizer import Tokenizer
 from ..runs.checkpoint import check_compatible, load_weights
 from ..runs.layout import CONFIG_FILE, TOKENIZER_FILE, find_weights, tokenizer_files
+
+#: Settings a fine-tuned encoder may change; every other ``model.transformer`` key must be the pretraining run's.
+REGULARISATION = ("dropout", "attention_dropout", "activation_dropout")
+
+
+def check_same_encoder(cfg: RunConfig, path: str) -> None:
+    """A one-line error naming the first ``model.transformer`` key (dropout aside) in which ``cfg`` differs from
+    the pretraining run ``path``: the same weights read with another activation or scale would compute something
+    else without any error."""
+    run_dir, _ = pretrained_run(path)
+    theirs = load_config(RunConfig, run_dir / CONFIG_FILE).model.transformer
+    ours = cfg.model.transformer
+    for f in fields(ours):
+        if f.name not in REGULARISATION and f.name not in ("decoder_layers", "share_embeddings", "tie_output") \
+                and getattr(ours, f.name) != getattr(theirs, f.name):
+            raise UserError(f"model.transformer.{f.name} is {getattr(ours, f.name)!r} here but "
+                            f"{getattr(theirs, f.name)!r} in {run_dir} (model.init_from); copy that run's "
+                            f"model.transformer (dropout may differ)")
 
 
 def pretrained_run(path: str) -> tuple[Path, Path]:
@@ -37,12 +56,15 @@ def pretrained_run(path: str) -> tuple[Path, Path]:
     return run_dir, weights
 
 
-def check_init_from(path: str, run_dir: Path) -> tuple[Path, list[str]]:
-    """``(pretraining run, its tokenizer files)`` after checking that ``run_dir`` holds no other tokenizer.
+def check_init_from(path: str, run_dir: Path, cfg: RunConfig | None = None) -> tuple[Path, list[str]]:
+    """``(pretraining run, its tokenizer files)`` after checking that ``run_dir`` holds no other tokenizer
+    (and, given ``cfg``, that its encoder is the pretraining run's: :func:`check_same_encoder`).
 
     ``attnkit train`` calls it before it writes anything into ``run_dir``.
     """
     source, _ = pretrained_run(path)
+    if cfg is not None:
+        check_same_encoder(cfg, path)
     names = tokenizer_files(source)  # tokenizer.json first
     if (run_dir / TOKENIZER_FILE).exists():
         differ = [n for n in names if not (run_dir / n).exists() or not filecmp.cmp(source / n, run_dir / n, False)]

@@ -1,0 +1,24 @@
+"""Make an attnkit run from a local Hugging Face model directory: a Marian (OPUS-MT) translation model
+becomes a translation run; a BERT sequence classifier a classification run; a bare or masked-LM BERT a
+pretraining run that a classification config fine-tunes with model.init_from. Nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from ..interop import import_model
+
+HELP = "make a run from a Hugging Face Marian or BERT directory"
+
+
+def add(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("import", help=HELP, description=__doc__)
+    p.add_argument("source", metavar="DIR", help="a local Hugging Face model directory (config.json, "
+                   "model.safetensors or pytorch_model.bin, tokenizer files)")
+    p.add_argument("-o", "--output", required=True, metavar="RUN_DIR", help="the run directory to write")
+    p.add_argument("--force", action="store_true", help="replace RUN_DIR if it is an earlier import")
+
+
+def run(args: argparse.Namespace) -> None:
+    print(import_model(args.source, args.output, force=args.force))
