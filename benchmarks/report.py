@@ -101,6 +101,7 @@ TABLES: dict[str, Table] = {
     "attention": Table(f"{RESULTS}/attention.json", "benchmarks/attention.py"),
     "ddp": Table(f"{RESULTS}/ddp.json", "benchmarks/ddp.py"),
     "layout": Table(f"{RESULTS}/layout.json", "benchmarks/layout.py"),
+    "hf-decode": Table(f"{RESULTS}/hf-decode.json", "benchmarks/hf_decode.py"),
     "measured-at": Table(EVERY_RESULT, "benchmarks/tables.py", "markdown_commits"),
     "bottleneck": Table(f"{FIGURES}/bottleneck.json", "experiments/bottleneck.py"),
     "scaling-random": Table(f"{FIGURES}/scaling.json", "experiments/scaling.py"),
