@@ -102,6 +102,8 @@ TABLES: dict[str, Table] = {
     "ddp": Table(f"{RESULTS}/ddp.json", "benchmarks/ddp.py"),
     "layout": Table(f"{RESULTS}/layout.json", "benchmarks/layout.py"),
     "hf-decode": Table(f"{RESULTS}/hf-decode.json", "benchmarks/hf_decode.py"),
+    "serve-engines": Table((f"{RESULTS}/serving/*.json",), "benchmarks/serve.py", "markdown_engines"),
+    "serve-stages": Table((f"{RESULTS}/serving/*.json",), "benchmarks/serve.py", "markdown_stages"),
     "measured-at": Table(EVERY_RESULT, "benchmarks/tables.py", "markdown_commits"),
     "bottleneck": Table(f"{FIGURES}/bottleneck.json", "experiments/bottleneck.py"),
     "scaling-random": Table(f"{FIGURES}/scaling.json", "experiments/scaling.py"),

@@ -44,8 +44,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from attnkit.data.readers import read_lines  # noqa: E402
-from attnkit.inference.translate import translate_texts  # noqa: E402
-from attnkit.runs.load import load_run  # noqa: E402
+from attnkit.export import Translator, open_translator  # noqa: E402
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from nbsvm import cpu_model  # noqa: E402
+from tables import markdown  # noqa: E402
 
 DATA = ROOT.parent / "shared" / "data" / "multi30k"
 RESULTS = ROOT / "benchmarks" / "results" / "serve.json"
@@ -74,6 +77,13 @@ def start_server(run: str, threads: int, extra: list[str], timeout: float = 300)
     return match[1], proc
 
 
+def engine_name(translator: Translator) -> str:
+    """``attnkit float32`` or ``CTranslate2 int8`` (an export's quantization)."""
+    if translator.exported is None:
+        return "attnkit float32"
+    return f"CTranslate2 {translator.exported.quantization}"
+
+
 def rss_mb(pid: int) -> float:
     """Resident memory of process ``pid`` in MB (Linux /proc)."""
     for row in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -87,33 +97,62 @@ def rss_mb(pid: int) -> float:
 # --------------------------------------------------------------------------------------
 
 
+class RawClient:
+    """One keep-alive HTTP/1.1 connection on asyncio streams, no HTTP library: a request is pre-built bytes, a
+    response its status line, its headers up to ``Content-Length`` and that many bytes. The load generator
+    shares the server's two cores, so it must cost little: httpx spent about as much CPU per request as the
+    server (issue 27); this client's cost is measured and reported (``client_cpu_ms``)."""
+
+    def __init__(self, url: str) -> None:
+        host, port = url.removeprefix("http://").split(":")
+        self.host, self.port = host, int(port)
+
+    async def __aenter__(self) -> RawClient:
+        self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        self.writer.close()
+
+    async def post(self, path: str, body: bytes) -> tuple[int, bytes]:
+        self.writer.write(b"POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"
+                          b"Content-Length: %d\r\n\r\n%s" % (path.encode(), self.host.encode(), len(body), body))
+        head = await self.reader.readuntil(b"\r\n\r\n")
+        length = re.search(rb"(?i)\r\ncontent-length: *(\d+)", head)
+        data = await self.reader.readexactly(int(length[1])) if length else b""
+        return int(head[9:12]), data
+
+
 async def drive(url: str, sentences: list[str], clients: int) -> dict:
-    """``clients`` concurrent clients translate ``sentences`` one per request; latency and throughput."""
+    """``clients`` concurrent clients translate ``sentences`` one per request; latency and throughput, and the
+    client's own CPU time per request."""
     latencies: list[float] = []
     outputs: list[str | None] = [None] * len(sentences)
     failures = 0
     queue = list(range(len(sentences)))[::-1]
+    bodies = [json.dumps({"texts": [s], "beam": 1}, ensure_ascii=False).encode("utf-8") for s in sentences]
 
-    async def client() -> None:  # one connection each (a client shared by 32 tasks spends more CPU than the server)
+    async def client() -> None:  # one connection each
         nonlocal failures
-        async with httpx.AsyncClient(base_url=url, timeout=120) as http:
+        async with RawClient(url) as http:
             while queue:
                 i = queue.pop()
                 start = time.perf_counter()
-                r = await http.post("/translate", json={"texts": [sentences[i]], "beam": 1})
+                status, data = await http.post("/translate", bodies[i])
                 latencies.append(time.perf_counter() - start)
-                if r.status_code == 200:
-                    outputs[i] = r.json()["translations"][0]
+                if status == 200:
+                    outputs[i] = json.loads(data)["translations"][0]
                 else:
                     failures += 1
 
-    start = time.perf_counter()
+    cpu, start = time.process_time(), time.perf_counter()
     await asyncio.gather(*(client() for _ in range(clients)))
-    seconds = time.perf_counter() - start
+    seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
     q = statistics.quantiles([x * 1000 for x in latencies], n=100, method="inclusive")
     return {"clients": clients, "requests": len(sentences), "failures": failures, "seconds": round(seconds, 2),
-            "sent_per_s": round(len(sentences) / seconds, 1), "p50_ms": round(q[49], 1), "p95_ms": round(q[94], 1),
-            "p99_ms": round(q[98], 1), "outputs": outputs}
+            "sent_per_s": round(len(sentences) / seconds, 1), "p50_ms": round(q[49], 1), "p90_ms": round(q[89], 1),
+            "p95_ms": round(q[94], 1), "p99_ms": round(q[98], 1),
+            "client_cpu_ms": round(1000 * cpu / len(sentences), 2), "outputs": outputs}
 
 
 STAGES = ("parse", "queue", "compute", "serialise")
@@ -142,8 +181,22 @@ def stage_means_ms(before: dict[str, tuple[float, int]], after: dict[str, tuple[
             for stage in STAGES}
 
 
-def malformed_requests(n: int, sentences: list[str], seed: int = 0) -> list[tuple[str, bool, bytes, dict]]:
-    """``n`` requests ``(kind, good, body, headers)``: about one in four good, the rest of 14 bad kinds."""
+def long_texts(sentences: list[str], count: int = 64, chars: int = 1000) -> list[str]:
+    """``count`` texts of test sentences joined up to ``chars`` characters: the largest request the server allows."""
+    texts, i = [], 0
+    for _ in range(count):
+        text = ""
+        while len(text) + len(sentences[i % len(sentences)]) + 1 <= chars:
+            text, i = f"{text} {sentences[i % len(sentences)]}".strip(), i + 1
+        texts.append(text)
+    return texts
+
+
+def malformed_requests(n: int, sentences: list[str], seed: int = 0, attention: int = 0
+                       ) -> list[tuple[str, bool, bytes, dict]]:
+    """``n`` requests ``(kind, good, body, headers)``: about one in four good, the rest of 14 bad kinds; and
+    ``attention`` more requests, spread among them, asking for the attention maps of the largest allowed batch
+    (64 texts of up to 1,000 characters)."""
     json_type = {"Content-Type": "application/json"}
 
     def body(obj: object) -> bytes:
@@ -179,6 +232,10 @@ def malformed_requests(n: int, sentences: list[str], seed: int = 0) -> list[tupl
         else:
             kind = rng.choice(sorted(bad))
             out.append((kind, False, bad[kind](sentences[i % len(sentences)]), json_type))
+    heavy = body({"texts": long_texts(sentences), "beam": 1, "attention": True})
+    for k in range(attention):
+        out.insert((k + 1) * len(out) // (attention + 1), ("good, attention, 64 texts of 1,000 characters", True,
+                                                          heavy, json_type))
     return out
 
 
@@ -218,7 +275,8 @@ async def send_malformed(url: str, requests: list[tuple[str, bool, bytes, dict]]
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--run", default=str(ROOT / "runs" / "multi30k-de-en"), help="a de->en translation run")
+    p.add_argument("--run", default=str(ROOT / "runs" / "multi30k-de-en"),
+                   help="a de->en translation run (attnkit's engine) or its `attnkit export` (CTranslate2's)")
     p.add_argument("--threads", type=int, default=1,
                    help="torch threads, offline and in the server (default: 1; on the shared 2-core machine 2 threads "
                         "wait for each other, benchmarks/README.md)")
@@ -227,6 +285,8 @@ def main() -> None:
                    help="sentences sent by the single client (one at a time, so it takes longest)")
     p.add_argument("--clients", default="1,8,32", help="client levels (default: 1,8,32)")
     p.add_argument("--malformed", type=int, default=1000, help="requests in the malformed mix (default: 1000)")
+    p.add_argument("--attention-requests", type=int, default=4,
+                   help="attention requests of the largest allowed batch in the mix (a run only; default: 4)")
     p.add_argument("--max-batch", type=int, default=32, help="the server's --max-batch")
     p.add_argument("--max-wait-ms", type=float, default=5.0, help="the server's --max-wait-ms")
     p.add_argument("--out", default=str(RESULTS))
@@ -242,12 +302,13 @@ def main() -> None:
     # 1. offline, batched, in this process (before the server starts; again after the clients, beside the idle
     # server: other sessions share this machine, and the mean of the two is less at the mercy of one moment)
     torch.set_num_threads(args.threads)
-    run = load_run(args.run)
-    translate_texts(run.model, run.tok, sentences[:64], beam=1)  # warm-up: weights and kernels in cache
+    translator = open_translator(args.run, threads=args.threads)
+    engine = engine_name(translator)
+    translator.translate(sentences[:64], beam=1, lenpen=0.0)  # warm-up: weights and kernels in cache
 
     def offline_run(when: str) -> tuple[list[str], dict]:
         start = time.perf_counter()
-        out = [h[0] for h in translate_texts(run.model, run.tok, sentences, beam=1)]
+        out = [h[0] for h in translator.translate(sentences, beam=1, lenpen=0.0)]
         seconds = time.perf_counter() - start
         measured = {"when": when, "seconds": round(seconds, 2), "sent_per_s": round(len(sentences) / seconds, 1)}
         print(f"offline, {when}: {measured}", flush=True)
@@ -282,7 +343,8 @@ def main() -> None:
             result["vs_offline"] = round(result["sent_per_s"] / offline["sent_per_s"], 3)
 
         # 3. malformed requests mixed with good ones
-        requests = malformed_requests(args.malformed, sentences)
+        heavy = args.attention_requests if translator.run is not None else 0  # an export has no attention
+        requests = malformed_requests(args.malformed, sentences, attention=heavy)
         rss_start = rss_mb(proc.pid)
         by_kind = asyncio.run(send_malformed(url, requests, 8))
         rss_end = rss_mb(proc.pid)
@@ -302,11 +364,12 @@ def main() -> None:
     results = {
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "commit": commit,
         "command": " ".join(["python", "benchmarks/serve.py", *sys.argv[1:]]),
-        "model": Path(args.run).name, "test": "test_2016_flickr (de)", "decoding": "greedy", "threads": args.threads,
+        "model": Path(args.run).name, "engine": engine, "client": "raw asyncio HTTP/1.1, one connection per client",
+        "test": "test_2016_flickr (de)", "decoding": "greedy", "threads": args.threads,
         "server": {"max_batch": args.max_batch, "max_wait_ms": args.max_wait_ms},
         "offline": offline, "clients": levels_out, "malformed": malformed,
         "goals": {"ratio_32_clients": GOAL_RATIO, "p50_ms_1_client": GOAL_P50_MS},
-        "machine": {"torch": torch.__version__, "cpu": platform.processor() or platform.machine(),
+        "machine": {"torch": torch.__version__, "cpu": cpu_model() or platform.processor() or platform.machine(),
                     "cores": os.cpu_count()},
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
@@ -360,3 +423,36 @@ def _run_table(results: dict) -> str:
 
 if __name__ == "__main__":
     main()
+
+
+def _engine_rows(runs: dict[str, dict]) -> list[dict]:
+    """The runs of ``results/serving/*.json``, by engine, then threads."""
+    return sorted(runs.values(), key=lambda r: (r.get("engine", ""), r["threads"], r["date"]))
+
+
+def markdown_engines(runs: dict[str, dict]) -> str:
+    """docs/results.md: each engine offline and served (1, 8, 32 clients), at each thread count."""
+    rows = []
+    for r in _engine_rows(runs):
+        by, m, off = {c["clients"]: c for c in r["clients"]}, r["malformed"], r["offline"]
+        served = [f"{by[n]['sent_per_s']:,.1f} ({by[n]['vs_offline']:.2f})" if n in by else "" for n in (8, 32)]
+        one = f"{by[1]['p50_ms']:.1f} / {by[1].get('p90_ms', by[1]['p95_ms']):.1f}" if 1 in by else ""
+        rows.append([r["engine"], r["threads"], " / ".join(f"{x['sent_per_s']:,.1f}" for x in off["runs"]), one,
+                     *served, f"{m['bad_4xx_json']:,} / {m['bad']:,}",
+                     f"{m['rss_start_mb']:,.0f} -> {m['rss_end_mb']:,.0f} ({m['rss_ratio']:.2f}x)",
+                     f"{r['date'][:10]}, `{r['commit']}`"])
+    return markdown(["engine", "threads", "offline sentences/s (before / after)", "1 client p50 / p90 ms",
+                     "8 clients sentences/s (x offline)", "32 clients sentences/s (x offline)",
+                     "malformed: 4xx JSON", "server RSS, hostile mix", "measured"], rows, "lrrrrrrrl")
+
+
+def markdown_stages(runs: dict[str, dict]) -> str:
+    """docs/results.md: where a request's time goes, by the server's own measure, per engine and client level."""
+    rows = []
+    for r in _engine_rows(runs):
+        for c in r["clients"]:
+            stages = c.get("stage_ms") or {}
+            rows.append([r["engine"], r["threads"], c["clients"], *(f"{stages.get(s, 0):.2f}" for s in STAGES),
+                         f"{sum(stages.values()):.1f}", f"{c['p50_ms']:.1f}", f"{c.get('client_cpu_ms', 0):.2f}"])
+    return markdown(["engine", "threads", "clients", "parse ms", "queue ms", "compute ms", "serialise ms",
+                     "server total ms", "p50 latency ms", "client CPU ms per request"], rows, "lrrrrrrrrr")
