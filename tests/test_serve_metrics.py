@@ -228,3 +228,37 @@ def test_max_batch_tokens_must_be_positive(translation_run, capsys):
     assert main(["serve", str(translation_run), "--max-batch-tokens", "0"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--max-batch-tokens" in err
+
+
+def test_a_lone_request_does_not_wait_but_concurrent_ones_still_merge():
+    """One client alone gains nothing from waiting (issue 27: it waited max_wait_ms in the queue every time);
+    once a batch answered several requests, the next ones wait for their peers as before."""
+    records: list = []
+
+    async def scenario() -> list[list[str]]:
+        calls: list[list[str]] = []
+
+        def run(texts: list[str]) -> list[str]:
+            calls.append(texts)
+            return texts
+
+        worker = ModelWorker("lone", Limits(max_batch=8, max_wait_ms=2000), records.append)
+        for text in ("a", "b", "c"):  # one client, one request at a time: each runs at once
+            assert await asyncio.wait_for(worker.submit(("k",), run, [text]), timeout=1.5) == [text]
+        # two clients at once (queued under the worker's lock, so it cannot take the first alone in between):
+        # the second joins the first's batch ...
+        with worker._cond:
+            first = worker.submit(("k",), run, ["d"])
+            second = worker.submit(("k",), run, ["e"])
+        await asyncio.gather(first, second)
+        # ... and after a batch of two, a request waits for its peer to come back
+        third = worker.submit(("k",), run, ["f"])
+        await asyncio.sleep(0.3)
+        fourth = worker.submit(("k",), run, ["g"])
+        await asyncio.gather(third, fourth)
+        worker.close(timeout=10)
+        return calls
+
+    calls = asyncio.run(scenario())
+    assert calls == [["a"], ["b"], ["c"], ["d", "e"], ["f", "g"]]
+    assert all(max(r.waits) < 1.0 for r in records[:3])  # the lone requests: far below max_wait_ms (2 s)

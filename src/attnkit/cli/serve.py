@@ -64,8 +64,8 @@ def add(sub: argparse._SubParsersAction) -> None:
                    help="source tokens a model batch may hold, padded (texts x the longest text's tokens); a "
                         f"request longer than that runs alone (default: {defaults.max_batch_tokens})")
     p.add_argument("--max-wait-ms", type=NON_NEGATIVE, default=defaults.max_wait_ms, metavar="MS",
-                   help="how long a model's worker waits for more requests to join a batch (default: "
-                        f"{defaults.max_wait_ms:g})")
+                   help="how long a model's worker waits for more requests to join a batch; a lone request "
+                        f"does not wait (default: {defaults.max_wait_ms:g})")
 
 
 def run(args: argparse.Namespace) -> None:

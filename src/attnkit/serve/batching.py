@@ -4,7 +4,8 @@ The server (:mod:`attnkit.serve`) queues each request's texts as a job with a ke
 with which decoding parameters) and each text's length in source tokens; the model's
 :class:`ModelWorker` takes the oldest job and the queued jobs with the same key closest to it in length,
 up to ``max_batch`` texts and ``max_batch_tokens`` padded tokens, waiting at most ``max_wait_ms`` for
-more (after the oldest arrived, or after the previous batch was answered), and runs them as one call.
+more (after the oldest arrived, or after the previous batch was answered; not at all for a lone request
+while one client is sending), and runs them as one call.
 Only this thread touches the model.
 """
 
@@ -75,7 +76,8 @@ class ModelWorker:
     :meth:`submit` (from the event loop) queues texts and returns a future of their results; the
     thread takes the oldest job, waits up to ``max_wait_ms`` after its arrival (or after the previous
     batch was answered, if that is later) for jobs with the same key until ``max_batch`` texts are
-    queued, runs them as one call and resolves each job's future with its share. Which jobs join the
+    queued, runs them as one call and resolves each job's future with its share; a lone request (none
+other queued, and the previous batch answered one request) runs at once. Which jobs join the
     oldest is :meth:`_select`'s rule (closest in length, within ``max_batch`` texts and
     ``max_batch_tokens`` padded tokens). A job larger than either limit runs alone. :meth:`close` lets
     it finish what is queued, then stops it. ``on_batch`` (if given) hears of every batch, from the
@@ -90,6 +92,7 @@ class ModelWorker:
         self._closed = False
         self.batches = self.texts = 0  # run so far (written by the worker thread only)
         self._free_since = 0.0  # when the last batch was answered (time.monotonic)
+        self._last_jobs = 0  # requests in the last batch: more than one means several clients are sending
         self._cond = threading.Condition()
         self._thread = threading.Thread(target=self._serve, name=f"attnkit-serve-{name}", daemon=True)
         self._thread.start()
@@ -148,8 +151,11 @@ class ModelWorker:
                 self._cond.wait()
             first = self._jobs[0]
             # jobs that queued behind a batch wait max_wait_ms more after it: the clients it answered can
-            # send their next request and join, rather than the queue splitting into alternating halves
-            deadline = max(first.arrived, self._free_since) + self.limits.max_wait_ms / 1000
+            # send their next request and join, rather than the queue splitting into alternating halves.
+            # A lone request (nothing else queued, and the last batch answered one request) does not wait:
+            # no other client is sending, so waiting would only add max_wait_ms to its latency.
+            lone = len(self._jobs) == 1 and self._last_jobs <= 1
+            deadline = max(first.arrived, self._free_since) + (0.0 if lone else self.limits.max_wait_ms / 1000)
             while not self._closed:
                 remaining = deadline - time.monotonic()
                 ready = sum(len(j.texts) for j in self._jobs if j.key == first.key)  # texts of its key queued
@@ -157,6 +163,7 @@ class ModelWorker:
                     break
                 self._cond.wait(remaining)
             batch = self._select(first)
+            self._last_jobs = len(batch)
             taken = {id(j) for j in batch}
             self._jobs = deque(j for j in self._jobs if id(j) not in taken)
             self._queued -= sum(len(j.texts) for j in batch)
