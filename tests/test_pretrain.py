@@ -194,9 +194,14 @@ def test_init_from_copies_exactly_the_encoder_weights(tmp_path: Path, pretrained
 def test_init_from_with_another_shape_lists_the_mismatched_keys(tmp_path: Path, pretrained: Path, capsys) -> None:
     config = write_yaml(tmp_path / "f.yaml", classify_raw(tmp_path, pretrained, d_ff=48))
     assert main(["train", str(config), "--run-dir", str(tmp_path / "fine")]) == 2
-    err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert err.startswith("attnkit: error: model.init_from:")
-    assert "'encoder.layers.0.ff.w1.weight' checkpoint (64, 32) vs model (48, 32)" in err
+    err = capsys.readouterr().err.strip().splitlines()[-1]  # before anything is written: the key that differs
+    assert err.startswith("attnkit: error: model.transformer.d_ff is 48 here but 64 in ")
+    assert err.endswith("(model.init_from); copy that run's model.transformer (dropout may differ)")
+    assert not (tmp_path / "fine").exists()
+    # the weights themselves are checked too (a task built without the command line's check)
+    with pytest.raises(UserError, match=r"'encoder.layers.0.ff.w1.weight' checkpoint \(64, 32\) vs model \(48, 32\)"):
+        make_task(load_config(RunConfig, classify_raw(tmp_path, pretrained, d_ff=48)), tmp_path / "fine1",
+                  quiet).build_model()
     with pytest.raises(UserError, match="missing key"):
         make_task(load_config(RunConfig, classify_raw(tmp_path, pretrained, encoder_layers=2)),
                   tmp_path / "fine2", quiet).build_model()
