@@ -42,6 +42,8 @@ TARGETS: dict[str, tuple[str, float | None, float]] = {
     "imdb": ("the best from scratch", 89.0, 20),
     "imdb-pretrain": ("MLM on the IMDB training text", None, 60),
     "imdb-finetune": ("fine-tuned from imdb-pretrain", 91.5, 60),
+    "imdb-electra-pretrain": ("replaced-token detection on IMDB + the 50k unlabelled reviews", None, 60),
+    "imdb-electra-finetune": ("fine-tuned from imdb-electra-pretrain", 91.5, 60),
     "sst2-pretrain": ("MLM on IMDB + SST-2 training text", None, 0),
     "sst2-finetune": ("fine-tuned from sst2-pretrain, on SST-2", 85.0, 15),
 }

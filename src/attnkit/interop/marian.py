@@ -201,7 +201,11 @@ def import_marian(hf: HFDirectory, out: str | Path, *, force: bool = False) -> P
     own = model.state_dict()
     for key, value in state.items():
         check_shape(value, own[key].shape, key, hf.path)
-    model.load_state_dict(state, strict=False)  # the position table is computed, not stored
+    tied = {"tgt_embed.embedding.weight", "out_proj.weight"}  # the shared embedding, loaded through its first name
+    unset = sorted(set(own) - set(state) - tied)
+    if unset:  # a mapping error, never the user's: say so plainly
+        raise RuntimeError(f"the Marian mapping leaves {unset} unset")
+    model.load_state_dict(state, strict=False)
     return write_run(out, run_cfg, model.state_dict(), hf.path, write_tokenizer, force=force)
 
 
