@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import random
 import threading
+import time
 import warnings
 from pathlib import Path
 
@@ -262,3 +263,29 @@ def test_a_lone_request_does_not_wait_but_concurrent_ones_still_merge():
     calls = asyncio.run(scenario())
     assert calls == [["a"], ["b"], ["c"], ["d", "e"], ["f", "g"]]
     assert all(max(r.waits) < 1.0 for r in records[:3])  # the lone requests: far below max_wait_ms (2 s)
+
+
+def test_the_worker_gives_freed_memory_back_when_idle_and_while_busy(monkeypatch):
+    """After work, a pause of TRIM_EVERY_S returns freed heap pages (malloc_trim); under steady load at most
+    every TRIM_EVERY_S. So the RSS follows what the server holds, not its largest request (issue 27, item 7)."""
+    from attnkit.common.memory import release_free_memory
+    from attnkit.serve import batching
+
+    assert release_free_memory() in (True, False)  # callable anywhere; True with glibc
+    calls: list[float] = []
+    monkeypatch.setattr(batching, "release_free_memory", lambda: calls.append(time.monotonic()))
+    monkeypatch.setattr(batching, "TRIM_EVERY_S", 0.2)
+
+    async def scenario() -> None:
+        worker = ModelWorker("trim", Limits(max_wait_ms=0))
+        await asyncio.sleep(0.5)
+        assert calls == []  # nothing ran: nothing to give back
+        await worker.submit(("k",), lambda texts: texts, ["a"])
+        await asyncio.sleep(0.6)
+        assert len(calls) == 1  # once after the pause, not again while idle
+        for _ in range(30):  # busy for about 0.6 s without a pause of 0.2 s
+            await worker.submit(("k",), lambda texts: time.sleep(0.02) or texts, ["b"])
+        worker.close(timeout=10)
+        assert 2 <= len(calls) <= 6
+
+    asyncio.run(scenario())

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..common.errors import UserError
+from ..common.memory import release_free_memory
 
 __all__ = ["BatchRecord", "Limits", "ModelWorker", "QueueFull"]
 
@@ -35,6 +36,11 @@ class Limits:
     max_batch: int = 32  # texts per model batch
     max_wait_ms: float = 5.0  # how long the oldest queued request waits for others to join its batch
     max_batch_tokens: int = 4096  # padded source tokens per model batch: texts x the longest text's tokens
+
+
+#: Give freed memory back (:func:`~attnkit.common.memory.release_free_memory`) after this long idle, and while
+#: busy at most this often: a server's RSS then follows what it holds, not the largest request it ever answered.
+TRIM_EVERY_S = 1.0
 
 
 class QueueFull(Exception):
@@ -93,6 +99,8 @@ other queued, and the previous batch answered one request) runs at once. Which j
         self.batches = self.texts = 0  # run so far (written by the worker thread only)
         self._free_since = 0.0  # when the last batch was answered (time.monotonic)
         self._last_jobs = 0  # requests in the last batch: more than one means several clients are sending
+        self._trimmed = time.monotonic()  # when freed memory was last given back
+        self._dirty = False  # a batch ran since then
         self._cond = threading.Condition()
         self._thread = threading.Thread(target=self._serve, name=f"attnkit-serve-{name}", daemon=True)
         self._thread.start()
@@ -148,7 +156,10 @@ other queued, and the previous batch answered one request) runs at once. Which j
             while not self._jobs:
                 if self._closed:
                     return None
-                self._cond.wait()
+                if not self._dirty:
+                    self._cond.wait()
+                elif not self._cond.wait(TRIM_EVERY_S):  # idle for a while after work: give memory back
+                    self._release()
             first = self._jobs[0]
             # jobs that queued behind a batch wait max_wait_ms more after it: the clients it answered can
             # send their next request and join, rather than the queue splitting into alternating halves.
@@ -169,8 +180,16 @@ other queued, and the previous batch answered one request) runs at once. Which j
             self._queued -= sum(len(j.texts) for j in batch)
             return batch
 
+    def _release(self) -> None:
+        """Give the memory freed since the last time back to the system (from the worker thread)."""
+        release_free_memory()
+        self._trimmed, self._dirty = time.monotonic(), False
+
     def _serve(self) -> None:
         while (batch := self._take()) is not None:
+            if self._dirty and time.monotonic() - self._trimmed > TRIM_EVERY_S:  # busy without a pause
+                self._release()
+            self._dirty = True
             started = time.monotonic()
             self.batches += 1
             self.texts += sum(len(job.texts) for job in batch)
