@@ -319,7 +319,7 @@ def test_a_long_text_shows_the_pieces_the_classifier_drew_on_most(classifier_run
     text = " ".join(["a good film", "a bad plot"] * 30)
     ids = classifier_inputs(classifier_run.tok, [text], classifier_run.cfg.data)[0]
     assert len(ids) > 40
-    maps = attention_maps(classifier_run, text)
+    maps = attention_maps(classifier_run, text, reading=classifier_run.cfg.data.truncate)  # one window
     importance = classifier_run.model.token_importance(torch.tensor([ids]))[0]
     positions = [int(t.rsplit("@", 1)[1]) for t in maps.src_tokens]
     assert len(positions) == 40 and positions == sorted(set(positions))  # in text order

@@ -11,8 +11,11 @@ from attnkit.cli import main
 from attnkit.data.batching import pad_batch
 from attnkit.data.documents import document_ids, reading_windows, truncate
 from attnkit.data.tokenizer import PAD_ID
-from attnkit.inference.classify import predict
+from attnkit.inference.attention_maps import attention_maps
+from attnkit.inference.classify import classify_texts, explain, predict
 from attnkit.runs.load import load_run
+from attnkit.viz.explorer import explorer_data
+from attnkit.viz.figures import attention_figures
 from tiny_runs import labelled_rows, write_lines
 
 
@@ -82,3 +85,54 @@ def test_evaluate_and_classify_read_as_told(run, classifier_run, tmp_path, capsy
         assert "accuracy" in capsys.readouterr().out
     assert main(["classify", str(classifier_run), "-i", str(texts), "--read", "tail"]) == 2
     assert "--read" in capsys.readouterr().err
+
+
+def long_text() -> str:
+    return " ".join(t for t, _ in labelled_rows(6, seed=11))
+
+
+def test_explain_adds_the_windows_up_to_the_prediction(run) -> None:
+    small = with_window(run, 6)
+    text = long_text()
+    ids = document_ids(small.tok, [text], small.cfg.data)[0]
+    e = explain(small, text)
+    assert e.windows == reading_windows(ids, 6) and len(e.windows) > 2
+    assert all([ids[p] for p in where] == w for w, where in zip(e.windows, e.positions, strict=True))
+    torch.testing.assert_close(e.probs, predict(small, [text])[0][0], atol=1e-5, rtol=0)
+    z = e.window_logits.mean(dim=0)  # (C,) the text's logits
+    torch.testing.assert_close(e.evidence().mean(), z[e.predicted] - z.mean(), atol=1e-5, rtol=0)
+    expected = torch.zeros(len(ids))
+    for w, where in zip(e.windows, e.positions, strict=True):
+        share = small.model.token_importance(pad_batch([w], PAD_ID))[0]  # (T_w,)
+        for j, p in enumerate(where):
+            expected[p] += share[j] / len(e.windows)
+    torch.testing.assert_close(e.importance(), expected, atol=1e-6, rtol=0)
+    assert abs(float(e.importance().sum()) - 1) < 1e-5  # no <s>, </s> in this model: all of it on pieces
+    line = classify_texts(small, [text], with_attention=True, top=3)[0]
+    best = e.importance().argsort(descending=True)[:3].tolist()
+    assert line.split("\t")[3] == " ".join(f"{e.pieces[j]}:{e.importance()[j]:.2f}" for j in best)
+
+
+def test_attention_over_a_whole_text_shows_its_windows(run) -> None:
+    small = with_window(run, 6)
+    text = long_text()
+    e = explain(small, text)
+    maps = attention_maps(small, text)
+    assert [v.kind for v in maps.views()] == ["encoder_self", "pooling", "windows"]
+    assert f"; read as {len(e.windows)} windows" in maps.output
+    windows = maps.windows  # (2, W): the evidence for and against, each row a share
+    evidence = e.evidence()
+    torch.testing.assert_close(windows[0], evidence.clamp(min=0) / evidence.clamp(min=0).sum())
+    assert abs(float(windows[1].sum()) - (1.0 if (evidence < 0).any() else 0.0)) < 1e-5
+    assert len(maps.window_labels) == len(e.windows) and maps.window_labels[0].startswith("1: pieces 0-5, p=")
+    torch.testing.assert_close(maps.pooling, e.importance())  # a short text: every piece, in order
+    strongest = int(evidence.argmax())
+    assert f"window {strongest + 1} of {len(e.windows)}" in maps.views()[0].title
+    _, _, weights = small.model.encoder(torch.tensor([e.windows[strongest]]), need_weights=True)
+    torch.testing.assert_close(maps.encoder_self[0], weights[0][0])
+    assert maps.encoder_tokens == small.tok.src_pieces_from_ids(e.windows[strongest])
+    assert {"windows", "pooling"} <= set(attention_figures(maps))
+    page = explorer_data(maps)
+    assert page["views"][2]["queries"] == [f"for {small.classes[e.predicted]}", "against"]
+    head = attention_maps(small, text, reading="head")  # one window: as before, no windows view
+    assert [v.kind for v in head.views()] == ["encoder_self", "pooling"] and head.windows is None

@@ -2,7 +2,8 @@
 cross-attention (mean over heads per layer, one panel per head, mean over layers),
 encoder self-attention and decoder self-attention for Transformers; the alignment for
 RNN models; self-attention and the pooled representation's token importance for
-classifiers. Axes show the tokenizer's subword pieces (▁ marks a word start).
+classifiers, and for a text longer than the classifier's window the windows it was read as and
+how much each argued for and against the prediction. Axes show the tokenizer's subword pieces (▁ marks a word start).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from ..inference.attention_maps import attention_maps
 from ..runs.load import load_run
 from ..tasks import spec
 from ..viz.explorer import write_explorer
-from .options import FINITE, POSITIVE_INT
+from .options import FINITE, POSITIVE_INT, add_reading_argument
 
 HELP = "draw what attention learned: heatmaps and an interactive HTML explorer"
 EPILOG = """\
@@ -24,7 +25,8 @@ there is no -mean):
   cross-layerL.png, cross-layerL-heads.png, cross-mean.png
   encoder-self-layerL.png, encoder-self-layerL-heads.png, encoder-self-mean.png
   decoder-self-layerL.png, decoder-self-layerL-heads.png, decoder-self-mean.png
-  alignment.png (RNN); pooling.png (classifier); attention.html (--html)
+  alignment.png (RNN); pooling.png, windows.png (classifier; windows for a long text);
+  attention.html (--html)
 
 rows are queries, columns keys: cross-attention rows are the output pieces (what each decoder
 position produced), decoder self-attention rows and columns the decoder inputs (<s> first)."""
@@ -45,6 +47,7 @@ def add(sub: argparse._SubParsersAction) -> None:
                    help="beam size for the model's own translation (default: 1, greedy)")
     p.add_argument("--lenpen", type=FINITE, default=None,
                    help="length penalty alpha with --beam > 1 (default: the run's decode_lenpen)")
+    add_reading_argument(p)
 
 
 def run(args: argparse.Namespace) -> None:
@@ -57,7 +60,7 @@ def run(args: argparse.Namespace) -> None:
     if spec(run.task).serves is None:
         raise UserError(f"{args.model} is a pretraining run; look at the attention of a model fine-tuned from it")
     lenpen = run.cfg.decode_lenpen if args.lenpen is None else args.lenpen
-    maps = attention_maps(run, args.src, args.tgt, beam=args.beam, lenpen=lenpen)
+    maps = attention_maps(run, args.src, args.tgt, beam=args.beam, lenpen=lenpen, reading=args.read)
     out = Path(args.out_dir)
     try:
         out.mkdir(parents=True, exist_ok=True)

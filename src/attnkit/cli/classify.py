@@ -16,8 +16,8 @@ def add(sub: argparse._SubParsersAction) -> None:
     p.add_argument("model", help="run directory or a .safetensors checkpoint inside one")
     p.add_argument("-i", "--input", help="input file (default: stdin)")
     p.add_argument("--with-attention", action="store_true",
-                   help="also print the 5 tokens the pooled representation drew on most (of the text as "
-                        "truncated in training)")
+                   help="also print the 5 pieces the prediction drew on most: the pooled representation's token "
+                        "importance in every window --read gives, weighted as the windows' logits are averaged")
     add_reading_argument(p)
 
 

@@ -15,7 +15,13 @@ kind                   queries (rows)                       keys (columns)
 ``cross``              outputs ``y_1 .. y_T </s>``          source pieces
 ``alignment`` (RNN)    outputs                              source pieces (``alpha^t``: 1 layer, 1 head)
 ``pooling``            the predicted class                  input pieces (classifier token importance)
+``windows``            for / against the predicted class    the windows a long text was read as
 =====================  ===================================  ======================================
+
+A classifier reads a text longer than its window as overlapping windows and averages their logits
+(:mod:`attnkit.inference.classify`); its ``pooling`` then covers the whole text (each window's token
+importance weighted 1/W), ``windows`` shows each window's share of the evidence for the prediction
+(first row) and against it (second row), and ``encoder_self`` is the window that argued most for it.
 
 Decoder position t reads ``y_{t-1}`` (``<s>`` first) and predicts ``y_t``: cross-attention rows
 are labelled with what the position produced (the question "which source word did this output
@@ -36,12 +42,12 @@ from torch import Tensor
 
 from ..classifier import TransformerClassifier
 from ..common.errors import UserError
-from ..data.documents import classifier_inputs
 from ..data.tokenizer import BOS_ID, EOS_ID
 from ..rnn import RNNSeq2Seq
 from ..runs.load import LoadedRun
 from ..search import LENPEN, MAX_LEN_A, MAX_LEN_B, beam_search, greedy_search
 from ..transformer import Transformer
+from .classify import Reading, explain
 from .translate import check_source_lengths, output_budget
 
 __all__ = ["AttentionMaps", "AttentionView", "attention_maps"]
@@ -51,7 +57,7 @@ __all__ = ["AttentionMaps", "AttentionView", "attention_maps"]
 class AttentionView:
     """One kind of attention with the tokens on its two axes.
 
-    :param kind: ``encoder_self``, ``decoder_self``, ``cross``, ``alignment`` or ``pooling``.
+    :param kind: ``encoder_self``, ``decoder_self``, ``cross``, ``alignment``, ``pooling`` or ``windows``.
     :param title: human-readable name, e.g. ``"cross-attention"``.
     :param layers: one ``(H, T_q, T_k)`` tensor per layer.
     :param queries: ``T_q`` row labels; ``keys``: ``T_k`` column labels.
@@ -81,6 +87,11 @@ class AttentionMaps:
     :param decoder_self: per layer ``(H, T, T)``, zero above the diagonal.
     :param cross: per layer ``(H, T, S)``; an RNN's alignment is one layer with one head ``(1, T, S)``.
     :param pooling: classifier only, ``(S,)``: how much the pooled vector drew on each token.
+    :param windows: classifier reading a long text whole, ``(2, W)``: each window's share of the evidence
+        for the prediction and against it (a row of zeros when no window argued against).
+    :param window_labels: the ``W`` windows (``"1: pieces 0-255, p=0.97"``).
+    :param encoder_tokens: the axes of ``encoder_self`` when they are not ``src_tokens`` (one window of a
+        long text); ``encoder_note``: what its title adds (which window).
     """
 
     arch: Literal["transformer", "rnn", "classifier"]
@@ -94,6 +105,10 @@ class AttentionMaps:
     decoder_self: list[Tensor] = field(default_factory=list)
     cross: list[Tensor] = field(default_factory=list)
     pooling: Tensor | None = None
+    windows: Tensor | None = None
+    window_labels: list[str] = field(default_factory=list)
+    encoder_tokens: list[str] = field(default_factory=list)
+    encoder_note: str = ""
 
     def heading(self, max_chars: int | None = None) -> str:
         """``"source -> output"`` (``" (given)"`` when the target was forced): the title of every
@@ -113,8 +128,9 @@ class AttentionMaps:
             kind, title = ("alignment", "alignment") if self.arch == "rnn" else ("cross", "cross-attention")
             views.append(AttentionView(kind, title, self.cross, self.tgt_tokens, self.src_tokens, "output", "source"))
         if self.encoder_self:
-            views.append(AttentionView("encoder_self", "encoder self-attention", self.encoder_self,
-                                       self.src_tokens, self.src_tokens, "source", "source"))
+            tokens = self.encoder_tokens or self.src_tokens
+            views.append(AttentionView("encoder_self", "encoder self-attention" + self.encoder_note, self.encoder_self,
+                                       tokens, tokens, "source", "source"))
         if self.decoder_self:
             views.append(AttentionView("decoder_self", "decoder self-attention", self.decoder_self,
                                        self.tgt_in_tokens, self.tgt_in_tokens, "decoder input", "decoder input"))
@@ -122,6 +138,10 @@ class AttentionMaps:
             views.append(AttentionView("pooling", "pooled representation's token importance",
                                        [self.pooling[None, None]], [self.output], self.src_tokens, "prediction",
                                        "input"))
+        if self.windows is not None:
+            label = self.output.split(" (p=")[0]
+            views.append(AttentionView("windows", "windows the prediction drew on", [self.windows[None]],
+                                       [f"for {label}", "against"], self.window_labels, "evidence", "window"))
         return views
 
 
@@ -145,47 +165,73 @@ def _translate_ids(model: Transformer | RNNSeq2Seq, src: Tensor, limit: int | No
 TOP_TOKENS = 40
 
 
-def _classifier_maps(run: LoadedRun, source: str, top: int = TOP_TOKENS) -> AttentionMaps:
-    """Self-attention and token importance of a classifier; for an input over ``top`` pieces (a long
-    review), only the ``top`` pieces the pooled vector drew on most, in text order, each labelled
-    ``piece@position``: a readable picture instead of a 256 x 256 grid. Its self-attention rows are
-    the weights among the kept pieces, so they sum to at most 1."""
+def _most(importance: Tensor, pieces: list[str], positions: list[int], top: int) -> tuple[Tensor, list[str]]:
+    """The ``top`` entries of ``importance`` in text order and their pieces labelled ``piece@position``; all of
+    them, unlabelled, when there are at most ``top``."""
+    if len(pieces) <= top:
+        return torch.arange(len(pieces)), pieces
+    keep = importance.topk(top).indices.sort().values  # (top,), in text order
+    return keep, [f"{pieces[i]}@{positions[i]}" if positions[i] >= 0 else pieces[i] for i in keep.tolist()]
+
+
+def _classifier_maps(run: LoadedRun, source: str, reading: Reading, top: int = TOP_TOKENS) -> AttentionMaps:
+    """Self-attention and token importance of a classifier (:func:`attnkit.inference.classify.explain`).
+
+    A text that is one window shows that window; over ``top`` pieces (a long review), only the ``top``
+    pieces the prediction drew on most, in text order, each labelled ``piece@position``: a readable
+    picture instead of a 256 x 256 grid (self-attention rows are then the weights among the kept
+    pieces, so they sum to at most 1). A text read as several windows adds the ``windows`` view, and
+    its self-attention is the window with the largest evidence for the prediction."""
     model = run.model
     if not isinstance(model, TransformerClassifier) or run.classes is None:
         raise TypeError(f"expected a TransformerClassifier run with classes, got {type(model).__name__}")
-    ids = classifier_inputs(run.tok, [source], run.cfg.data)[0]
-    x = torch.tensor([ids], device=next(model.parameters()).device)  # (1, S)
+    e = explain(run, source, reading)
+    label, n = run.classes[e.predicted], len(e.windows)
+    output = f"{label} (p={float(e.probs[e.predicted]):.2f})"
+    evidence = e.evidence()  # (W,)
+    w = int(evidence.argmax())
+    ids = e.windows[w]
     with torch.inference_mode():
-        _, _, encoder_self = model.encoder(x, need_weights=True)  # per layer (1, H, S, S)
-        probs = model(x).float().softmax(-1)[0]  # (C,)
-        importance = model.token_importance(x)[0].float().cpu()  # (S,)
-    best = int(probs.argmax())
-    output = f"{run.classes[best]} (p={float(probs[best]):.2f})"
-    pieces, weights = run.tok.src_pieces_from_ids(ids), _first(encoder_self)
-    if len(ids) > top:
-        keep = importance.topk(top).indices.sort().values  # (top,), in text order
-        pieces = [f"{pieces[i]}@{i}" for i in keep.tolist()]
-        weights = [w[:, keep][:, :, keep] for w in weights]  # (H, top, top): weights among the kept pieces
-        importance = importance[keep]
-        output += f"; the {top} of {len(ids)} pieces it drew on most"
-    return AttentionMaps("classifier", source, output, False, pieces, encoder_self=weights, pooling=importance)
+        _, _, encoder_self = model.encoder(torch.tensor([ids], device=next(model.parameters()).device),
+                                           need_weights=True)  # per layer (1, H, T, T)
+    keep, window_tokens = _most(e.window_importance[w], run.tok.src_pieces_from_ids(ids),
+                                e.positions[w] if n > 1 else list(range(len(ids))), top)
+    weights = [x[:, keep][:, :, keep] for x in _first(encoder_self)]  # (H, k, k): weights among the kept pieces
+    if n == 1:
+        if len(ids) > top:
+            output += f"; the {top} of {len(ids)} pieces it drew on most"
+        return AttentionMaps("classifier", source, output, False, window_tokens, encoder_self=weights,
+                             pooling=e.window_importance[0][keep])
+    importance = e.importance()  # (L,)
+    kept, tokens = _most(importance, e.pieces, list(range(len(e.pieces))), top)
+    output += f"; read as {n} windows" + (f", the {top} of {len(e.pieces)} pieces it drew on most"
+                                          if len(e.pieces) > top else "")
+    p = e.window_logits.softmax(-1)[:, e.predicted]  # (W,) each window's own probability of the label
+    spans = [[q for q in where if q >= 0] for where in e.positions]
+    return AttentionMaps(
+        "classifier", source, output, False, tokens, encoder_self=weights, pooling=importance[kept],
+        windows=torch.stack([evidence.clamp(min=0), (-evidence).clamp(min=0)]).div(  # (2, W), rows sum to 1 or 0
+            torch.stack([evidence.clamp(min=0).sum(), (-evidence).clamp(min=0).sum()]).clamp(min=1e-12)[:, None]),
+        window_labels=[f"{i + 1}: pieces {s[0]}-{s[-1]}, p={float(p[i]):.2f}" for i, s in enumerate(spans)],
+        encoder_tokens=window_tokens, encoder_note=f", window {w + 1} of {n} (the strongest for {label})")
 
 
 def attention_maps(run: LoadedRun, source: str, target: str | None = None, *, beam: int = 1,
-                   lenpen: float = LENPEN) -> AttentionMaps:
+                   lenpen: float = LENPEN, reading: Reading = "whole") -> AttentionMaps:
     """Every attention weight the model computes for ``source`` (see the module docstring).
 
     :param run: a trained run, :func:`attnkit.runs.load.load_run`.
     :param source: one sentence (translation) or text (classification).
     :param target: translation only: force-decode this target instead of the model's own output.
     :param beam: beam size for the model's own translation (1 = greedy); ``lenpen``: GNMT alpha.
+    :param reading: classification: how a text longer than the window is read (:mod:`attnkit.inference.classify`).
     :raises UserError: a target for a classifier, an RNN without attention, a text longer than
         the model's positions.
     """
     if run.classes is not None:  # a classifier
         if target is not None:
             raise UserError("a classifier reads only the source text; drop the target (--tgt)")
-        return _classifier_maps(run, source)
+        return _classifier_maps(run, source, reading)
     model = run.model
     if isinstance(model, RNNSeq2Seq) and model.scorer is None:
         raise UserError(f"{run.weights_path}: this model has no attention to show (model.rnn.attention: none)")

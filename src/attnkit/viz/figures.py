@@ -17,6 +17,10 @@ from .plot import attention_grid, attention_heatmap
 _TITLE_CHARS = 80
 
 
+#: Kinds whose weights are shares over many keys, drawn on [0, largest] (:func:`attnkit.viz.plot.attention_heatmap`).
+SHARES = ("pooling", "windows")
+
+
 def attention_figures(maps: AttentionMaps) -> dict[str, Figure]:
     """Heatmaps of every kind: file stem -> figure (the caller saves them, :func:`attnkit.viz.plot.save_figure`).
 
@@ -30,14 +34,15 @@ def attention_figures(maps: AttentionMaps) -> dict[str, Figure]:
         stem = view.kind.replace("_", "-")
         many = len(view.layers) > 1
         axes = {"axis_names": (view.key_name, view.query_name)}
+        scale = {"scale_to_max": view.kind in SHARES}
         if many:
             mean = torch.stack(view.layers).mean(dim=(0, 1))  # (L, H, T_q, T_k) -> (T_q, T_k)
-            figures[f"{stem}-mean"] = attention_heatmap(mean, view.keys, view.queries, **axes,
+            figures[f"{stem}-mean"] = attention_heatmap(mean, view.keys, view.queries, **axes, **scale,
                                                         title=f"{heading}\n{view.title}, mean over layers and heads")
         for layer, weights in enumerate(view.layers):
             name, where = (f"{stem}-layer{layer}", f", layer {layer}") if many else (stem, "")
             averaged = ", mean over heads" if weights.size(0) > 1 else ""
-            figures[name] = attention_heatmap(weights.mean(dim=0), view.keys, view.queries, **axes,
+            figures[name] = attention_heatmap(weights.mean(dim=0), view.keys, view.queries, **axes, **scale,
                                               title=f"{heading}\n{view.title}{where}{averaged}")
             if weights.size(0) > 1:
                 figures[f"{name}-heads"] = attention_grid(weights, view.keys, view.queries, **axes,
@@ -51,7 +56,7 @@ def summary_figure(maps: AttentionMaps) -> Figure:
     view = maps.views()[0]
     detail = ", last layer, mean over heads" if view.kind == "cross" else ""
     return attention_heatmap(view.layers[-1].mean(dim=0), view.keys, view.queries,  # (H, T_q, T_k) -> (T_q, T_k)
-                             axis_names=(view.key_name, view.query_name),
+                             axis_names=(view.key_name, view.query_name), scale_to_max=view.kind in SHARES,
                              title=f"{maps.heading(_TITLE_CHARS)}\n({view.title}{detail})")
 
 

@@ -18,6 +18,7 @@ boxes and matplotlib warns about missing glyphs.
 from __future__ import annotations
 
 import math
+import textwrap
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -125,9 +126,10 @@ def _draw(
     y_labels: bool,
     cell: float,
     axis_names: tuple[str, str],
+    vmax: float = 1.0,
 ) -> AxesImage:
-    """Draw one (T_tgt, T_src) heatmap on ``ax`` with fixed [0, 1] colour scale."""
-    image = ax.imshow(w, cmap=_CMAP, vmin=0.0, vmax=1.0, aspect="auto", interpolation="nearest")
+    """Draw one (T_tgt, T_src) heatmap on ``ax`` with the colour scale [0, ``vmax``]."""
+    image = ax.imshow(w, cmap=_CMAP, vmin=0.0, vmax=vmax, aspect="auto", interpolation="nearest")
     families = list(_tick_font_families())
     size = _tick_points(cell)
     ax.set_xticks(range(len(src_tokens)), labels=src_tokens if x_labels else [], rotation=90, fontfamily=families,
@@ -147,6 +149,7 @@ def attention_heatmap(
     *,
     title: str | None = None,
     axis_names: tuple[str, str] = ("source", "target"),
+    scale_to_max: bool = False,
 ) -> Figure:
     """Heatmap of one attention matrix: entry (i, j) is alpha_ij, how much target token i
     attends to source token j (Bahdanau et al. 2015, Eq. 6).
@@ -157,6 +160,8 @@ def attention_heatmap(
     :param tgt_tokens: T_tgt labels for the y axis (rows).
     :param title: optional figure title.
     :param axis_names: ``(x axis, y axis)`` names, e.g. ``("source", "output")``.
+    :param scale_to_max: colours span [0, largest weight] instead of [0, 1]: for shares spread thin
+        over many keys (a long review's token importance), which would all look alike on [0, 1].
     :return: a new :class:`~matplotlib.figure.Figure`, sized from the token counts (cells and
         tick labels shrink for long sentences so that the figure stays within 40 inches).
     :raises ValueError: if the shape does not match the token lists (the message gives
@@ -172,11 +177,21 @@ def attention_heatmap(
 
     _, cell = _layout(len(tgt_tokens), len(src_tokens))
     axes_w, axes_h = _axes_inches(len(tgt_tokens), len(src_tokens), cell)
-    size = (min(_MAX_FIGURE_INCHES, axes_w + _MARGIN_INCHES[0]), min(_MAX_FIGURE_INCHES, axes_h + _MARGIN_INCHES[1]))
+    # labels longer than the margins hold (about 10 characters): more room, the x labels being vertical
+    chars = _tick_points(cell) * 0.6 / 72  # inches per label character
+    label_w = max(0.0, max(map(len, tgt_tokens)) * chars - 1.0)
+    label_h = max(0.0, max(map(len, src_tokens)) * chars - 0.8)
+    width = min(_MAX_FIGURE_INCHES, axes_w + _MARGIN_INCHES[0] + label_w)
+    if title is not None:  # a narrow figure (few keys) wraps a long heading: about 10 characters to the inch
+        title = "\n".join(textwrap.fill(line, max(30, int(width * 10))) for line in title.split("\n"))
+    title_h = 0.22 * max(0, (title or "").count("\n") - 1)
+    size = (width, min(_MAX_FIGURE_INCHES, axes_h + _MARGIN_INCHES[1] + label_h + title_h))
     fig = Figure(figsize=size, layout="constrained")
     ax = fig.add_subplot()
-    image = _draw(ax, w, src_tokens, tgt_tokens, x_labels=True, y_labels=True, cell=cell, axis_names=axis_names)
-    fig.colorbar(image, ax=ax, label="attention weight")
+    vmax = max(float(w.max()), 1e-6) if scale_to_max else 1.0
+    image = _draw(ax, w, src_tokens, tgt_tokens, x_labels=True, y_labels=True, cell=cell, axis_names=axis_names,
+                  vmax=vmax)
+    fig.colorbar(image, ax=ax, label="share (scaled to the largest)" if scale_to_max else "attention weight")
     if title is not None:
         ax.set_title(title)
     return fig
