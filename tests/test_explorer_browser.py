@@ -104,3 +104,39 @@ def test_explorer_in_headless_chromium(browser, tmp_path: Path) -> None:
 
     errors = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
     assert not errors, errors
+
+
+def test_a_long_reviews_windows_and_pieces_are_shaded_relative_to_the_largest(browser, tmp_path: Path) -> None:
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    pieces = [f"\u2581w{i}@{10 * i}" for i in range(6)]
+    pooling = torch.tensor([0.01, 0.04, 0.02, 0.01, 0.005, 0.015])  # a long text: small shares of the whole
+    windows = torch.tensor([[0.1, 0.6, 0.3], [1.0, 0.0, 0.0]])  # (2, W): evidence for / against
+    maps = AttentionMaps("classifier", "a long review", "pos (p=0.90); read as 3 windows", False, pieces,
+                         encoder_self=[torch.full((1, 6, 6), 1 / 6)], pooling=pooling, windows=windows,
+                         window_labels=[f"{i + 1}: pieces {64 * i}-{64 * i + 127}, p=0.9" for i in range(3)],
+                         encoder_tokens=pieces, encoder_note=", window 2 of 3 (the strongest for pos)")
+    browser.get(write_explorer(maps, tmp_path / "attention.html").as_uri())
+    kinds = Select(browser.find_element(By.ID, "kind"))
+    assert [o.text for o in kinds.options] == ["encoder self-attention, window 2 of 3 (the strongest for pos)",
+                                               "pooled representation's token importance",
+                                               "windows the prediction drew on"]
+
+    def tokens(side: str):
+        return browser.find_elements(By.CSS_SELECTOR, f"#{side} .tok")
+
+    kinds.select_by_visible_text("windows the prediction drew on")
+    assert [t.text for t in tokens("queries")] == ["for pos", "against"]
+    ActionChains(browser).move_to_element(tokens("queries")[0]).perform()
+    assert_shown(browser, "keys", windows[0])  # the values themselves ...
+    shading = [t.value_of_css_property("background-color") for t in tokens("keys")]
+    assert shading == ["rgba(31, 119, 180, 0.17)", "rgba(31, 119, 180, 1)", "rgba(31, 119, 180, 0.5)"]  # ... / 0.6
+    kinds.select_by_visible_text("pooled representation's token importance")
+    ActionChains(browser).move_to_element(tokens("queries")[0]).perform()
+    assert_shown(browser, "keys", pooling)
+    shading = [t.value_of_css_property("background-color") for t in tokens("keys")]
+    assert shading[:3] == ["rgba(31, 119, 180, 0.25)", "rgba(31, 119, 180, 1)", "rgba(31, 119, 180, 0.5)"]  # / 0.04
+    errors = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+    assert not errors, errors

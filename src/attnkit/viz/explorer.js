@@ -104,8 +104,13 @@ function mountExplorer(root, DATA) {
     el.style.background = color.replace("rgb(", "rgba(").replace(")", `, ${Math.min(1, weight).toFixed(3)})`);
   }
 
+  // Shares spread thin over many keys (a long review's token importance, its windows) are shaded
+  // relative to the largest of their row; attention rows on the absolute [0, 1] scale.
+  const SHARES = ["pooling", "windows"];
+  function rowScales(M) { return M.map(row => (SHARES.includes(view().kind) ? Math.max(1e-6, ...row) : 1)); }
+
   function render() {
-    const v = view(), M = matrix(), hs = heads(), n = hs.length;
+    const v = view(), M = matrix(), hs = heads(), n = hs.length, scale = rowScales(M);
     const qs = [...$("queries").children], ks = [...$("keys").children];
     const svg = $("lines"), top = svg.getBoundingClientRect().top;
     const mid = (el) => { const r = el.getBoundingClientRect(); return r.top + r.height / 2 - top; };
@@ -124,10 +129,12 @@ function mountExplorer(root, DATA) {
     }
     for (const [i, j] of pairs) {
       if (perHead && f !== null) {
-        hs.forEach((m, h) => { if (m[i][j] > 0.01) line(svg, mid(qs[i]), mid(ks[j]), headColor(h, n), m[i][j]); });
-      } else if (M[i][j] > 0.01) {
+        hs.forEach((m, h) => {
+          if (m[i][j] / scale[i] > 0.01) line(svg, mid(qs[i]), mid(ks[j]), headColor(h, n), m[i][j] / scale[i]);
+        });
+      } else if (M[i][j] / scale[i] > 0.01) {
         line(svg, mid(qs[i]), mid(ks[j]), state.head === "all" ? SINGLE : headColor(state.head, n),
-             M[i][j] * (f ? 1 : 0.5));
+             M[i][j] / scale[i] * (f ? 1 : 0.5));
       }
     }
     let info = "";
@@ -136,7 +143,10 @@ function mountExplorer(root, DATA) {
       own.classList.add("focus");
       const others = f.side === "q" ? ks : qs;
       const weights = others.map((_, k) => (f.side === "q" ? M[f.index][k] : M[k][f.index]));
-      others.forEach((el, k) => { el.dataset.weight = weights[k].toFixed(4); shade(el, SINGLE, weights[k]); });
+      others.forEach((el, k) => {
+        el.dataset.weight = weights[k].toFixed(4);
+        shade(el, SINGLE, weights[k] / scale[f.side === "q" ? f.index : k]);
+      });
       const labels = f.side === "q" ? v.keys : v.queries;
       const top5 = weights.map((w, k) => [w, k]).sort((a, b) => b[0] - a[0]).slice(0, 5);
       info = (f.side === "q" ? `${v.queries_label} ${JSON.stringify(v.queries[f.index])} attends to:\n`
@@ -145,16 +155,16 @@ function mountExplorer(root, DATA) {
     }
     $("info").textContent = info
       || `${v.title}, layer ${state.layer}, ${state.head === "all" ? "mean over heads" : "head " + state.head}`;
-    drawMatrix(M, f);
+    drawMatrix(M, f, scale);
   }
 
-  function drawMatrix(M, f) {
+  function drawMatrix(M, f, scale) {
     const canvas = $("matrix"), rows = M.length, cols = M[0].length;
     const cell = Math.max(3, Math.min(14, Math.floor(420 / Math.max(rows, cols))));
     canvas.width = cols * cell; canvas.height = rows * cell;
     const ctx = canvas.getContext("2d");
     for (let i = 0; i < rows; i++) for (let j = 0; j < cols; j++) {
-      const w = Math.min(1, M[i][j]), c = Math.round(255 * (1 - w));
+      const w = Math.min(1, M[i][j] / scale[i]), c = Math.round(255 * (1 - w));
       ctx.fillStyle = `rgb(${c}, ${c}, 255)`;
       ctx.fillRect(j * cell, i * cell, cell, cell);
     }

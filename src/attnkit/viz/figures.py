@@ -17,7 +17,7 @@ from .plot import attention_grid, attention_heatmap
 _TITLE_CHARS = 80
 
 
-#: Kinds whose weights are shares over many keys, drawn on [0, largest] (:func:`attnkit.viz.plot.attention_heatmap`).
+#: Kinds whose rows are shares over many keys, each drawn relative to its largest (``scale_to_max``).
 SHARES = ("pooling", "windows")
 
 

@@ -126,10 +126,9 @@ def _draw(
     y_labels: bool,
     cell: float,
     axis_names: tuple[str, str],
-    vmax: float = 1.0,
 ) -> AxesImage:
-    """Draw one (T_tgt, T_src) heatmap on ``ax`` with the colour scale [0, ``vmax``]."""
-    image = ax.imshow(w, cmap=_CMAP, vmin=0.0, vmax=vmax, aspect="auto", interpolation="nearest")
+    """Draw one (T_tgt, T_src) heatmap on ``ax`` with fixed [0, 1] colour scale."""
+    image = ax.imshow(w, cmap=_CMAP, vmin=0.0, vmax=1.0, aspect="auto", interpolation="nearest")
     families = list(_tick_font_families())
     size = _tick_points(cell)
     ax.set_xticks(range(len(src_tokens)), labels=src_tokens if x_labels else [], rotation=90, fontfamily=families,
@@ -160,8 +159,9 @@ def attention_heatmap(
     :param tgt_tokens: T_tgt labels for the y axis (rows).
     :param title: optional figure title.
     :param axis_names: ``(x axis, y axis)`` names, e.g. ``("source", "output")``.
-    :param scale_to_max: colours span [0, largest weight] instead of [0, 1]: for shares spread thin
-        over many keys (a long review's token importance), which would all look alike on [0, 1].
+    :param scale_to_max: each row is drawn relative to its largest weight instead of on [0, 1]: for
+        shares spread thin over many keys (a long review's token importance), which would all look
+        alike on [0, 1].
     :return: a new :class:`~matplotlib.figure.Figure`, sized from the token counts (cells and
         tick labels shrink for long sentences so that the figure stays within 40 inches).
     :raises ValueError: if the shape does not match the token lists (the message gives
@@ -188,10 +188,10 @@ def attention_heatmap(
     size = (width, min(_MAX_FIGURE_INCHES, axes_h + _MARGIN_INCHES[1] + label_h + title_h))
     fig = Figure(figsize=size, layout="constrained")
     ax = fig.add_subplot()
-    vmax = max(float(w.max()), 1e-6) if scale_to_max else 1.0
-    image = _draw(ax, w, src_tokens, tgt_tokens, x_labels=True, y_labels=True, cell=cell, axis_names=axis_names,
-                  vmax=vmax)
-    fig.colorbar(image, ax=ax, label="share (scaled to the largest)" if scale_to_max else "attention weight")
+    if scale_to_max:
+        w = w / np.maximum(w.max(axis=1, keepdims=True), 1e-12)  # a row of zeros stays zeros
+    image = _draw(ax, w, src_tokens, tgt_tokens, x_labels=True, y_labels=True, cell=cell, axis_names=axis_names)
+    fig.colorbar(image, ax=ax, label="weight / the largest of its row" if scale_to_max else "attention weight")
     if title is not None:
         ax.set_title(title)
     return fig
