@@ -25,6 +25,7 @@ import pytest
 import torch
 
 from attnkit.cli import main
+from attnkit.common.errors import UserError
 from attnkit.inference.attention_maps import attention_maps
 from attnkit.inference.classify import predict
 from attnkit.inference.translate import translate_texts
@@ -36,7 +37,8 @@ from tiny_runs import write_lines
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = ["3. März 2021", "May 1, 1999", "12.10.1999", "Sonntag, 3. März 2024", "1999-05-01", "2021年3月3日"]
 # the limits of the test server: small, so that the 413s are cheap to provoke
-LIMITS = ["--max-texts", "8", "--max-chars", "200", "--max-body", "20000", "--max-batch", "8", "--max-wait-ms", "20"]
+LIMITS = ["--max-texts", "8", "--max-chars", "200", "--max-body", "20000", "--max-batch", "8", "--max-wait-ms", "20",
+          "--max-attention-texts", "2"]
 
 
 @dataclass
@@ -125,6 +127,28 @@ def test_health_and_models(client, server):
     assert reviews["parameters"] == sum(p.numel() for p in server.reviews.model.parameters())
     assert (dates["beam"], dates["lenpen"]) == (server.dates.cfg.decode_beam, server.dates.cfg.decode_lenpen)
     assert reviews["classes"] == ["neg", "pos"] and reviews["beam"] is None
+    assert dates["precision"] == reviews["precision"] == "float32"
+
+
+def test_a_run_served_in_bf16_computes_under_autocast(runs):
+    """--precision bf16: what the servable returns is what the same calls give under bfloat16 autocast."""
+    from attnkit.serve.servables import load_servable
+
+    texts = SOURCES[:6]
+    served = load_servable(runs["dates"], precision="bf16")
+    assert served.info.precision == "bf16 autocast"
+    run = served.run
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        expected = reference(run, texts, beam=2, n_best=2, lenpen=0.6)
+        maps = attention_maps(run, texts[0], beam=1)
+    assert served.translate(texts, beam=2, n_best=2, lenpen=0.6) == expected
+    assert served.attention(texts[0], beam=1, lenpen=0.6).output == maps.output
+    reviews = load_servable(runs["reviews"], precision="bf16")
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        probs = predict(reviews.run, ["a good film", "a bad plot"])[0]
+    torch.testing.assert_close(torch.tensor(reviews.classify(["a good film", "a bad plot"])), probs)
+    with pytest.raises(UserError, match="--precision fp16"):
+        load_servable(runs["dates"], precision="fp16")
 
 
 def test_languages_come_from_corpus_file_names():
@@ -170,6 +194,16 @@ def test_attention_is_the_explorer_data_of_attention_maps(client, server):
     assert maps.output == got["translations"][0]
     got = client.post("/classify", json={"texts": ["the film was great"], "attention": True}).json()
     assert [v["kind"] for v in got["attention"][0]["views"]] == ["encoder_self", "pooling"]
+    # the attention is joined to the response as bytes: the rest of it is what a request without attention gets
+    ask = {"texts": SOURCES[:2], "beam": 2, "n_best": 2}
+    two = client.post("/translate", json={**ask, "attention": True}).json()
+    assert {k: v for k, v in two.items() if k != "attention"} == client.post("/translate", json=ask).json()
+    titles = [f"{t} -> {h[0]}" for t, h in zip(SOURCES[:2], two["n_best"], strict=True)]
+    assert [a["title"] for a in two["attention"]] == titles
+    texts = ["the film was great", "a dull plot"]
+    got = client.post("/classify", json={"texts": texts, "attention": True}).json()
+    assert {k: v for k, v in got.items() if k != "attention"} == client.post("/classify", json={"texts": texts}).json()
+    assert len(got["attention"]) == 2
 
 
 def test_concurrent_requests_are_batched_and_give_the_same_results(client, server):
@@ -235,6 +269,9 @@ BAD_REQUESTS = [  # (path, body: JSON-able or raw bytes, headers, status, words 
     ("/translate", b'{"texts": ["x"]}', {"Content-Type": "text/plain"}, 422, ["Content-Type: application/json"]),
     ("/translate", '{"texts": ["M\xe4rz"]}'.encode("latin-1"), JSON, 400, ["UTF-8", "0xe4"]),
     ("/translate", {"texts": ["x"] * 9}, None, 413, ["9 texts", "8", "--max-texts"]),
+    ("/translate", {"texts": ["x"] * 3, "attention": True}, None, 413, ["attention for 3 texts", "2",
+                                                                      "--max-attention-texts"]),
+    ("/classify", {"texts": ["x"] * 3, "attention": True}, None, 413, ["attention for 3 texts", "--max-attention"]),
     ("/translate", {"texts": ["x", "y" * 201]}, None, 413, ["texts[1]", "201", "--max-chars"]),
     ("/translate", {"texts": ["x" * 100] * 300}, None, 413, ["--max-body"]),
     ("/translate", {"texts": ["x"] * 10_000}, None, 413, []),
@@ -387,6 +424,7 @@ def test_readme_states_the_serving_defaults():
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     d = Limits()
     for claim in (f"`--max-texts` texts ({d.max_texts})", f"`--max-chars` characters ({d.max_chars:,})",
+                  f"`--max-attention-texts` ({d.max_attention_texts})",
                   f"`--max-body` bytes ({d.max_body // 1_000_000} MB)", f"`--max-queue` texts ({d.max_queue})",
                   f"`--max-batch` texts (default {d.max_batch})", f"`--max-wait-ms` (default {d.max_wait_ms:g})",
                   f"a beam outside 1-{MAX_BEAM}"):

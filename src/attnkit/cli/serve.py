@@ -23,6 +23,7 @@ import sys
 
 from ..common.errors import UserError
 from ..serve.batching import Limits  # the limits' defaults, without loading FastAPI for --help
+from ..serve.servables import PRECISIONS
 from .options import NON_NEGATIVE, POSITIVE_INT
 
 HELP = "serve trained models over HTTP: a JSON API and a page to translate and see attention"
@@ -44,6 +45,10 @@ def add(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--port", type=int, default=8000, help="port to listen on; 0 picks a free one (default: 8000)")
     p.add_argument("--threads", type=POSITIVE_INT, metavar="N",
                    help="CPU threads for the models (default: torch's, one per core)")
+    p.add_argument("--precision", choices=list(PRECISIONS), default="float32",
+                   help="what a run computes in: float32 (default; outputs equal attnkit translate's) or bf16 "
+                        "(bfloat16 autocast: faster where the CPU has AVX512-BF16 or AMX, outputs may differ "
+                        "slightly); a CTranslate2 export computes in the quantization it was exported with")
     p.add_argument("--api-key", metavar="KEY",
                    help="require the header 'Authorization: Bearer KEY' on /models, /translate, /classify and "
                         "/metrics "
@@ -52,6 +57,9 @@ def add(sub: argparse._SubParsersAction) -> None:
     defaults = Limits()
     p.add_argument("--max-texts", type=POSITIVE_INT, default=defaults.max_texts, metavar="N",
                    help=f"texts per request; more is refused with 413 (default: {defaults.max_texts})")
+    p.add_argument("--max-attention-texts", type=POSITIVE_INT, default=defaults.max_attention_texts, metavar="N",
+                   help="texts per request that asks for attention (a long text's maps run to megabytes of JSON); "
+                        f"more is refused with 413 (default: {defaults.max_attention_texts})")
     p.add_argument("--max-chars", type=POSITIVE_INT, default=defaults.max_chars, metavar="N",
                    help=f"characters per text; longer is refused with 413 (default: {defaults.max_chars})")
     p.add_argument("--max-body", type=POSITIVE_INT, default=defaults.max_body, metavar="BYTES",
@@ -78,8 +86,9 @@ def run(args: argparse.Namespace) -> None:
         raise UserError("--api-key is empty; give a key, or none to serve without one")
     limits = Limits(max_texts=args.max_texts, max_chars=args.max_chars, max_body=args.max_body,
                     max_queue=args.max_queue, max_batch=args.max_batch, max_wait_ms=args.max_wait_ms,
-                    max_batch_tokens=args.max_batch_tokens)
+                    max_batch_tokens=args.max_batch_tokens, max_attention_texts=args.max_attention_texts)
     try:
-        serve(args.models, host=args.host, port=args.port, threads=args.threads, api_key=api_key, limits=limits)
+        serve(args.models, host=args.host, port=args.port, threads=args.threads, api_key=api_key, limits=limits,
+              precision=args.precision)
     except KeyboardInterrupt:  # Ctrl-C: the requests in flight were answered; nothing to resume
         print("attnkit serve: stopped", file=sys.stderr)

@@ -21,7 +21,9 @@ endpoint                   what it does
 uses :func:`attnkit.inference.translate.translate_texts`, classification
 :func:`attnkit.inference.classify.predict`, attention :func:`attnkit.inference.attention_maps.attention_maps`
 (drawn by the explorer's own script, :mod:`attnkit.viz.explorer`): results are those of
-``attnkit translate`` / ``classify`` / ``attention`` for the same inputs.
+``attnkit translate`` / ``classify`` / ``attention`` for the same inputs. Attention is serialised
+in the worker, one text at a time, and joined into the response as bytes (:func:`_attention_json`):
+a request's maps never sit in memory as Python objects all at once.
 
 **Dynamic batching** (:mod:`attnkit.serve.batching`). One inference thread owns each model; concurrent
 requests with the same decoding parameters are merged into one batch of at most ``max_batch``
@@ -33,7 +35,8 @@ texts and ``max_batch_tokens`` padded source tokens, those closest in length fir
 in :mod:`attnkit.serve.schemas`.
 
 **Errors.** Every error is JSON ``{"error": "..."}`` with a 4xx status: 422 for a request that does
-not fit the schema (naming the field), 413 for too many texts, a too-long text or a too-large body,
+not fit the schema (naming the field), 413 for too many texts (``max_texts``; ``max_attention_texts``
+when the request asks for attention), a too-long text or a too-large body,
 404 for an unknown model, 401 for a missing or wrong API key, 503 with ``Retry-After`` when the
 model's queue is full. SIGTERM (or Ctrl-C) stops accepting connections, finishes the requests in
 flight, then exits.
@@ -43,6 +46,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import json
 import socket
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -58,6 +62,7 @@ from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 
 from ..common.errors import UserError
+from ..inference.attention_maps import AttentionMaps
 from ..viz.explorer import explorer_data, fill_page, script_json
 from .batching import Limits, ModelWorker, QueueFull
 from .metrics import CONTENT_TYPE, TIMING, Measured, ServeMetrics
@@ -202,10 +207,14 @@ def _pick(state: AppState, name: str | None, task: str) -> Servable:
     return servable
 
 
-def _check_size(limits: Limits, texts: list[str]) -> None:
+def _check_size(limits: Limits, texts: list[str], attention: bool) -> None:
     if len(texts) > limits.max_texts:
         raise HTTPException(413, f"texts: {len(texts)} texts in one request, more than the limit "
                                  f"{limits.max_texts} (--max-texts); send them in several requests")
+    if attention and len(texts) > limits.max_attention_texts:
+        raise HTTPException(413, f"texts: attention for {len(texts)} texts in one request, more than the limit "
+                                 f"{limits.max_attention_texts} (--max-attention-texts); ask for it in several "
+                                 "requests")
     for i, text in enumerate(texts):
         if len(text) > limits.max_chars:
             raise HTTPException(413, f"texts[{i}]: {len(text)} characters, more than the limit "
@@ -251,10 +260,10 @@ async def list_models(request: Request) -> dict[str, list[dict]]:
     return {"models": [asdict(s.info) for s in _state(request).models.values()]}
 
 
-async def translate(req: TranslateRequest, request: Request) -> TranslateResponse:
+async def translate(req: TranslateRequest, request: Request) -> TranslateResponse | Response:
     state = _state(request)
     servable = _pick(state, req.model, "translate")
-    _check_size(state.limits, req.texts)
+    _check_size(state.limits, req.texts, req.attention)
     beam = servable.info.beam if req.beam is None else req.beam
     lenpen = servable.info.lenpen if req.lenpen is None else req.lenpen
     if req.n_best > beam:
@@ -262,29 +271,43 @@ async def translate(req: TranslateRequest, request: Request) -> TranslateRespons
                                  "least n_best")
     hyps = await _run(request, servable, ("translate", beam, req.n_best, lenpen),
                       partial(servable.translate, beam=beam, n_best=req.n_best, lenpen=lenpen), req.texts)
-    attention = None
-    if req.attention:
-        maps = partial(servable.attention, beam=beam, lenpen=lenpen)
-        attention = await _run(request, servable, ("attention", beam, lenpen),
-                               lambda texts: [explorer_data(maps(t)) for t in texts], req.texts)
-    return TranslateResponse(model=servable.info.name, translations=[h[0] for h in hyps],
-                             n_best=hyps if req.n_best > 1 else None, attention=attention)
+    response = TranslateResponse(model=servable.info.name, translations=[h[0] for h in hyps],
+                                 n_best=hyps if req.n_best > 1 else None)
+    if not req.attention:
+        return response
+    maps = partial(servable.attention, beam=beam, lenpen=lenpen)
+    return _with_attention(response, await _run(request, servable, ("attention", beam, lenpen),
+                                                lambda texts: [_attention_json(maps(t)) for t in texts], req.texts))
 
 
-async def classify(req: ClassifyRequest, request: Request) -> ClassifyResponse:
+async def classify(req: ClassifyRequest, request: Request) -> ClassifyResponse | Response:
     state = _state(request)
     servable = _pick(state, req.model, "classify")
-    _check_size(state.limits, req.texts)
+    _check_size(state.limits, req.texts, req.attention)
     classes = servable.info.classes or []
     probs = await _run(request, servable, ("classify",), servable.classify, req.texts)
-    attention = None
-    if req.attention:
-        maps = partial(servable.attention, beam=1, lenpen=0.0)
-        attention = await _run(request, servable, ("attention",), lambda texts: [explorer_data(maps(t)) for t in texts],
-                               req.texts)
     results = [Prediction(label=classes[max(range(len(p)), key=p.__getitem__)],
                           probabilities=dict(zip(classes, p, strict=True))) for p in probs]
-    return ClassifyResponse(model=servable.info.name, results=results, attention=attention)
+    response = ClassifyResponse(model=servable.info.name, results=results)
+    if not req.attention:
+        return response
+    maps = partial(servable.attention, beam=1, lenpen=0.0)
+    return _with_attention(response, await _run(request, servable, ("attention",),
+                                                lambda texts: [_attention_json(maps(t)) for t in texts], req.texts))
+
+
+def _attention_json(maps: AttentionMaps) -> bytes:
+    """One text's explorer data (:func:`~attnkit.viz.explorer.explorer_data`) as JSON, made in the worker text by
+    text: the nested lists of one text are freed before the next is drawn, and what waits for the response is
+    one block of bytes per text instead of millions of float objects (which would keep the heap grown)."""
+    return json.dumps(explorer_data(maps), ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+
+
+def _with_attention(response: TranslateResponse | ClassifyResponse, attention: list[bytes]) -> Response:
+    """``response`` as its JSON (``None`` fields left out, as the routes' ``response_model_exclude_none``) with
+    ``"attention": [...]`` (each text's :func:`_attention_json`) added, joined as bytes."""
+    head = response.model_dump_json(exclude_none=True).encode()  # '{...}', attention unset
+    return Response(head[:-1] + b',"attention":[' + b",".join(attention) + b"]}", media_type="application/json")
 
 
 def create_app(servables: list[Servable], limits: Limits | None = None, api_key: str | None = None) -> Any:
@@ -343,8 +366,9 @@ def listen(host: str, port: int) -> socket.socket:
 
 
 def serve(paths: list[str], *, host: str = "127.0.0.1", port: int = 8000, threads: int | None = None,
-          api_key: str | None = None, limits: Limits | None = None) -> None:
-    """Load the models at ``paths``, listen on ``host:port`` and serve until SIGTERM or Ctrl-C.
+          api_key: str | None = None, limits: Limits | None = None, precision: str = "float32") -> None:
+    """Load the models at ``paths`` (runs computing in ``precision``), listen on ``host:port`` and serve until
+    SIGTERM or Ctrl-C.
 
     Prints ``attnkit serve: http://HOST:PORT/ ...`` once it accepts requests (the port is the real one
     when ``port`` is 0).
@@ -353,7 +377,7 @@ def serve(paths: list[str], *, host: str = "127.0.0.1", port: int = 8000, thread
 
     if threads is not None:
         torch.set_num_threads(threads)
-    app = create_app([load_servable(p, threads or 0) for p in paths], limits, api_key)
+    app = create_app([load_servable(p, threads or 0, precision) for p in paths], limits, api_key)
     sock = listen(host, port)
     bound_host, bound_port = sock.getsockname()[:2]
     url_host = f"[{bound_host}]" if ":" in bound_host else bound_host

@@ -36,6 +36,7 @@ class Limits:
     max_batch: int = 32  # texts per model batch
     max_wait_ms: float = 5.0  # how long the oldest queued request waits for others to join its batch
     max_batch_tokens: int = 4096  # padded source tokens per model batch: texts x the longest text's tokens
+    max_attention_texts: int = 8  # texts per request with attention (each text's maps run to megabytes of JSON)
 
 
 #: Give freed memory back (:func:`~attnkit.common.memory.release_free_memory`) after this long idle, and while

@@ -16,10 +16,13 @@ servable                   what it is, and what runs it
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol
+
+import torch
 
 from ..common.errors import UserError
 from ..export import is_exported
@@ -47,6 +50,12 @@ class ModelInfo:
     beam: int | None  # decoding defaults (translation)
     lenpen: float | None
     classes: list[str] | None  # classification
+    precision: str = "float32"  # what the model computes in: float32, bf16 (autocast), or the export's quantization
+
+
+#: ``attnkit serve --precision``: a run computes in float32, or under bfloat16 autocast (matmuls in bf16, as
+#: ``benchmarks/decode.py`` races it); a CTranslate2 export keeps the quantization it was exported with.
+PRECISIONS = ("float32", "bf16")
 
 
 class Servable(Protocol):
@@ -86,27 +95,42 @@ _INFO: dict[str, Callable[[LoadedRun, str, int], ModelInfo]] = {
 
 
 class RunServable:
-    """A run directory of ``attnkit train`` (translation or classification), run by attnkit itself."""
+    """A run directory of ``attnkit train`` (translation or classification), run by attnkit itself, in float32
+    or under bfloat16 autocast (``precision``)."""
 
-    def __init__(self, run: LoadedRun, name: str) -> None:
+    def __init__(self, run: LoadedRun, name: str, precision: str = "float32") -> None:
         self.run = run
         serves = spec(run.task).serves
         if serves is None:
             raise UserError(f"{name} is a pretraining run: it neither translates nor classifies; serve a run "
                             f"fine-tuned from it (model.init_from)")
-        self.info = _INFO[serves](run, name, sum(p.numel() for p in run.model.parameters()))
+        if precision not in PRECISIONS:
+            raise UserError(f"--precision {precision}: choose one of {', '.join(PRECISIONS)}")
+        self.precision = precision
+        info = _INFO[serves](run, name, sum(p.numel() for p in run.model.parameters()))
+        self.info = ModelInfo(**{**info.__dict__, "precision": "bf16 autocast" if precision == "bf16" else "float32"})
+
+    @contextmanager
+    def _computing(self) -> Iterator[None]:
+        """The model's calls in its precision: bfloat16 autocast, or as they are (float32)."""
+        device = next(self.run.model.parameters()).device.type
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=self.precision == "bf16"):
+            yield
 
     def lengths(self, texts: list[str]) -> list[int]:
         return [len(ids) for ids in self.run.tok.encode_src(texts, threads=1)]  # SentencePiece only
 
     def translate(self, texts: list[str], *, beam: int, n_best: int, lenpen: float) -> list[list[str]]:
-        return translate_texts(self.run.model, self.run.tok, texts, beam=beam, lenpen=lenpen, n_best=n_best)
+        with self._computing():
+            return translate_texts(self.run.model, self.run.tok, texts, beam=beam, lenpen=lenpen, n_best=n_best)
 
     def classify(self, texts: list[str]) -> list[list[float]]:
-        return predict(self.run, texts)[0].tolist()
+        with self._computing():
+            return predict(self.run, texts)[0].tolist()
 
     def attention(self, text: str, *, beam: int, lenpen: float) -> AttentionMaps:
-        return attention_maps(self.run, text, beam=beam, lenpen=lenpen)
+        with self._computing():
+            return attention_maps(self.run, text, beam=beam, lenpen=lenpen)
 
 
 class ExportedServable:
@@ -120,7 +144,7 @@ class ExportedServable:
             architecture=f"transformer (CTranslate2 {self.translator.quantization})",
             source_language=source, target_language=target,
             parameters=self.translator.parameters, beam=self.translator.decode.beam,
-            lenpen=self.translator.decode.lenpen, classes=None)
+            lenpen=self.translator.decode.lenpen, classes=None, precision=self.translator.quantization)
 
     def lengths(self, texts: list[str]) -> list[int]:
         return [len(ids) for ids in self.translator.tok.encode_src(texts, threads=1)]  # the export's tokenizer
@@ -138,13 +162,14 @@ class ExportedServable:
                         f"directory it was exported from to see them")
 
 
-def load_servable(path: str | Path, threads: int = 0) -> Servable:
+def load_servable(path: str | Path, threads: int = 0, precision: str = "float32") -> Servable:
     """The model at ``path``, named after its directory: a run directory (or a ``.safetensors``
-    checkpoint inside one), or a CTranslate2 export of one (``attnkit export``).
+    checkpoint inside one), computing in ``precision`` (:data:`PRECISIONS`), or a CTranslate2 export of one
+    (``attnkit export``), which computes in the quantization it was exported with.
 
     :raises UserError: ``path`` is not something that can be served.
     """
     if is_exported(Path(path)):
         return ExportedServable(Path(path), threads)
     run_dir, _ = find_weights(Path(path))
-    return RunServable(load_run(path), Path(os.path.abspath(run_dir)).name)  # a symbolic link's own name
+    return RunServable(load_run(path), Path(os.path.abspath(run_dir)).name, precision)  # a link's own name
