@@ -3,6 +3,7 @@
     python benchmarks/imdb.py configs/seed-imdb.yaml                 # train, then score the held-out reviews
     python benchmarks/imdb.py configs/imdb-pretrain.yaml configs/imdb-finetune.yaml
     python benchmarks/imdb.py configs/seed-imdb.yaml --record-only   # score a run trained before (runs/<name>)
+    python benchmarks/imdb.py configs/imdb.yaml --trial "what differs"  # also append it to imdb-trials.json
 
 Each config trains into ``runs/<config name>`` (the path ``model.init_from`` of a fine-tuning
 config points at) with ``train.threads=1``: these are accuracy runs on a 2-core machine shared
@@ -40,7 +41,7 @@ RESULTS = ROOT / "benchmarks" / "results"
 TARGETS: dict[str, tuple[str, float | None, float]] = {
     "seed-imdb": ("the seeds' model (1 layer, d_model 32), from scratch", 85.0, 5),
     "imdb": ("the best from scratch", 89.0, 20),
-    "imdb-pretrain": ("MLM on the IMDB training text", None, 60),
+    "imdb-pretrain": ("MLM on the IMDB text: training reviews and the 50k unlabelled ones", None, 60),
     "imdb-finetune": ("fine-tuned from imdb-pretrain", 91.5, 60),
     "imdb-electra-pretrain": ("replaced-token detection on IMDB + the 50k unlabelled reviews", None, 60),
     "imdb-electra-finetune": ("fine-tuned from imdb-electra-pretrain", 91.5, 60),
@@ -76,6 +77,8 @@ def measure(config: str, record_only: bool, overrides: list[str]) -> dict:
         best = max(metrics, key=lambda m: m["score"])
         result.update(valid_mlm_accuracy=best["valid_mlm_acc"], valid_mlm_loss=best["valid_loss"],
                       best_step=best["step"])
+        if "valid_rtd_acc" in best:  # ELECTRA: the discriminator's score; the MLM figures are its generator's
+            result.update(valid_rtd_accuracy=best["valid_rtd_acc"], valid_rtd_loss=best["valid_rtd_loss"])
         return result
     valid = read_validation(cfg, log=lambda msg: None)
     run = load_run(run_dir / "best.safetensors")
@@ -91,8 +94,11 @@ def measure(config: str, record_only: bool, overrides: list[str]) -> dict:
 
 
 def held_out_text(r: dict) -> str:
-    """A result's held-out score: masked-subword accuracy for a pretraining run, else classification accuracy."""
-    return f"MLM {r['valid_mlm_accuracy']:.1f}" if r["task"] == "pretrain" else f"{r['valid_accuracy']:.2f}"
+    """A result's held-out score: replaced-token detection accuracy (ELECTRA) or masked-subword accuracy for a
+    pretraining run, else classification accuracy."""
+    if r["task"] != "pretrain":
+        return f"{r['valid_accuracy']:.2f}"
+    return f"RTD {r['valid_rtd_accuracy']:.1f}" if "valid_rtd_accuracy" in r else f"MLM {r['valid_mlm_accuracy']:.1f}"
 
 
 def markdown_table(results: dict) -> str:
@@ -111,15 +117,29 @@ def markdown_table(results: dict) -> str:
 
 
 def markdown_trials(trials: dict) -> str:
-    """README: every run of every config in ``imdb-trials.json``, the reported one marked, with its settings."""
+    """README: every run of every config in ``imdb-trials.json``, the reported one marked, with its settings.
+
+    The reported run of a config is its last one, unless that says ``"reported": false`` (a run stopped early)."""
     rows = []
     for config, runs in trials["runs"].items():
+        reported = max((i for i, r in enumerate(runs) if r.get("reported", True)), default=None)
         for i, r in enumerate(runs):
-            rows.append([f"`{config}`", held_out_text(r) + (" (reported)" if i == len(runs) - 1 else ""),
+            rows.append([f"`{config}`", held_out_text(r) + (" (reported)" if i == reported else ""),
                          f"{r['train_minutes']:.1f}", num(r["updates"]), r["threads"], r.get("settings", ""),
                          f"{r['date'][:10]}, `{r['commit']}`"])
     return markdown(["config", "held-out accuracy", "train minutes", "updates", "threads", "settings", "measured"],
                     rows, "lrrrrll")
+
+
+def append_trial(result: dict, settings: str, reported: bool = True) -> None:
+    """Append ``result`` with its ``settings`` to ``results/imdb-trials.json`` (every run of each config)."""
+    path = RESULTS / "imdb-trials.json"
+    trials = json.loads(path.read_text()) if path.exists() else {"note": "every run of a config, the one in "
+                                                                          "imdb.json last", "runs": {}}
+    entry = {**result, "settings": settings, **({} if reported else {"reported": False})}
+    trials["runs"].setdefault(result["config"], []).append(entry)
+    trials.update(date=result["date"], commit=result["commit"])
+    path.write_text(json.dumps(trials, indent=2) + "\n", encoding="utf-8")
 
 
 def record_probe(run_dir: Path, settings: str, out: Path, commit: str | None) -> dict:
@@ -170,6 +190,11 @@ def main() -> None:
     p.add_argument("--record-probe", metavar="RUN_DIR", help="append the pretraining run RUN_DIR (trained by hand, "
                    "e.g. with overrides) to results/mlm-probes.json; the positional argument describes it")
     p.add_argument("--probe-commit", help="the commit RUN_DIR was trained at (default: this checkout's)")
+    p.add_argument("--trial", metavar="SETTINGS", help="also append each result to results/imdb-trials.json with "
+                   "SETTINGS (what this run did differently, and what ran beside it)")
+    p.add_argument("--not-reported", action="store_true",
+                   help="with --trial: a run that does not stand for its config (stopped early); imdb.json "
+                        "is left as it was")
     args = p.parse_args()
     if args.record_probe:
         print(json.dumps(record_probe(Path(args.record_probe), " ".join(args.configs), RESULTS / "mlm-probes.json",
@@ -181,6 +206,10 @@ def main() -> None:
     overrides = [c for c in args.configs if "=" in c]
     for config in [c for c in args.configs if "=" not in c]:
         r = measure(config, args.record_only, overrides)
+        if args.trial:
+            append_trial(r, args.trial, reported=not args.not_reported)
+            if args.not_reported:
+                continue
         results["results"][r["config"]] = r
         results.update(date=r["date"], commit=r["commit"])  # the latest measurement in the file
         results["note"] = ("accuracy runs, not speed measurements: each entry records its threads, and the one-thread "
