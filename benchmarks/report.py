@@ -104,7 +104,7 @@ TABLES: dict[str, Table] = {
     "hf-decode": Table(f"{RESULTS}/hf-decode.json", "benchmarks/hf_decode.py"),
     "serve-engines": Table((f"{RESULTS}/serving/*.json",), "benchmarks/serve.py", "markdown_engines"),
     "serve-stages": Table((f"{RESULTS}/serving/*.json",), "benchmarks/serve.py", "markdown_stages"),
-    "serve-batching": Table(f"{RESULTS}/serve-batching.json", "benchmarks/serve_batching.py"),
+    "serve-batching": Table(f"{RESULTS}/batching.json", "benchmarks/serve_batching.py"),
     "measured-at": Table(EVERY_RESULT, "benchmarks/tables.py", "markdown_commits"),
     "bottleneck": Table(f"{FIGURES}/bottleneck.json", "experiments/bottleneck.py"),
     "scaling-random": Table(f"{FIGURES}/scaling.json", "experiments/scaling.py"),

@@ -18,7 +18,7 @@ Each rule drains the burst ``--repeats`` times, alternating, one at a time (this
 noisy: the rules are compared side by side, every repeat reported). Reported: seconds, sentences/s,
 batches, padding (the share of padded source positions), and the latency of short and of long requests
 (from the burst to the answer: p50 / p90). Every output is checked equal between the rules.
-Writes ``benchmarks/results/serve-batching.json``; :func:`markdown_table` renders it.
+Writes ``benchmarks/results/batching.json``; :func:`markdown_table` renders it.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ from serve import long_texts  # noqa: E402
 from tables import markdown  # noqa: E402
 
 DATA = ROOT.parent / "shared" / "data" / "multi30k"
-RESULTS = ROOT / "benchmarks" / "results" / "serve-batching.json"
+RESULTS = ROOT / "benchmarks" / "results" / "batching.json"  # not serve-*.json: the serve table reads those
 
 
 class FirstCome(ModelWorker):
