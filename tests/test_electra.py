@@ -18,6 +18,7 @@ from attnkit.mlm import (
     generator_config,
     mask_tokens,
     replaced_labels,
+    sample_replacements,
 )
 from attnkit.runs.checkpoint import load_weights
 from attnkit.tasks import make_task
@@ -78,6 +79,17 @@ def test_replaced_labels_are_exactly_the_positions_whose_subword_differs() -> No
     with torch.no_grad():  # a special piece is never sampled, however likely the generator finds it
         model.generator.output_bias[MASK_ID] = 1e5
     assert not (model(inputs, selected).corrupted == MASK_ID).any()
+
+
+def test_samples_follow_the_generators_softmax_and_never_a_banned_id() -> None:
+    logits = torch.tensor([[2.0, 0.0, 1.0, -1.0, 0.5], [0.0, 0.0, 0.0, 0.0, 0.0]]).repeat_interleave(20_000, 0)
+    drawn = sample_replacements(logits, never=(1,), generator=torch.Generator().manual_seed(0))  # (40000,)
+    for row in range(2):
+        expected = logits[row * 20_000].index_fill(0, torch.tensor([1]), float("-inf")).softmax(-1)  # (5,)
+        freq = torch.bincount(drawn[row * 20_000: (row + 1) * 20_000], minlength=5).float() / 20_000
+        assert freq[1] == 0 and (freq - expected).abs().max() < 0.01, (freq, expected)
+    again = sample_replacements(logits, never=(1,), generator=torch.Generator().manual_seed(0))
+    assert torch.equal(drawn, again)  # the generator's seed decides every draw
 
 
 def test_no_gradient_flows_through_the_sampling() -> None:

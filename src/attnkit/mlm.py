@@ -150,6 +150,15 @@ def sample_replacements(logits: Tensor, never: Sequence[int] = (), generator: to
                         ) -> Tensor:
     """``x^_i ~ softmax(logits_i)`` at each selected position: ``(N, V)`` -> ``(N,)``, never an id in ``never``.
 
+    By the inverse of each row's cumulative distribution ``F_i(v) = sum_{w <= v} p_i(w)``::
+
+        x^_i = min { v : F_i(v) > u_i * F_i(V - 1) },    u_i ~ U[0, 1)
+
+    (scaling by the total keeps the draw inside the vocabulary when float rounding leaves ``F_i(V - 1)`` just
+    below 1; a banned id has ``p = 0``, so ``F`` does not rise there and it is never the first to exceed).
+    The same distribution as ``torch.multinomial``, which draws row by row and was the slowest part of an
+    ELECTRA update on the CPU with an 8,000-subword vocabulary.
+
     Detached: no gradient flows through the sampling (ELECTRA section 2), so the generator learns from its
     MLM loss alone. Drawn on the CPU from ``generator`` (torch's default generator when None).
     """
@@ -158,7 +167,9 @@ def sample_replacements(logits: Tensor, never: Sequence[int] = (), generator: to
         probs = logits.detach().float().cpu().index_fill(1, banned, -math.inf).softmax(-1)  # (N, V), a copy
         if not len(probs):
             return torch.zeros(0, dtype=torch.long, device=logits.device)
-        return torch.multinomial(probs, 1, generator=generator).squeeze(1).to(logits.device)  # (N,)
+        cdf = probs.cumsum(dim=1)  # (N, V)
+        u = torch.rand(len(probs), 1, generator=generator) * cdf[:, -1:]  # (N, 1)
+        return torch.searchsorted(cdf, u, right=True).squeeze(1).to(logits.device)  # (N,)
 
 
 @dataclass
