@@ -117,6 +117,7 @@ def test_a_long_reviews_windows_and_pieces_are_shaded_relative_to_the_largest(br
     maps = AttentionMaps("classifier", "a long review", "pos (p=0.90); read as 3 windows", False, pieces,
                          encoder_self=[torch.full((1, 6, 6), 1 / 6)], pooling=pooling, windows=windows,
                          window_labels=[f"{i + 1}: pieces {64 * i}-{64 * i + 127}, p=0.9" for i in range(3)],
+                         window_rows=["for pos", "against"],
                          encoder_tokens=pieces, encoder_note=", window 2 of 3 (the strongest for pos)")
     browser.get(write_explorer(maps, tmp_path / "attention.html").as_uri())
     kinds = Select(browser.find_element(By.ID, "kind"))

@@ -89,7 +89,8 @@ class AttentionMaps:
     :param pooling: classifier only, ``(S,)``: how much the pooled vector drew on each token.
     :param windows: classifier reading a long text whole, ``(2, W)``: each window's share of the evidence
         for the prediction and against it (a row of zeros when no window argued against).
-    :param window_labels: the ``W`` windows (``"1: pieces 0-255, p=0.97"``).
+    :param window_labels: the ``W`` windows (``"1: pieces 0-255, p=0.97"``); ``window_rows``: the two rows
+        (``"for pos"``, ``"against"``).
     :param encoder_tokens: the axes of ``encoder_self`` when they are not ``src_tokens`` (one window of a
         long text); ``encoder_note``: what its title adds (which window).
     """
@@ -107,6 +108,7 @@ class AttentionMaps:
     pooling: Tensor | None = None
     windows: Tensor | None = None
     window_labels: list[str] = field(default_factory=list)
+    window_rows: list[str] = field(default_factory=list)
     encoder_tokens: list[str] = field(default_factory=list)
     encoder_note: str = ""
 
@@ -139,9 +141,8 @@ class AttentionMaps:
                                        [self.pooling[None, None]], [self.output], self.src_tokens, "prediction",
                                        "input"))
         if self.windows is not None:
-            label = self.output.split(" (p=")[0]
             views.append(AttentionView("windows", "windows the prediction drew on", [self.windows[None]],
-                                       [f"for {label}", "against"], self.window_labels, "evidence", "window"))
+                                       self.window_rows, self.window_labels, "evidence", "window"))
         return views
 
 
@@ -208,12 +209,14 @@ def _classifier_maps(run: LoadedRun, source: str, reading: Reading, top: int = T
                                           if len(e.pieces) > top else "")
     p = e.window_logits.softmax(-1)[:, e.predicted]  # (W,) each window's own probability of the label
     spans = [[q for q in where if q >= 0] for where in e.positions]
+    support, against = evidence.clamp(min=0), (-evidence).clamp(min=0)  # (W,) each
+    shares = torch.stack([support / support.sum().clamp(min=1e-12), against / against.sum().clamp(min=1e-12)])
     return AttentionMaps(
         "classifier", source, output, False, tokens, encoder_self=weights, pooling=importance[kept],
-        windows=torch.stack([evidence.clamp(min=0), (-evidence).clamp(min=0)]).div(  # (2, W), rows sum to 1 or 0
-            torch.stack([evidence.clamp(min=0).sum(), (-evidence).clamp(min=0).sum()]).clamp(min=1e-12)[:, None]),
+        windows=shares,  # (2, W): each row sums to 1, or is zeros when no window argued that way
         window_labels=[f"{i + 1}: pieces {s[0]}-{s[-1]}, p={float(p[i]):.2f}" for i, s in enumerate(spans)],
-        encoder_tokens=window_tokens, encoder_note=f", window {w + 1} of {n} (the strongest for {label})")
+        window_rows=[f"for {label}", "against"], encoder_tokens=window_tokens,
+        encoder_note=f", window {w + 1} of {n} (the strongest for {label})")
 
 
 def attention_maps(run: LoadedRun, source: str, target: str | None = None, *, beam: int = 1,
