@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal, Protocol
 
@@ -108,7 +108,7 @@ class RunServable:
             raise UserError(f"--precision {precision}: choose one of {', '.join(PRECISIONS)}")
         self.precision = precision
         info = _INFO[serves](run, name, sum(p.numel() for p in run.model.parameters()))
-        self.info = ModelInfo(**{**info.__dict__, "precision": "bf16 autocast" if precision == "bf16" else "float32"})
+        self.info = replace(info, precision="bf16 autocast" if precision == "bf16" else "float32")
 
     @contextmanager
     def _computing(self) -> Iterator[None]:
