@@ -7,11 +7,13 @@ of 1 and 0, a zero ``final_logits_bias``) so that a mapping error cannot hide be
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import sentencepiece as spm
 import torch
 
+from attnkit.cli import main
 from attnkit.data import dates
 
 ACCENTED = ["Größe und Übermaß: 12,5 % mehr!", "café crème, déjà vu — naïve façade", "Ελληνικά και русский 2024",
@@ -109,3 +111,12 @@ def bert_dir(out: Path, architecture: str = "BertForSequenceClassification", see
     if not tokenizer_json:
         (out / "tokenizer.json").unlink()
     return out
+
+
+def imported(tmp: Path, make_dir: Callable[[Path], Path]) -> tuple[Path, Path]:
+    """``(Hugging Face directory, imported run)``: ``make_dir`` writes the directory under ``tmp``, then
+    ``attnkit import`` reads it into ``tmp / "run"`` (one thread, as the tests compare numbers)."""
+    torch.set_num_threads(1)
+    hf = make_dir(tmp / "hf")
+    assert main(["import", str(hf), "-o", str(tmp / "run")]) == 0
+    return hf, tmp / "run"

@@ -27,11 +27,7 @@ TEXTS = hf_models.sentences(40, seed=5)[:30] + hf_models.ACCENTED + ["", "Züric
 
 @pytest.fixture(scope="module")
 def classifier(tmp_path_factory) -> tuple[Path, Path]:
-    torch.set_num_threads(1)
-    tmp = tmp_path_factory.mktemp("bert")
-    hf = hf_models.bert_dir(tmp / "hf")
-    assert main(["import", str(hf), "-o", str(tmp / "run")]) == 0
-    return hf, tmp / "run"
+    return hf_models.imported(tmp_path_factory.mktemp("bert"), hf_models.bert_dir)
 
 
 def hf_probabilities(hf: Path, texts: list[str]) -> torch.Tensor:

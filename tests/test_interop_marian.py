@@ -30,11 +30,7 @@ TEXTS = hf_models.sentences(60, seed=11)[:40] + hf_models.ACCENTED + ["", "x", "
 @pytest.fixture(scope="module")
 def marian(tmp_path_factory) -> tuple[Path, Path]:
     """``(Hugging Face directory, imported run)``."""
-    torch.set_num_threads(1)
-    tmp = tmp_path_factory.mktemp("marian")
-    hf = hf_models.marian_dir(tmp / "hf")
-    assert main(["import", str(hf), "-o", str(tmp / "run")]) == 0
-    return hf, tmp / "run"
+    return hf_models.imported(tmp_path_factory.mktemp("marian"), hf_models.marian_dir)
 
 
 def hf_model(path: Path):

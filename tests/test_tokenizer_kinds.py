@@ -216,6 +216,19 @@ def broken_copy(marian: Marian, tmp_path: Path) -> Path:
     return run
 
 
+
+def assert_load_fails(file: Path, content: str | None, message: str) -> None:
+    """With ``file`` of a tokenizer directory removed (``content`` None) or rewritten, loading the directory
+    is one :class:`UserError` line matching ``message``."""
+    if content is None:
+        file.unlink()
+    else:
+        file.write_text(content, encoding="utf-8")
+    with pytest.raises(UserError, match=message) as err:
+        Tokenizer.load(file.parent)
+    assert "\n" not in str(err.value)
+
+
 @pytest.mark.parametrize(("content", "message"), [
     (None, r"vocab\.json: vocabulary file not found"),
     ("[\"<pad>\", ", r"vocab\.json:1:\d+: invalid JSON"),
@@ -225,14 +238,7 @@ def broken_copy(marian: Marian, tmp_path: Path) -> Path:
     ('["<pad>", "<unk>", "<s>", "</s>", "a", "<unk>"]', r"vocab\.json: piece '<unk>' has two ids, 1 and 5"),
 ])
 def test_marian_bad_vocab(marian: Marian, tmp_path: Path, content: str | None, message: str) -> None:
-    run = broken_copy(marian, tmp_path)
-    if content is None:
-        (run / "vocab.json").unlink()
-    else:
-        (run / "vocab.json").write_text(content, encoding="utf-8")
-    with pytest.raises(UserError, match=message) as err:
-        Tokenizer.load(run)
-    assert "\n" not in str(err.value)
+    assert_load_fails(broken_copy(marian, tmp_path) / "vocab.json", content, message)
 
 
 @pytest.mark.parametrize(("change", "message"), [
@@ -418,13 +424,7 @@ def test_save_wordpiece_refuses_other_tokenizers(tmp_path: Path) -> None:
 def test_wordpiece_bad_files(bert: Bert, tmp_path: Path, content: str | None, message: str) -> None:
     run = tmp_path / "run"
     shutil.copytree(bert.out, run)
-    if content is None:
-        (run / "wordpiece.json").unlink()
-    else:
-        (run / "wordpiece.json").write_text(content, encoding="utf-8")
-    with pytest.raises(UserError, match=message) as err:
-        Tokenizer.load(run)
-    assert "\n" not in str(err.value)
+    assert_load_fails(run / "wordpiece.json", content, message)
 
 
 def test_wordpiece_bad_metadata(bert: Bert, tmp_path: Path) -> None:
