@@ -4,7 +4,7 @@
     python benchmarks/decode.py --de-en runs/de-en                          # without the en->de cache rows
 
 On test_2016_flickr (1,000 sentences), beam 4 (length penalty: the run's decode_lenpen), batches
-of 32 sentences, 2 threads, the de->en model is decoded by
+of 32 sentences, at 1 and at 2 threads (``--threads 1 2``, the default), the de->en model is decoded by
 
 * attnkit float32 and attnkit bf16 (``torch.autocast``), through ``attnkit.inference.translate.translate_texts``;
 * CTranslate2 float32 and int8, through ``attnkit.export.ctranslate2.ExportedTranslator`` (the run exported by
@@ -12,8 +12,10 @@ of 32 sentences, 2 threads, the de->en model is decoded by
 * attnkit float32 without the key/value cache (``attnkit.search.Uncached``), and the same cached /
   uncached pair for the en->de model when ``--en-de`` is given.
 
-Each contender runs in its own subprocess, one after the other, so its peak RSS (``wait4``) is its
-own; a worker translates one batch untimed first, then the whole test set timed (tokenization
+Each contender runs at each thread count in its own subprocess, one after the other, so its peak
+RSS (``wait4``) is its own; the race compares the best thread count of each (CTranslate2 at one thread
+can beat itself at two on a host whose second core is busy or slow to share); a worker translates one
+batch untimed first, then the whole test set timed (tokenization
 included, for both engines). Target tokens are the SentencePiece pieces of the outputs. Two
 untimed workers decode greedily in float32 with attnkit and with CTranslate2 for the agreement
 rate. BLEU is sacreBLEU (cased, 13a) via ``attnkit.inference.scores``.
@@ -109,13 +111,14 @@ def worker(args: argparse.Namespace) -> None:
           flush=True)
 
 
-def run_worker(name: str, direction: str, model: Path, args: argparse.Namespace) -> dict:
-    """Run one contender in a subprocess; its result with hypotheses and peak RSS (GB, from ``wait4``)."""
+def run_worker(name: str, direction: str, model: Path, args: argparse.Namespace, threads: int) -> dict:
+    """Run one contender at ``threads`` in a subprocess; its result with hypotheses and peak RSS (GB, from
+    ``wait4``)."""
     with tempfile.TemporaryDirectory(prefix="attnkit-decode-") as tmp:
         hyps_file = Path(tmp) / "hyps.json"
         cmd = [sys.executable, __file__, "--worker", name, "--direction", direction, "--model", str(model),
                "--hyps-out", str(hyps_file), "--beam", str(args.beam), "--batch-size", str(args.batch_size),
-               "--threads", str(args.threads), "--sentences", str(args.sentences)]
+               "--threads", str(threads), "--sentences", str(args.sentences)]
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
         out = proc.stdout.read() if proc.stdout else ""
         _, status, usage = os.wait4(proc.pid, 0)
@@ -127,8 +130,9 @@ def run_worker(name: str, direction: str, model: Path, args: argparse.Namespace)
         result["peak_rss_gb"] = round(usage.ru_maxrss / 1024 ** 2, 2)  # ru_maxrss is in KB on Linux
         result["date"] = time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime())
         result["load_average_1min"] = round(os.getloadavg()[0], 2)  # other sessions' jobs share the 2 cores
-        print(f"  {name} {direction}: {result['seconds']:.1f} s, peak RSS {result['peak_rss_gb']} GB, "
-              f"load average {result['load_average_1min']}", flush=True)
+        result["threads"] = threads
+        print(f"  {name} {direction}, {threads} thread(s): {result['seconds']:.1f} s, "
+              f"peak RSS {result['peak_rss_gb']} GB, load average {result['load_average_1min']}", flush=True)
         return result
 
 
@@ -153,22 +157,26 @@ def race(args: argparse.Namespace) -> dict:
                      "load_average_1min_at_start": round(os.getloadavg()[0], 2),
                      "test": TEST, "sentences": args.sentences, "beam": args.beam, "batch_size": args.batch_size,
                      "threads": args.threads, "command": " ".join(["python", "benchmarks/decode.py", *sys.argv[1:]]),
-                     "contenders": {}, "cache": {}}
+                     "by_threads": {}, "contenders": {}, "cache": {}}
     with tempfile.TemporaryDirectory(prefix="attnkit-export-") as tmp:
         exports = {q: export_ctranslate2(args.de_en, Path(tmp) / q, quantization=q) for q in ("float32", "int8")}
         _, refs = read_test("de-en")
         tok = Tokenizer.load(exports["float32"])
-        raw = {}
-        for name, (engine, precision, _) in CONTENDERS.items():
-            model = exports[precision] if engine == "ctranslate2" else args.de_en
-            raw[name] = run_worker(name, "de-en", model, args)
-        greedy = {name: run_worker(name, "de-en", model, args)["hyps"]
+        raw: dict[int, dict] = {}
+        for threads in args.threads:
+            raw[threads] = {}
+            for name, (engine, precision, _) in CONTENDERS.items():
+                model = exports[precision] if engine == "ctranslate2" else args.de_en
+                raw[threads][name] = run_worker(name, "de-en", model, args, threads)
+        greedy = {name: run_worker(name, "de-en", model, args, args.threads[0])["hyps"]
                   for name, model in (("greedy-attnkit", args.de_en), ("greedy-ct2", exports["float32"]))}
-    identical = [a == b for a, b in zip(raw["attnkit-fp32"]["hyps"], raw["attnkit-fp32-uncached"]["hyps"],
-                                        strict=True)]
-    results["cache"]["de-en"] = {"identical": all(identical)}
-    for name, result in raw.items():
-        results["contenders"][name] = score(result, refs, tok)
+    identical = all(r["attnkit-fp32"]["hyps"] == r["attnkit-fp32-uncached"]["hyps"] for r in raw.values())
+    for threads, contenders in raw.items():
+        results["by_threads"][str(threads)] = {name: score(result, refs, tok) for name, result in contenders.items()}
+    # the race compares each contender at its own best thread count
+    for name in CONTENDERS:
+        results["contenders"][name] = max((by[name] for by in results["by_threads"].values()),
+                                          key=lambda r: r["tokens_per_s"])
     agree = sum(a == b for a, b in zip(greedy["greedy-attnkit"], greedy["greedy-ct2"], strict=True))
     results["greedy_float32_agreement"] = round(agree / len(greedy["greedy-attnkit"]), 4)
     c = results["contenders"]
@@ -176,22 +184,34 @@ def race(args: argparse.Namespace) -> dict:
     results["attnkit_over_ct2_int8_tokens"] = {
         name: round(c[name]["tokens_per_s"] / c["ct2-int8"]["tokens_per_s"], 3)
         for name in ("attnkit-fp32", "attnkit-bf16")}
-    results["cache"]["de-en"].update(cached=c["attnkit-fp32"], uncached=c["attnkit-fp32-uncached"],
-                                     speedup=round(c["attnkit-fp32-uncached"]["seconds"] / c["attnkit-fp32"]["seconds"],
-                                                   2))
+    best_ct2 = max(c["ct2-int8"], c["ct2-float32"], key=lambda r: r["tokens_per_s"])
+    results["attnkit_over_best_ct2_tokens"] = {
+        name: round(c[name]["tokens_per_s"] / best_ct2["tokens_per_s"], 3) for name in ("attnkit-fp32", "attnkit-bf16")}
+    # the cache comparison at attnkit float32's best thread count, against the uncached run at the same count
+    fastest = c["attnkit-fp32"]["threads"]
+    cached, uncached = (results["by_threads"][str(fastest)][n] for n in ("attnkit-fp32", "attnkit-fp32-uncached"))
+    results["cache"]["de-en"] = {"identical": identical, "threads": fastest, "cached": cached, "uncached": uncached,
+                                 "speedup": round(uncached["seconds"] / cached["seconds"], 2)}
     if args.en_de:
         _, refs_en_de = read_test("en-de")
         tok_en_de = Tokenizer.load(args.en_de)
-        pair = {name: run_worker(name, "en-de", args.en_de, args) for name in ("attnkit-fp32", "attnkit-fp32-uncached")}
+        pair = {name: run_worker(name, "en-de", args.en_de, args, fastest)
+                for name in ("attnkit-fp32", "attnkit-fp32-uncached")}
         same = pair["attnkit-fp32"]["hyps"] == pair["attnkit-fp32-uncached"]["hyps"]
         cached, uncached = (score(pair[n], refs_en_de, tok_en_de) for n in ("attnkit-fp32", "attnkit-fp32-uncached"))
-        results["cache"]["en-de"] = {"identical": same, "cached": cached, "uncached": uncached,
+        results["cache"]["en-de"] = {"identical": same, "threads": fastest, "cached": cached, "uncached": uncached,
                                      "speedup": round(uncached["seconds"] / cached["seconds"], 2)}
     return results
 
 
 def _gb(x: float) -> str:
     return f"{x:.2f} GB"
+
+
+def _threads(r: dict) -> str:
+    """A race's thread counts as words: "2 threads", or "1 and 2 threads"."""
+    counts = r["threads"] if isinstance(r["threads"], list) else [r["threads"]]
+    return " and ".join(str(t) for t in counts) + (" thread" if counts == [1] else " threads")
 
 
 def markdown_table(runs: dict[str, dict]) -> str:
@@ -201,39 +221,51 @@ def markdown_table(runs: dict[str, dict]) -> str:
     text = _race_table(ordered[0])
     for r in ordered[1:]:
         ratio = r["attnkit_over_ct2_int8_tokens"]
-        text += (f"\nEarlier race, {r['date'][:10]} at commit {r['commit']}, {r['threads']} thread(s): attnkit "
+        text += (f"\nEarlier race, {r['date'][:10]} at commit {r['commit']}, {_threads(r)}: attnkit "
                  f"{ratio['attnkit-fp32']:.2f}x (float32) / {ratio['attnkit-bf16']:.2f}x (bf16) of CTranslate2 int8's "
                  f"tokens/s (`benchmarks/results/earlier/`).\n")
     return text
 
 
 def _race_table(results: dict) -> str:
-    """One race: the contenders, the ratios, the cache comparison."""
+    """One race: the contenders at each thread count (the best of each in bold), the ratios of the bests,
+    the cache comparison. A race from before ``--threads 1 2`` has one thread count."""
     c = results["contenders"]
-    loads = [r["load_average_1min"] for r in c.values() if "load_average_1min" in r]
+    by_threads = results.get("by_threads") or {str(results["threads"]): c}
+    loads = [r["load_average_1min"] for by in by_threads.values() for r in by.values() if "load_average_1min" in r]
     shared = f"; 1-min load average {min(loads):.1f}-{max(loads):.1f} on the 2 cores while it ran" if loads else ""
     lines = [f"de->en `small`, {results['test']} ({results['sentences']:,} sentences), beam {results['beam']}, "
-             f"batches of {results['batch_size']}, {results['threads']} threads (measured {results['date'][:10]}, "
-             f"commit {results['commit']}{shared}):",
+             f"batches of {results['batch_size']}, {_threads(results)} (measured {results['date'][:10]}, "
+             f"commit {results['commit']}{shared})"
+             + ("; in bold each contender's best thread count, which the ratios use:" if len(by_threads) > 1 else ":"),
              "",
-             "| decoder | target tokens/s | sentences/s | BLEU | peak RSS |",
-             "|---|---|---|---|---|"]
+             "| decoder | threads | target tokens/s | sentences/s | BLEU | peak RSS |",
+             "|---|---:|---:|---:|---:|---:|"]
     for name, label in LABELS.items():
-        r = c[name]
-        lines.append(f"| {label} | {r['tokens_per_s']:,.0f} | {r['sentences_per_s']:.1f} | {r['bleu']:.2f} | "
-                     f"{_gb(r['peak_rss_gb'])} |")
+        for threads, by in by_threads.items():
+            r = by[name]
+            best = len(by_threads) > 1 and r == c[name]
+            speed = f"**{r['tokens_per_s']:,.0f}**" if best else f"{r['tokens_per_s']:,.0f}"
+            lines.append(f"| {label} | {threads} | {speed} | {r['sentences_per_s']:.1f} | {r['bleu']:.2f} | "
+                         f"{_gb(r['peak_rss_gb'])} |")
     ratio = results["attnkit_over_ct2_int8_tokens"]
     lines += ["",
               f"attnkit's beam search reaches {ratio['attnkit-fp32']:.2f}x (float32) and {ratio['attnkit-bf16']:.2f}x "
-              f"(bf16) of CTranslate2 int8's tokens/s (goal: 0.67x). Greedy float32: CTranslate2's output equals "
-              f"attnkit's for {100 * results['greedy_float32_agreement']:.1f}% of the sentences; int8 BLEU minus "
-              f"float32 BLEU: {results['int8_minus_float32_bleu']:+.2f}."]
+              f"(bf16) of CTranslate2 int8's tokens/s (goal: 0.67x)"]
+    if "attnkit_over_best_ct2_tokens" in results:
+        best = results["attnkit_over_best_ct2_tokens"]
+        lines[-1] += (f"; {best['attnkit-fp32']:.2f}x and {best['attnkit-bf16']:.2f}x of CTranslate2's faster "
+                      f"precision")
+    lines[-1] += (f". Greedy float32: CTranslate2's output equals attnkit's for "
+                  f"{100 * results['greedy_float32_agreement']:.1f}% of the sentences; int8 BLEU minus "
+                  f"float32 BLEU: {results['int8_minus_float32_bleu']:+.2f}.")
     cache = results["cache"]
     parts = []
     for direction in ("de-en", "en-de"):
         if direction in cache:
             k = cache[direction]
-            parts.append(f"{direction.replace('-', '->')} {k['cached']['sentences_per_s']:.1f} vs "
+            at = f" at {k['threads']} thread(s)" if "threads" in k else ""
+            parts.append(f"{direction.replace('-', '->')}{at} {k['cached']['sentences_per_s']:.1f} vs "
                          f"{k['uncached']['sentences_per_s']:.1f} sentences/s = **{k['speedup']:.2f}x**"
                          f" ({'identical output' if k['identical'] else 'outputs differ'})")
     lines += ["", "Key/value cache, attnkit float32, same run: " + "; ".join(parts) + "."]
@@ -246,7 +278,8 @@ def main() -> None:
     p.add_argument("--en-de", type=Path, help="the trained en->de run (for the cache comparison in both directions)")
     p.add_argument("--beam", type=int, default=4)
     p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--threads", type=int, nargs="+", default=[1, 2],
+                   help="thread counts to run every contender at; the race compares each one's best (default: 1 2)")
     p.add_argument("--sentences", type=int, default=1000, help="first N test sentences (default: all 1,000)")
     p.add_argument("--table", action="store_true", help="print the README table of the committed JSON and exit")
     p.add_argument("--worker", help=argparse.SUPPRESS)
