@@ -79,7 +79,8 @@ def worker(args: argparse.Namespace) -> None:
     from attnkit.runs.load import load_run
     from attnkit.search import Uncached
 
-    torch.set_num_threads(args.threads)
+    threads = args.threads[0]  # a worker runs at one thread count
+    torch.set_num_threads(threads)
     engine, precision, cache = CONTENDERS[args.worker] if args.worker in CONTENDERS else ("attnkit", "fp32", True)
     if args.worker == "greedy-ct2":
         engine = "ctranslate2"
@@ -88,7 +89,7 @@ def worker(args: argparse.Namespace) -> None:
     sources = sources[: args.sentences]
     imported_mb = rss_mb()
     if engine == "ctranslate2":
-        model = ExportedTranslator(args.model, threads=args.threads)
+        model = ExportedTranslator(args.model, threads=threads)
         lenpen = model.decode.lenpen
 
         def translate(texts: list[str]) -> list[list[str]]:
