@@ -153,8 +153,9 @@ def race(args: argparse.Namespace) -> dict:
     from attnkit.common.measure import stamp
     from attnkit.data.tokenizer import Tokenizer
     from attnkit.export.ctranslate2 import export_ctranslate2
+    from nbsvm import cpu_model  # benchmarks/ is on sys.path when this script runs
 
-    results: dict = {**stamp(),
+    results: dict = {**stamp(), "cpu": cpu_model(),
                      "load_average_1min_at_start": round(os.getloadavg()[0], 2),
                      "test": TEST, "sentences": args.sentences, "beam": args.beam, "batch_size": args.batch_size,
                      "threads": args.threads, "command": " ".join(["python", "benchmarks/decode.py", *sys.argv[1:]]),
@@ -235,8 +236,10 @@ def _race_table(results: dict) -> str:
     by_threads = results.get("by_threads") or {str(results["threads"]): c}
     loads = [r["load_average_1min"] for by in by_threads.values() for r in by.values() if "load_average_1min" in r]
     shared = f"; 1-min load average {min(loads):.1f}-{max(loads):.1f} on the 2 cores while it ran" if loads else ""
+    cpu = f" on {results['cpu']}" if results.get("cpu") else ""
     lines = [f"de->en `small`, {results['test']} ({results['sentences']:,} sentences), beam {results['beam']}, "
-             f"batches of {results['batch_size']}, {_threads(results)} (measured {results['date'][:10]}, "
+             f"batches of {results['batch_size']}, {_threads(results)}{cpu} "
+             f"(measured {results['date'][:10]}, "
              f"commit {results['commit']}{shared})"
              + ("; in bold each contender's best thread count, which the ratios use:" if len(by_threads) > 1 else ":"),
              "",
