@@ -8,10 +8,10 @@
 Masked accuracy and replaced-token accuracy measure different things and move with the masking rate,
 so recipes are compared where they are used: each pretraining config (with its ``KEY=VALUE``
 overrides) trains for ``--pretrain-minutes`` into ``runs/probe-pretrain``, then ``--finetune``
-(default ``configs/imdb-finetune.yaml``, unchanged but for ``model.init_from`` and
-``train.max_minutes``) trains from it for ``--finetune-minutes`` into ``runs/probe-finetune``, and
-its best checkpoint is scored on the held-out reviews read whole. Each probe is appended to
-``benchmarks/results/recipe-probes.json``; :func:`markdown_table` renders every probe.
+(default ``configs/imdb-finetune.yaml``, unchanged but for ``model.init_from``,
+``train.max_minutes`` and any ``--finetune-set KEY=VALUE``) trains from it for ``--finetune-minutes``
+into ``runs/probe-finetune``, and its best checkpoint is scored on the held-out reviews read whole.
+Each probe is appended to ``benchmarks/results/recipe-probes.json``; :func:`markdown_table` renders every probe.
 """
 
 from __future__ import annotations
@@ -56,13 +56,16 @@ def main() -> None:
     p.add_argument("pretrain", help="the pretraining config")
     p.add_argument("overrides", nargs="*", help="KEY=VALUE overrides of the pretraining config")
     p.add_argument("--finetune", default="configs/imdb-finetune.yaml", help="the fine-tuning config")
+    p.add_argument("--finetune-set", action="append", default=[], metavar="KEY=VALUE",
+                   help="an override of the fine-tuning config (repeatable): a larger encoder's sizes, which "
+                        "model.init_from needs to match")
     p.add_argument("--pretrain-minutes", type=float, default=10.0)
     p.add_argument("--finetune-minutes", type=float, default=5.0)
     p.add_argument("--out", default=str(RESULTS))
     args = p.parse_args()
     pre_dir, fine_dir = ROOT / "runs" / "probe-pretrain", ROOT / "runs" / "probe-finetune"
     pre, pre_total = train(args.pretrain, [*args.overrides, f"train.max_minutes={args.pretrain_minutes}"], pre_dir)
-    fine, fine_total = train(args.finetune, [f"model.init_from={pre_dir}",
+    fine, fine_total = train(args.finetune, [*args.finetune_set, f"model.init_from={pre_dir}",
                                              f"train.max_minutes={args.finetune_minutes}"], fine_dir)
     cfg = load_config(RunConfig, fine_dir / "config.yaml")
     scores, _ = evaluate_classifier(load_run(fine_dir / "best.safetensors"), read_validation(cfg, log=lambda m: None))
@@ -71,7 +74,8 @@ def main() -> None:
         "recipe": args.recipe, "pretrain": args.pretrain, "overrides": args.overrides,
         "pretrain_minutes": round(pre[-1]["minutes"], 2), "pretrain_updates": pre[-1]["step"],
         "pretrain_score": {k: v for k, v in best_pre.items() if k.startswith("valid_")},
-        "finetune": args.finetune, "finetune_minutes": round(fine[-1]["minutes"], 2),
+        "finetune": args.finetune, "finetune_overrides": args.finetune_set,
+        "finetune_minutes": round(fine[-1]["minutes"], 2),
         "finetune_updates": fine[-1]["step"], "minutes_total": round(pre_total + fine_total, 2),
         "valid_accuracy": round(scores.accuracy, 2), "valid_rows": sum(sum(row) for row in scores.confusion),
         "threads": cfg.train.threads, "cpu": cpu_model(), **stamp(),
