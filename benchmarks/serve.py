@@ -11,6 +11,8 @@
    p50 / p90 / p95 / p99, sentences/s, the mean batch the server formed, how many translations equal
    the offline ones, and where a request's time went by the server's own measure (``GET /metrics``:
    the mean milliseconds of each stage, parse, queue, compute and serialise, over the level's requests).
+   ``--batching`` is the server's for a run's greedy translations: ``continuous`` (the default; texts
+   join the running decoding batch at every step) or ``whole`` (requests merged into whole batches).
 3. 1,000 requests, malformed ones (bad JSON, wrong types, non-finite numbers, huge bodies, 10,000
    texts, unknown model, empty bodies and lists, invalid UTF-8, lone surrogates, over-long texts,
    unknown fields, attention for 64 texts) mixed with good ones and with requests for the attention of
@@ -303,6 +305,8 @@ def main() -> None:
                    "memory keeps growing)")
     p.add_argument("--max-batch", type=int, default=32, help="the server's --max-batch")
     p.add_argument("--max-wait-ms", type=float, default=5.0, help="the server's --max-wait-ms")
+    p.add_argument("--batching", choices=["continuous", "whole"], default="continuous",
+                   help="the server's --batching for a run's greedy translations (an export always batches whole)")
     p.add_argument("--out", default=str(RESULTS))
     args = p.parse_args()
     source = DATA / "test_2016_flickr.de.gz"
@@ -336,8 +340,10 @@ def main() -> None:
     offline_out, first = offline_run("before the server started")
 
     # 2. the server under 1, 8, 32 clients
+    batching = args.batching if translator.exported is None else "whole"
     url, proc = start_server(args.run, args.threads, ["--precision", args.precision, "--max-batch", str(args.max_batch),
-                                                      "--max-wait-ms", str(args.max_wait_ms), "--max-queue", "1024"])
+                                                      "--max-wait-ms", str(args.max_wait_ms), "--max-queue", "1024",
+                                                      "--batching", batching])
     try:
         asyncio.run(drive(url, sentences[:64], 8))  # warm-up, not measured
         levels_out = []
@@ -348,8 +354,10 @@ def main() -> None:
             after, stages_after = httpx.get(f"{url}/health").json()["models"], stage_totals(url)
             (name,) = after
             batches = after[name]["batches"] - before[name]["batches"]
+            batch_texts = after[name].get("batch_texts", 0) - before[name].get("batch_texts", 0)
             outputs = result.pop("outputs")
-            result.update(mean_batch=round(len(subset) / max(batches, 1), 1),
+            # texts per model call: per batch, or (continuous batching) running texts per decoding step
+            result.update(mean_batch=round((batch_texts or len(subset)) / max(batches, 1), 1),
                           stage_ms=stage_means_ms(stages_before, stages_after),
                           identical_to_offline=sum(o == ref for o, ref in zip(outputs, offline_out, strict=False)))
             levels_out.append(result)
@@ -392,7 +400,8 @@ def main() -> None:
         "command": " ".join(["python", "benchmarks/serve.py", *sys.argv[1:]]),
         "model": Path(args.run).name, "engine": engine, "client": "raw asyncio HTTP/1.1, one connection per client",
         "test": "test_2016_flickr (de)", "decoding": "greedy", "threads": args.threads,
-        "server": {"max_batch": args.max_batch, "max_wait_ms": args.max_wait_ms, "precision": args.precision},
+        "server": {"max_batch": args.max_batch, "max_wait_ms": args.max_wait_ms, "precision": args.precision,
+                   "batching": batching},
         "offline": offline, "clients": levels_out, "malformed": malformed,
         "goals": {"ratio_32_clients": GOAL_RATIO, "p50_ms_1_client": GOAL_P50_MS[engine.split()[0]],
                   "rss_ratio": GOAL_RSS_RATIO},
@@ -442,7 +451,7 @@ def _run_table(results: dict) -> str:
                 f"{m['good']:,} good ones a 200; server RSS {m['rss_start_mb']:,.0f} MB before, "
                 f"{m['rss_end_mb']:,.0f} MB after ({m['rss_ratio']:.2f}x). Model `{results['model']}`, "
                 f"{results['threads']} thread{'s' if results['threads'] != 1 else ''}, "
-                f"`--max-batch {results['server']['max_batch']}` "
+                f"`--max-batch {results['server']['max_batch']}` `--batching {_batching(results)}` "
                 f"`--max-wait-ms {results['server']['max_wait_ms']:g}`; measured {results['date'][:10]} at "
                 f"{results['commit']}.")
     return "\n".join(rows)
@@ -454,7 +463,12 @@ if __name__ == "__main__":
 
 def _engine_rows(runs: dict[str, dict]) -> list[dict]:
     """The runs of ``results/serving/*.json``, by engine, then threads."""
-    return sorted(runs.values(), key=lambda r: (r.get("engine", ""), r["threads"], r["date"]))
+    return sorted(runs.values(), key=lambda r: (r.get("engine", ""), r["threads"], _batching(r), r["date"]))
+
+
+def _batching(r: dict) -> str:
+    """How the run's server batched greedy translations (runs before ``--batching`` batched whole)."""
+    return r["server"].get("batching", "whole")
 
 
 def markdown_engines(runs: dict[str, dict]) -> str:
@@ -465,15 +479,16 @@ def markdown_engines(runs: dict[str, dict]) -> str:
         served = [f"{by[n]['sent_per_s']:,.1f} ({by[n]['vs_offline']:.2f})" if n in by else "" for n in (8, 32)]
         one = f"{by[1]['p50_ms']:.1f} / {by[1].get('p90_ms', by[1]['p95_ms']):.1f}" if 1 in by else ""
         again = "".join(f" -> {x:,.0f} ({x / m['rss_end_mb']:.2f}x)" for x in m.get("rss_after_each_mix_mb", [])[1:])
-        rows.append([r["engine"], r["threads"], f"{r['server']['max_wait_ms']:g}",
+        rows.append([r["engine"], r["threads"], _batching(r), f"{r['server']['max_wait_ms']:g}",
                      " / ".join(f"{x['sent_per_s']:,.1f}" for x in off["runs"]), one,
                      *served, f"{m['bad_4xx_json']:,} / {m['bad']:,}",
                      f"{m['rss_start_mb']:,.0f} -> {m['rss_end_mb']:,.0f} ({m['rss_ratio']:.2f}x){again}",
                      f"{r['date'][:10]}, `{r['commit']}`"])
-    return markdown(["engine", "threads", "wait ms", "offline sentences/s (before / after)", "1 client p50 / p90 ms",
+    return markdown(["engine", "threads", "batching", "wait ms", "offline sentences/s (before / after)",
+                     "1 client p50 / p90 ms",
                      "8 clients sentences/s (x offline)", "32 clients sentences/s (x offline)",
                      "malformed: 4xx JSON", "server RSS MB: before -> after the hostile mix (x before) -> after "
-                     "it again (x after the first)", "measured"], rows, "lrrrrrrrrl")
+                     "it again (x after the first)", "measured"], rows, "lrlrrrrrrrl")
 
 
 def markdown_stages(runs: dict[str, dict]) -> str:
@@ -482,8 +497,9 @@ def markdown_stages(runs: dict[str, dict]) -> str:
     for r in _engine_rows(runs):
         for c in r["clients"]:
             stages = c.get("stage_ms") or {}
-            rows.append([r["engine"], r["threads"], f"{r['server']['max_wait_ms']:g}", c["clients"],
+            rows.append([r["engine"], r["threads"], _batching(r), f"{r['server']['max_wait_ms']:g}", c["clients"],
                          *(f"{stages.get(s, 0):.2f}" for s in STAGES),
                          f"{sum(stages.values()):.1f}", f"{c['p50_ms']:.1f}", f"{c.get('client_cpu_ms', 0):.2f}"])
-    return markdown(["engine", "threads", "wait ms", "clients", "parse ms", "queue ms", "compute ms", "serialise ms",
-                     "server total ms", "p50 latency ms", "client CPU ms per request"], rows, "lrrrrrrrrrr")
+    return markdown(["engine", "threads", "batching", "wait ms", "clients", "parse ms", "queue ms", "compute ms",
+                     "serialise ms", "server total ms", "p50 latency ms", "client CPU ms per request"], rows,
+                    "lrlrrrrrrrrr")

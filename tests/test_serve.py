@@ -206,22 +206,28 @@ def test_attention_is_the_explorer_data_of_attention_maps(client, server):
     assert len(got["attention"]) == 2
 
 
-def test_concurrent_requests_are_batched_and_give_the_same_results(client, server):
+@pytest.mark.parametrize("beam", [1, 2])
+def test_concurrent_requests_are_batched_and_give_the_same_results(client, server, beam):
+    """Greedy requests join one running batch (continuous batching), beam searches are merged into whole batches:
+    either way each gets what it would get alone."""
     texts = [f"{d}. März {1990 + d}" for d in range(1, 25)] + SOURCES
     before = client.get("/health").json()["models"]["dates"]
 
     def one(text: str) -> str:
-        r = httpx.post(f"{server.url}/translate", json={"texts": [text], "beam": 1}, timeout=60)
+        r = httpx.post(f"{server.url}/translate", json={"texts": [text], "beam": beam}, timeout=60)
         assert r.status_code == 200, r.text
         return r.json()["translations"][0]
 
     with ThreadPoolExecutor(len(texts)) as pool:
         served = list(pool.map(one, texts))
-    alone = [reference(server.dates, [t], beam=1)[0][0] for t in texts]  # unbatched, one by one
+    alone = [reference(server.dates, [t], beam=beam)[0][0] for t in texts]  # unbatched, one by one
     assert served == alone
     after = client.get("/health").json()["models"]["dates"]
     assert after["texts"] - before["texts"] == len(texts)
-    assert after["batches"] - before["batches"] < len(texts)  # some requests shared a batch
+    calls, batched = (after[k] - before[k] for k in ("batches", "batch_texts"))
+    assert batched > calls  # some requests shared a model call (a batch, or a decoding step)
+    if beam > 1:
+        assert calls < len(texts) and batched == len(texts)
     assert after["queued"] == 0
 
 
@@ -522,7 +528,7 @@ def test_worker_merges_jobs_by_key_up_to_max_batch_and_drains_on_close():
         assert results == [["a:1"], ["a:2", "a:3"], ["b:4"], ["a:5"], ["a:6", "a:7"]]
         # oldest first; same key merged up to 3 texts ("5" joins "2","3"; "6","7" would make 5)
         assert calls == [("a", ["1"]), ("a", ["2", "3", "5"]), ("b", ["4"]), ("a", ["6", "7"])]
-        assert worker.stats() == {"queued": 0, "batches": 4, "texts": 7}
+        assert worker.stats() == {"queued": 0, "batches": 4, "texts": 7, "batch_texts": 7}
         late = worker.submit(("a",), a, ["9"])
         worker.close(timeout=10)  # drains: the job queued before close still runs
         assert await late == ["a:9"]

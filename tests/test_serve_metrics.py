@@ -34,6 +34,12 @@ def dates(translation_run: Path) -> RunServable:
     return RunServable(load_run(translation_run), "dates")
 
 
+@pytest.fixture(scope="module")
+def whole_dates(dates: RunServable) -> RunServable:
+    """The same run with greedy translations batched whole (``attnkit serve --batching whole``)."""
+    return RunServable(dates.run, "dates", continuous=False)
+
+
 def offline(servable: RunServable, texts: list[str]) -> list[str]:
     """What `attnkit translate --beam 1` gives for each text, one at a time."""
     run = servable.run
@@ -56,9 +62,11 @@ def value(samples: dict, name: str, **labels: str) -> float:
 # -- GET /metrics ----------------------------------------------------------------------------------
 
 
-def test_metrics_count_requests_batches_and_stages(dates):
+@pytest.mark.parametrize("batching", ["whole", "continuous"])
+def test_metrics_count_requests_batches_and_stages(dates, whole_dates, batching):
     n = len(TEXTS)
-    app = create_app([dates], Limits(max_wait_ms=0))
+    servable = dates if batching == "continuous" else whole_dates
+    app = create_app([servable], Limits(max_wait_ms=0))
     with TestClient(app) as client:
         served = []
         for text in TEXTS:  # one after the other: one batch each
@@ -76,12 +84,19 @@ def test_metrics_count_requests_batches_and_stages(dates):
     assert value(samples, "attnkit_serve_requests_total", route="other", status="404") == 1  # no label per path
     assert value(samples, "attnkit_serve_requests_total", route="/health", status="200") == 1
     assert value(samples, "attnkit_serve_request_seconds_count", route="/translate") == n + 1
-    # one observation per batch the worker ran; the texts add up
-    assert health["batches"] == n and health["texts"] == n
+    # one observation per batch the worker ran (continuous: per decoding step); the texts add up
+    assert health["texts"] == n
     assert value(samples, "attnkit_serve_batch_texts_count", model="dates") == health["batches"]
-    assert value(samples, "attnkit_serve_batch_texts_sum", model="dates") == health["texts"]
-    # a batch of one text is as many tokens as that text (the 422 never reached the worker)
-    assert value(samples, "attnkit_serve_batch_tokens_sum", model="dates") == sum(dates.lengths(TEXTS))
+    assert value(samples, "attnkit_serve_batch_texts_sum", model="dates") == health["batch_texts"]
+    if batching == "whole":
+        assert health["batches"] == n and health["batch_texts"] == n
+        # a batch of one text is as many tokens as that text (the 422 never reached the worker)
+        assert value(samples, "attnkit_serve_batch_tokens_sum", model="dates") == sum(dates.lengths(TEXTS))
+    else:  # one text at a time: each step decodes one row as wide as its source with </s>
+        assert health["batches"] > n and health["batch_texts"] == health["batches"]
+        tokens = value(samples, "attnkit_serve_batch_tokens_sum", model="dates")
+        assert min(dates.lengths(TEXTS)) * health["batches"] < tokens <= (max(dates.lengths(TEXTS)) + 1) * \
+            health["batches"]
     assert value(samples, "attnkit_serve_queue_wait_seconds_count", model="dates") == n
     for stage in ("parse", "queue", "compute", "serialise"):
         assert value(samples, "attnkit_serve_stage_seconds_count", model="dates", stage=stage) == n, stage

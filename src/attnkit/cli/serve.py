@@ -49,6 +49,11 @@ def add(sub: argparse._SubParsersAction) -> None:
                    help="what a run computes in: float32 (default; outputs equal attnkit translate's) or bf16 "
                         "(bfloat16 autocast: faster where the CPU has AVX512-BF16 or AMX, outputs may differ "
                         "slightly); a CTranslate2 export computes in the quantization it was exported with")
+    p.add_argument("--batching", choices=["continuous", "whole"], default="continuous",
+                   help="how a run's greedy translations (beam 1) are batched: continuous (default: a request's "
+                        "texts join the decoding batch at its next step and leave it as they end) or whole "
+                        "(requests merged into batches that decode from start to end); beam search, attention, "
+                        "classification and CTranslate2 exports always run in whole batches")
     p.add_argument("--api-key", metavar="KEY",
                    help="require the header 'Authorization: Bearer KEY' on /models, /translate, /classify and "
                         "/metrics "
@@ -89,6 +94,6 @@ def run(args: argparse.Namespace) -> None:
                     max_batch_tokens=args.max_batch_tokens, max_attention_texts=args.max_attention_texts)
     try:
         serve(args.models, host=args.host, port=args.port, threads=args.threads, api_key=api_key, limits=limits,
-              precision=args.precision)
+              precision=args.precision, continuous=args.batching == "continuous")
     except KeyboardInterrupt:  # Ctrl-C: the requests in flight were answered; nothing to resume
         print("attnkit serve: stopped", file=sys.stderr)

@@ -6,7 +6,8 @@ endpoint                   what it does
 ``GET /``                  a page: pick a model, type sentences, see the translations (or classes);
                            click one to open its attention explorer (script and style inlined)
 ``GET /health``            ``{"status": "ok", "api_key_required": ..., "models": {name: {"queued",
-                           "batches", "texts"}}}``: texts waiting, batches and texts run so far
+                           "batches", "texts", "batch_texts"}}}``: texts waiting; model calls
+                           (continuous decoding: steps), texts run, texts summed over the calls
 ``GET /models``            name, task, languages, parameters, beam defaults (and classes) per model
 ``POST /translate``        ``{"model", "texts": [...], "beam", "n_best", "lenpen", "attention"}``
 ``POST /classify``         ``{"model", "texts": [...], "attention"}`` -> labels and probabilities
@@ -28,7 +29,10 @@ a request's maps never sit in memory as Python objects all at once.
 **Dynamic batching** (:mod:`attnkit.serve.batching`). One inference thread owns each model; concurrent
 requests with the same decoding parameters are merged into one batch of at most ``max_batch``
 texts and ``max_batch_tokens`` padded source tokens, those closest in length first, waiting at most
-``max_wait_ms`` for more to come. The event loop only parses, checks, measures lengths and awaits.
+``max_wait_ms`` for more to come. A run's greedy translations are batched continuously instead
+(``attnkit serve --batching continuous``, the default): a request's texts join the running decoding batch
+at its next step and are answered as they end (:mod:`attnkit.engine.continuous`). The event loop only
+parses, checks, measures lengths and awaits.
 
 **Routes.** Each is a function of this module reading the app's :class:`AppState` from
 ``request.app.state.serve``; :func:`create_app` registers them. The request and response shapes are
@@ -64,7 +68,7 @@ from starlette.exceptions import HTTPException
 from ..common.errors import UserError
 from ..inference.attention_maps import AttentionMaps
 from ..viz.explorer import explorer_data, fill_page, script_json
-from .batching import Limits, ModelWorker, QueueFull
+from .batching import Limits, ModelWorker, QueueFull, Stepper
 from .metrics import CONTENT_TYPE, TIMING, Measured, ServeMetrics
 from .schemas import (
     ClassifyRequest,
@@ -222,14 +226,15 @@ def _check_size(limits: Limits, texts: list[str], attention: bool) -> None:
 
 
 async def _run(request: Request, servable: Servable, key: tuple, fn: Callable[[list[str]], list],
-               texts: list[str]) -> list:
+               texts: list[str], stepper: Stepper | None = None) -> list:
     """``fn(texts)`` on the model's worker, batched with the queued requests of the same ``key`` and of
-    similar length (in source tokens; in characters for a servable that cannot count them)."""
+    similar length (in source tokens; in characters for a servable that cannot count them); or decoded by
+    ``stepper``, joining its running batch (continuous batching)."""
     state, timing = _state(request), request.scope.get(TIMING)
     measure = getattr(servable, "lengths", None)
     lengths = measure(texts) if measure is not None else None
     try:
-        future = state.workers[servable.info.name].submit(key, fn, texts, lengths)
+        future = state.workers[servable.info.name].submit(key, fn, texts, lengths, stepper)
     except QueueFull:
         raise HTTPException(503, f"model {servable.info.name!r} is busy ({state.limits.max_queue} texts queued, "
                                  "--max-queue); retry shortly", headers={"Retry-After": str(RETRY_AFTER)}) from None
@@ -269,8 +274,10 @@ async def translate(req: TranslateRequest, request: Request) -> TranslateRespons
     if req.n_best > beam:
         raise HTTPException(422, f"n_best: {req.n_best} is more than the beam {beam}; ask for a beam of at "
                                  "least n_best")
+    greedy = beam == 1 and req.n_best == 1  # greedy translations join the continuous decoder, where there is one
     hyps = await _run(request, servable, ("translate", beam, req.n_best, lenpen),
-                      partial(servable.translate, beam=beam, n_best=req.n_best, lenpen=lenpen), req.texts)
+                      partial(servable.translate, beam=beam, n_best=req.n_best, lenpen=lenpen), req.texts,
+                      servable.stepper if greedy else None)
     response = TranslateResponse(model=servable.info.name, translations=[h[0] for h in hyps],
                                  n_best=hyps if req.n_best > 1 else None)
     if not req.attention:
@@ -366,9 +373,10 @@ def listen(host: str, port: int) -> socket.socket:
 
 
 def serve(paths: list[str], *, host: str = "127.0.0.1", port: int = 8000, threads: int | None = None,
-          api_key: str | None = None, limits: Limits | None = None, precision: str = "float32") -> None:
-    """Load the models at ``paths`` (runs computing in ``precision``), listen on ``host:port`` and serve until
-    SIGTERM or Ctrl-C.
+          api_key: str | None = None, limits: Limits | None = None, precision: str = "float32",
+          continuous: bool = True) -> None:
+    """Load the models at ``paths`` (runs computing in ``precision``, translating greedily by continuous batching
+    unless ``continuous`` is False), listen on ``host:port`` and serve until SIGTERM or Ctrl-C.
 
     Prints ``attnkit serve: http://HOST:PORT/ ...`` once it accepts requests (the port is the real one
     when ``port`` is 0).
@@ -377,7 +385,7 @@ def serve(paths: list[str], *, host: str = "127.0.0.1", port: int = 8000, thread
 
     if threads is not None:
         torch.set_num_threads(threads)
-    app = create_app([load_servable(p, threads or 0, precision) for p in paths], limits, api_key)
+    app = create_app([load_servable(p, threads or 0, precision, continuous) for p in paths], limits, api_key)
     sock = listen(host, port)
     bound_host, bound_port = sock.getsockname()[:2]
     url_host = f"[{bound_host}]" if ":" in bound_host else bound_host

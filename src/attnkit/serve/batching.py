@@ -6,7 +6,11 @@ with which decoding parameters) and each text's length in source tokens; the mod
 up to ``max_batch`` texts and ``max_batch_tokens`` padded tokens, waiting at most ``max_wait_ms`` for
 more (after the oldest arrived, or after the previous batch was answered; not at all for a lone request
 while one client is sending), and runs them as one call.
-Only this thread touches the model.
+
+A job may instead bring a :class:`Stepper` (``attnkit serve`` gives greedy translation by an attnkit run one,
+:class:`attnkit.engine.continuous.ContinuousGreedy` behind it): its texts join the stepper's running batch
+at the next step, and each job is answered as soon as its own texts have ended, while the others go on
+(continuous batching, as Orca and TGI do). Only this thread touches the model.
 """
 
 from __future__ import annotations
@@ -17,12 +21,13 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from ..common.errors import UserError
 from ..common.memory import release_free_memory
 
-__all__ = ["BatchRecord", "Limits", "ModelWorker", "QueueFull"]
+__all__ = ["BatchRecord", "Limits", "ModelWorker", "QueueFull", "Stepper"]
 
 
 @dataclass(frozen=True)
@@ -48,6 +53,25 @@ class QueueFull(Exception):
     """The model's queue holds ``max_queue`` texts already (HTTP 503)."""
 
 
+class Stepper(Protocol):
+    """Decoding in steps that texts join and leave (continuous batching); driven by the worker thread alone.
+
+    ``start(texts)`` begins them and returns a handle per text; ``step()`` advances every running text one
+    step and returns ``(handle, result)`` for those that ended (and for those that ended at ``start``);
+    ``running`` counts texts started and not yet returned, ``width`` the padded source length of the running
+    batch; ``abandon()`` drops every running text (after a failed step). ``start`` may raise
+    :class:`UserError` for a text it cannot run.
+    """
+
+    @property
+    def running(self) -> int: ...
+    @property
+    def width(self) -> int: ...
+    def start(self, texts: list[str]) -> list[int]: ...
+    def step(self) -> list[tuple[int, Any]]: ...
+    def abandon(self) -> None: ...
+
+
 @dataclass(frozen=True)
 class BatchRecord:
     """What one batch was, for the server's metrics (:mod:`attnkit.serve.metrics`)."""
@@ -56,6 +80,9 @@ class BatchRecord:
     tokens: int  # padded source tokens: texts x the longest text's length, as padding makes it
     waits: tuple[float, ...]  # per job: seconds from submit to the batch being taken
     compute: float  # seconds of the model call (the first try, when one job had to run alone after it)
+    # continuous batching: a batch is one step of the running texts; ``waits`` are the jobs that joined at it, and
+    # ``finished`` the seconds from joining to the last text ended of each job that ended at it (None: a whole batch)
+    finished: tuple[float, ...] | None = None
 
 
 @dataclass
@@ -66,6 +93,10 @@ class _Job:
     lengths: list[int]  # each text's length (source tokens, or characters where the model cannot say)
     future: asyncio.Future
     arrived: float  # time.monotonic() at submit
+    stepper: Stepper | None = None  # decodes the texts continuously (None: ``run`` them as one call)
+    results: list = field(default_factory=list)  # continuous: each text's result as it ends
+    pending: int = 0  # continuous: texts not ended yet
+    started: float = 0.0  # continuous: time.monotonic() when its texts joined the running batch
 
     @property
     def longest(self) -> int:
@@ -97,20 +128,26 @@ other queued, and the previous batch answered one request) runs at once. Which j
         self._jobs: deque[_Job] = deque()
         self._queued = 0  # texts in self._jobs
         self._closed = False
-        self.batches = self.texts = 0  # run so far (written by the worker thread only)
+        self.batches = self.texts = 0  # model calls (continuous: steps) and texts run so far (worker thread only)
+        self.batch_texts = 0  # texts summed over the model calls (continuous: running texts summed over the steps)
         self._free_since = 0.0  # when the last batch was answered (time.monotonic)
         self._last_jobs = 0  # requests in the last batch: more than one means several clients are sending
         self._trimmed = time.monotonic()  # when freed memory was last given back
         self._dirty = False  # a batch ran since then
         self._cond = threading.Condition()
+        self._stepper: Stepper | None = None  # the continuous decoder with texts in flight
+        self._stepping_key: tuple | None = None  # the key of its jobs
+        self._inflight: dict[int, tuple[_Job, int]] = {}  # its handle -> (job, index of the text in the job)
+        self._joined: list[_Job] = []  # jobs that joined since the last step (its record tells their waits)
         self._thread = threading.Thread(target=self._serve, name=f"attnkit-serve-{name}", daemon=True)
         self._thread.start()
 
     def submit(self, key: tuple, run: Callable[[list[str]], list], texts: list[str],
-               lengths: list[int] | None = None) -> asyncio.Future:
+               lengths: list[int] | None = None, stepper: Stepper | None = None) -> asyncio.Future:
         """Queue ``texts`` (called from the event loop); the future gets ``run``'s results for them.
 
         ``lengths``: each text's length in source tokens (default: its characters), for grouping.
+        ``stepper``: decode the texts continuously with it instead (the same for every job of ``key``).
 
         :raises QueueFull: the queue would hold more than ``max_queue`` texts, or the worker is closing.
         """
@@ -121,7 +158,7 @@ other queued, and the previous batch answered one request) runs at once. Which j
         with self._cond:
             if self._closed or self._queued + len(texts) > self.limits.max_queue:
                 raise QueueFull
-            self._jobs.append(_Job(key, run, texts, lengths, future, time.monotonic()))
+            self._jobs.append(_Job(key, run, texts, lengths, future, time.monotonic(), stepper))
             self._queued += len(texts)
             self._cond.notify()
         return future
@@ -187,41 +224,132 @@ other queued, and the previous batch answered one request) runs at once. Which j
         self._trimmed, self._dirty = time.monotonic(), False
 
     def _serve(self) -> None:
-        while (batch := self._take()) is not None:
+        while True:
+            if self._stepper is not None:  # continuous decoding in flight: admit what fits, then one step
+                self._continue()
+                continue
+            if (batch := self._take()) is None:
+                return
             if self._dirty and time.monotonic() - self._trimmed > TRIM_EVERY_S:  # busy without a pause
                 self._release()
             self._dirty = True
-            started = time.monotonic()
-            self.batches += 1
-            self.texts += sum(len(job.texts) for job in batch)
-            try:
-                results = batch[0].run([t for job in batch for t in job.texts])
-            except UserError as e:
-                self._record(batch, started)
-                if len(batch) == 1:
-                    self._resolve(batch[0], error=e)
-                    continue
-                for job in batch:  # one request's text cannot be run: the others still get their results
-                    self._run_alone(job)
+            if batch[0].stepper is not None:
+                self._stepper, self._stepping_key = batch[0].stepper, batch[0].key
+                self._join(batch)
                 continue
-            except Exception as e:  # a bug: every request of the batch gets a 500 (the app logs it)
-                self._record(batch, started)
-                for job in batch:
-                    self._resolve(job, error=e)
-                continue
+            self._run_batch(batch)
+
+    def _run_batch(self, batch: list[_Job]) -> None:
+        """Run ``batch`` as one call and answer each job with its share."""
+        started = time.monotonic()
+        self.batches += 1
+        self.texts += sum(len(job.texts) for job in batch)
+        self.batch_texts += sum(len(job.texts) for job in batch)
+        try:
+            results = batch[0].run([t for job in batch for t in job.texts])
+        except UserError as e:
             self._record(batch, started)
-            start = 0
+            if len(batch) == 1:
+                self._resolve(batch[0], error=e)
+                return
+            for job in batch:  # one request's text cannot be run: the others still get their results
+                self._run_alone(job)
+            return
+        except Exception as e:  # a bug: every request of the batch gets a 500 (the app logs it)
+            self._record(batch, started)
             for job in batch:
-                self._resolve(job, results[start: start + len(job.texts)])
-                start += len(job.texts)
+                self._resolve(job, error=e)
+            return
+        self._record(batch, started)
+        start = 0
+        for job in batch:
+            self._resolve(job, results[start: start + len(job.texts)])
+            start += len(job.texts)
+        self._free_since = time.monotonic()
+
+    # -- continuous batching ---------------------------------------------------------------------------
+
+    def _admit(self) -> list[_Job]:
+        """The queued jobs that join the running batch now: oldest first, those of its key while the batch stays
+        within ``max_batch`` texts and ``max_batch_tokens`` padded tokens; none past a job of another key (it
+        runs when the batch has drained, so it is not starved)."""
+        stepper, limits = self._stepper, self.limits
+        joining: list[_Job] = []
+        with self._cond:
+            rows, width = stepper.running, stepper.width
+            for job in self._jobs:
+                if job.key != self._stepping_key:
+                    break
+                grown, wider = rows + len(job.texts), max(width, job.longest + 1)  # + 1: </s>
+                if grown > limits.max_batch or grown * wider > limits.max_batch_tokens:
+                    break
+                joining.append(job)
+                rows, width = grown, wider
+            if joining:
+                taken = {id(j) for j in joining}
+                self._jobs = deque(j for j in self._jobs if id(j) not in taken)
+                self._queued -= sum(len(j.texts) for j in joining)
+        return joining
+
+    def _join(self, jobs: list[_Job]) -> None:
+        """Start ``jobs``' texts on the stepper; a job it cannot start is answered with the error."""
+        for job in jobs:
+            job.started, job.results, job.pending = time.monotonic(), [None] * len(job.texts), len(job.texts)
+            try:
+                handles = self._stepper.start(job.texts)
+            except UserError as e:
+                self._resolve(job, error=e)
+                continue
+            self.texts += len(job.texts)
+            self._inflight.update({h: (job, i) for i, h in enumerate(handles)})
+            self._joined.append(job)
+
+    def _continue(self) -> None:
+        """Admit the queued jobs that fit, run one step, answer every job whose texts have all ended."""
+        stepper = self._stepper
+        self._join(self._admit())
+        joined, self._joined = self._joined, []
+        rows, width = stepper.running, stepper.width
+        started = time.monotonic()
+        try:
+            ended = stepper.step()
+        except Exception as e:  # a bug: every job in flight gets a 500 (the app logs it)
+            jobs = {id(job): job for job, _ in self._inflight.values()}
+            stepper.abandon()
+            self._inflight.clear()
+            self._joined.clear()
+            self._stepper = self._stepping_key = None
+            for job in jobs.values():
+                self._resolve(job, error=e)
+            return
+        compute, now = time.monotonic() - started, time.monotonic()
+        finished = []
+        for handle, result in ended:
+            job, i = self._inflight.pop(handle)
+            job.results[i] = result
+            job.pending -= 1
+            if job.pending == 0:
+                finished.append(now - job.started)
+                self._resolve(job, job.results)
+        self.batches += 1
+        self.batch_texts += rows
+        # requests decoded at this step: after a lone client's request ends, its next one need not wait for others
+        self._last_jobs = len({id(job) for job, _ in self._inflight.values()}) + len(finished)
+        if self.on_batch is not None:
+            self._tell(BatchRecord(texts=rows, tokens=rows * width, waits=tuple(j.started - j.arrived for j in joined),
+                                   compute=compute, finished=tuple(finished)))
+        if stepper.running == 0:
+            self._stepper = self._stepping_key = None
             self._free_since = time.monotonic()
 
     def _record(self, batch: list[_Job], started: float) -> None:
         """Tell ``on_batch`` of a batch taken at ``started`` (a failing listener does not stop the worker)."""
         if self.on_batch is None:
             return
-        record = BatchRecord(texts=sum(len(j.texts) for j in batch), tokens=padded_tokens(batch),
-                             waits=tuple(started - j.arrived for j in batch), compute=time.monotonic() - started)
+        self._tell(BatchRecord(texts=sum(len(j.texts) for j in batch), tokens=padded_tokens(batch),
+                               waits=tuple(started - j.arrived for j in batch), compute=time.monotonic() - started))
+
+    def _tell(self, record: BatchRecord) -> None:
         try:
             self.on_batch(record)
         except Exception:  # metrics must never fail a request; a bug there is logged
@@ -246,8 +374,9 @@ other queued, and the previous batch answered one request) runs at once. Which j
         job.future.get_loop().call_soon_threadsafe(settle)
 
     def stats(self) -> dict[str, int]:
-        """Texts queued now; batches and texts run so far (texts / batches = the mean batch size)."""
-        return {"queued": self._queued, "batches": self.batches, "texts": self.texts}
+        """Texts queued now; model calls (batches, or continuous decoding's steps), texts run, and texts summed over
+        the calls so far (``batch_texts / batches`` = the mean batch size)."""
+        return {"queued": self._queued, "batches": self.batches, "texts": self.texts, "batch_texts": self.batch_texts}
 
     def close(self, timeout: float | None = None) -> None:
         """Finish the queued jobs, then stop the thread."""

@@ -8,13 +8,16 @@ metric                                 labels               what
 ``attnkit_serve_request_seconds``      ``route``            latency: request in -> last byte of the answer
 ``attnkit_serve_stage_seconds``        ``model``,           where a request's time goes: ``parse`` (body,
                                        ``stage``            JSON, schema, checks: in -> queued), ``queue``
-                                                            (queued -> its batch taken), ``compute`` (its
-                                                            batch's model call), ``serialise`` (answered by
+                                                            (queued -> its batch taken, or it joined the
+                                                            running batch), ``compute`` (its batch's model
+                                                            call, or joined -> its texts ended),
+                                                            ``serialise`` (answered by
                                                             the worker -> last byte sent); ``queue`` and
                                                             ``compute`` per job (a request with attention
                                                             makes two)
 ``attnkit_serve_queue_wait_seconds``   ``model``            per job: queued -> its batch taken
-``attnkit_serve_batch_texts``          ``model``            texts per batch (one observation per batch)
+``attnkit_serve_batch_texts``          ``model``            texts per batch (one observation per batch;
+                                                            continuous batching: per decoding step)
 ``attnkit_serve_batch_tokens``         ``model``            padded source tokens per batch: texts x longest
 ``attnkit_serve_queued_texts``         ``model``            texts waiting now (read when scraped)
 =====================================  ===================  ================================================
@@ -107,7 +110,10 @@ class ServeMetrics:
         for wait in record.waits:  # one per job
             self.queue_wait.labels(model).observe(wait)
             self.stages.labels(model, "queue").observe(wait)
-            self.stages.labels(model, "compute").observe(record.compute)
+            if record.finished is None:  # a whole batch: each job's compute is the batch's call
+                self.stages.labels(model, "compute").observe(record.compute)
+        for seconds in record.finished or ():  # continuous: each job's, from joining to its last text's end
+            self.stages.labels(model, "compute").observe(seconds)
 
     def job_queued(self, timing: RequestTiming | None, model: str) -> None:
         """A request's job was queued for ``model``: its first ends the parse stage."""

@@ -19,22 +19,24 @@ import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
+from itertools import count
 from pathlib import Path
 from typing import Literal, Protocol
 
 import torch
 
 from ..common.errors import UserError
+from ..engine.continuous import ContinuousGreedy, Finished, supports_continuous
 from ..export import is_exported
 from ..export.ctranslate2 import ExportedTranslator
 from ..inference.attention_maps import AttentionMaps, attention_maps
 from ..inference.classify import predict
-from ..inference.translate import translate_texts
+from ..inference.translate import encode_sources, source_limit, translate_texts
 from ..runs.layout import find_weights
 from ..runs.load import LoadedRun, languages, load_run
 from ..tasks import spec
 
-__all__ = ["ExportedServable", "ModelInfo", "RunServable", "Servable", "load_servable"]
+__all__ = ["ContinuousTranslation", "ExportedServable", "ModelInfo", "RunServable", "Servable", "load_servable"]
 
 
 @dataclass(frozen=True)
@@ -67,9 +69,12 @@ class Servable(Protocol):
     Each raises :class:`UserError` for what the model cannot do. ``lengths`` is every text's length in
     source tokens (as the model's tokenizer counts them, without BOS/EOS), for the worker's
     length-aware batching; it is called from the event loop, so it must be cheap and touch no model.
+    ``stepper`` (or None) decodes greedy translations continuously (:class:`ContinuousTranslation`), with
+    the same output as ``translate`` with beam 1.
     """
 
     info: ModelInfo
+    stepper: ContinuousTranslation | None
 
     def lengths(self, texts: list[str]) -> list[int]: ...
     def translate(self, texts: list[str], *, beam: int, n_best: int, lenpen: float) -> list[list[str]]: ...
@@ -96,9 +101,10 @@ _INFO: dict[str, Callable[[LoadedRun, str, int], ModelInfo]] = {
 
 class RunServable:
     """A run directory of ``attnkit train`` (translation or classification), run by attnkit itself, in float32
-    or under bfloat16 autocast (``precision``)."""
+    or under bfloat16 autocast (``precision``); a Transformer translates greedily by continuous batching
+    unless ``continuous`` is False."""
 
-    def __init__(self, run: LoadedRun, name: str, precision: str = "float32") -> None:
+    def __init__(self, run: LoadedRun, name: str, precision: str = "float32", continuous: bool = True) -> None:
         self.run = run
         serves = spec(run.task).serves
         if serves is None:
@@ -109,6 +115,8 @@ class RunServable:
         self.precision = precision
         info = _INFO[serves](run, name, sum(p.numel() for p in run.model.parameters()))
         self.info = replace(info, precision="bf16 autocast" if precision == "bf16" else "float32")
+        self.stepper = (ContinuousTranslation(self) if continuous and serves == "translate"
+                        and supports_continuous(run.model) else None)
 
     @contextmanager
     def _computing(self) -> Iterator[None]:
@@ -133,8 +141,59 @@ class RunServable:
             return attention_maps(self.run, text, beam=beam, lenpen=lenpen)
 
 
+class ContinuousTranslation:
+    """A run's greedy translation by continuous batching (:class:`~attnkit.engine.continuous.ContinuousGreedy`):
+    the model worker's :class:`~attnkit.serve.batching.Stepper`. Texts are encoded as
+    :func:`~attnkit.inference.translate.translate_texts` encodes them (cut to the model's positions; a blank
+    text translates to ``""`` without decoding); each result is a one-entry n-best list, as ``translate``'s."""
+
+    def __init__(self, servable: RunServable) -> None:
+        self.servable = servable
+        self.decoder = ContinuousGreedy(servable.run.model)
+        self._handles = count()
+        self._ours: dict[int, int] = {}  # the decoder's handle -> ours
+        self._ended: list[tuple[int, list[str]]] = []  # texts that ended at start, returned by the next step
+
+    @property
+    def running(self) -> int:
+        return self.decoder.running + len(self._ended)
+
+    @property
+    def width(self) -> int:
+        return self.decoder.width
+
+    def start(self, texts: list[str]) -> list[int]:
+        run = self.servable.run
+        ids = encode_sources(run.tok, texts, source_limit(run.model))
+        handles = [next(self._handles) for _ in texts]
+        real = [i for i, s in enumerate(ids) if len(s) > 1]  # a blank text is </s> alone
+        self._ended += [(handles[i], [""]) for i, s in enumerate(ids) if len(s) <= 1]
+        with self.servable._computing():
+            inner, ended = self.decoder.add([ids[i] for i in real])
+        self._ours.update(zip(inner, (handles[i] for i in real), strict=True))
+        self._ended += self._texts(ended)
+        return handles
+
+    def step(self) -> list[tuple[int, list[str]]]:
+        with self.servable._computing():
+            ended = self.decoder.step()
+        out, self._ended = self._ended + self._texts(ended), []
+        return out
+
+    def abandon(self) -> None:
+        self.decoder = ContinuousGreedy(self.servable.run.model)
+        self._ours.clear()
+        self._ended.clear()
+
+    def _texts(self, ended: list[Finished]) -> list[tuple[int, list[str]]]:
+        texts = self.servable.run.tok.decode_tgt([f.tokens for f in ended]) if ended else []
+        return [(self._ours.pop(f.handle), [text]) for f, text in zip(ended, texts, strict=True)]
+
+
 class ExportedServable:
     """A directory written by ``attnkit export --to ctranslate2``, run by CTranslate2 (translation only)."""
+
+    stepper = None  # CTranslate2 decodes whole batches
 
     def __init__(self, path: Path, threads: int = 0) -> None:
         self.translator = ExportedTranslator(path, threads=threads)
@@ -162,14 +221,17 @@ class ExportedServable:
                         f"directory it was exported from to see them")
 
 
-def load_servable(path: str | Path, threads: int = 0, precision: str = "float32") -> Servable:
+def load_servable(path: str | Path, threads: int = 0, precision: str = "float32", continuous: bool = True
+                  ) -> Servable:
     """The model at ``path``, named after its directory: a run directory (or a ``.safetensors``
-    checkpoint inside one), computing in ``precision`` (:data:`PRECISIONS`), or a CTranslate2 export of one
-    (``attnkit export``), which computes in the quantization it was exported with.
+    checkpoint inside one), computing in ``precision`` (:data:`PRECISIONS`) and translating greedily by
+    continuous batching unless ``continuous`` is False, or a CTranslate2 export of one (``attnkit export``),
+    which computes in the quantization it was exported with.
 
     :raises UserError: ``path`` is not something that can be served.
     """
     if is_exported(Path(path)):
         return ExportedServable(Path(path), threads)
     run_dir, _ = find_weights(Path(path))
-    return RunServable(load_run(path), Path(os.path.abspath(run_dir)).name, precision)  # a link's own name
+    return RunServable(load_run(path), Path(os.path.abspath(run_dir)).name, precision,  # a link's own name
+                       continuous)

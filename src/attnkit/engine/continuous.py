@@ -1,0 +1,220 @@
+"""Continuous (iteration-level) greedy decoding: sentences join and leave a running batch at every step.
+
+:func:`attnkit.search.greedy_search` decodes a batch from ``<s>`` until its last sentence ends; a
+sentence that arrives meanwhile waits for the whole batch, and the batch shrinks as its sentences end.
+Here (as Orca and Hugging Face's TGI serve): :meth:`ContinuousGreedy.add` encodes new sentences and runs
+their first step with :meth:`~attnkit.transformer.Transformer.decode_step`, then merges them into the
+running batch; :meth:`ContinuousGreedy.step` feeds every running sentence its next token at its own
+position. The rows of one step are at different positions, so
+
+* each row's key/value cache is right-aligned: a row that joined later is padded on the left, and
+  ``valid`` ``(B, t)`` masks the padding (the query sees only its own keys);
+* each row's position is its own: ``x = Embed(y) + PE[pos]`` with ``pos`` ``(B,)``;
+* the encoder side (memory, its mask and the cross-attention caches) is padded to the longest source
+  of the running rows.
+
+The tokens are greedy search's: each row computes what it would alone (its padding is masked, so it
+gets exactly zero weight); ``tests/test_continuous.py`` checks it against :func:`greedy_search`. A row
+ends at ``</s>`` or at its output budget (:func:`attnkit.search.max_lengths`, cut at the model's positions
+as :func:`attnkit.inference.translate.output_budget` does), and leaves the batch; the columns no row
+needs any more are dropped then.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ..layers import input_embedding
+from ..multihead import KVCache
+from ..search import MAX_LEN_A, MAX_LEN_B
+from ..transformer import Transformer
+from ..vocab import BOS_ID, EOS_ID, PAD_ID
+
+__all__ = ["ContinuousGreedy", "Finished", "supports_continuous"]
+
+
+def supports_continuous(model: torch.nn.Module) -> bool:
+    """Whether ``model`` can decode continuously: a Transformer (an RNN's state has no positions to align)."""
+    return isinstance(model, Transformer)
+
+
+@dataclass
+class Finished:
+    """A sentence that ended: its handle (from :meth:`ContinuousGreedy.add`) and its output ids (no ``</s>``)."""
+
+    handle: int
+    tokens: list[int]
+    score: float  # sum of the chosen tokens' log-probabilities
+
+
+@dataclass
+class _Row:
+    handle: int
+    tokens: list[int]
+    score: float
+    budget: int  # most tokens it may emit, </s> included
+
+
+def _pad_to(x: Tensor, dim: int, size: int, left: bool = False, value: float = 0.0) -> Tensor:
+    """``x`` padded with ``value`` along ``dim`` to ``size`` (on the left or right)."""
+    missing = size - x.size(dim)
+    if missing <= 0:
+        return x
+    pad = [0, 0] * (x.dim() - 1 - dim) + ([missing, 0] if left else [0, missing])
+    return F.pad(x, pad, value=value)
+
+
+class ContinuousGreedy:
+    """Greedy decoding of a changing set of sentences (see the module docstring).
+
+    ``add(sources)`` -> handles; ``step()`` -> the sentences that ended this step. Not thread-safe: one
+    thread drives it (the server's model worker). Runs under ``torch.inference_mode``.
+    """
+
+    def __init__(self, model: Transformer, *, max_len_a: float = MAX_LEN_A, max_len_b: float = MAX_LEN_B) -> None:
+        if not supports_continuous(model):
+            raise TypeError(f"continuous decoding needs a Transformer, got {type(model).__name__}")
+        self.model = model
+        self.max_len_a, self.max_len_b = max_len_a, max_len_b
+        self.limit = model.cfg.max_len  # positions on each side
+        self._next_handle = 0
+        self.rows: list[_Row] = []
+        self._reset()
+
+    def _reset(self) -> None:
+        self.memory: Tensor | None = None  # (B, S, d_model)
+        self.memory_mask: Tensor | None = None  # (B, 1, 1, S)
+        self.caches: list[tuple[KVCache, KVCache]] = []  # per layer: self (B, H, t, d_k), cross (B, H, S, d_k)
+        self.valid: Tensor | None = None  # (B, t) bool: which cached self-attention keys are the row's own
+        self.prev: Tensor | None = None  # (B,) the token each row feeds next
+        self.pos: Tensor | None = None  # (B,) its position
+
+    @property
+    def running(self) -> int:
+        """Sentences being decoded."""
+        return len(self.rows)
+
+    @property
+    def width(self) -> int:
+        """Source positions of the running batch (the longest running source)."""
+        return 0 if self.memory is None else self.memory.size(1)
+
+    def _budget(self, src_len: int) -> int:
+        """Most tokens a sentence with ``src_len`` source tokens may emit: ``floor(a * src_len + b)``, within the
+        model's positions (as :func:`~attnkit.inference.translate.output_budget` cuts it), at least 1."""
+        return max(1, min(math.floor(self.max_len_a * src_len + self.max_len_b), self.limit))
+
+    @torch.inference_mode()
+    def add(self, sources: list[list[int]]) -> tuple[list[int], list[Finished]]:
+        """Start ``sources`` (ids with ``</s>``, each at most the model's ``max_len``): encode them and run their
+        first step. Returns their handles, and those that ended at once (``</s>`` or a budget of one token)."""
+        model = self.model
+        model.eval()
+        device = next(model.parameters()).device
+        handles = list(range(self._next_handle, self._next_handle + len(sources)))
+        self._next_handle += len(sources)
+        if not sources:
+            return handles, []
+        width = max(len(s) for s in sources)
+        src = torch.full((len(sources), width), PAD_ID, dtype=torch.long, device=device)  # (R, S)
+        for i, s in enumerate(sources):
+            src[i, : len(s)] = torch.tensor(s, dtype=torch.long)
+        state = model.init_decoder(src)
+        bos = torch.full((len(sources),), BOS_ID, dtype=torch.long, device=device)
+        logits, state, _ = model.decode_step(bos, state)  # (R, V): the reference step, position 0
+        new_rows = [_Row(h, [], 0.0, self._budget(len(s))) for h, s in zip(handles, sources, strict=True)]
+        self._merge(state, new_rows)
+        return handles, self._choose(logits, first=len(self.rows) - len(new_rows))
+
+    def _merge(self, state, new_rows: list[_Row]) -> None:
+        """Append the rows of a fresh one-step ``state`` to the running batch, padding either side to fit."""
+        R = len(new_rows)
+        device = state.memory.device
+        new_valid = torch.ones(R, 1, dtype=torch.bool, device=device)  # (R, 1): <s>'s key
+        new_pos = torch.ones(R, dtype=torch.long, device=device)  # the next token goes to position 1
+        if self.memory is None:
+            self.memory, self.memory_mask = state.memory, state.memory_mask
+            self.caches = list(state.caches)
+            self.valid, self.pos = new_valid, new_pos
+            self.prev = torch.zeros(R, dtype=torch.long, device=device)
+        else:
+            S = max(self.memory.size(1), state.memory.size(1))
+            t = max(self.valid.size(1), 1)
+            self.memory = torch.cat([_pad_to(self.memory, 1, S), _pad_to(state.memory, 1, S)])
+            self.memory_mask = torch.cat([_pad_to(self.memory_mask, 3, S, value=False),
+                                          _pad_to(state.memory_mask, 3, S, value=False)])
+            caches = []
+            for (own_self, own_cross), (new_self, new_cross) in zip(self.caches, state.caches, strict=True):
+                caches.append((KVCache(torch.cat([own_self.k, _pad_to(new_self.k, 2, t, left=True)]),
+                                       torch.cat([own_self.v, _pad_to(new_self.v, 2, t, left=True)])),
+                               KVCache(torch.cat([_pad_to(own_cross.k, 2, S), _pad_to(new_cross.k, 2, S)]),
+                                       torch.cat([_pad_to(own_cross.v, 2, S), _pad_to(new_cross.v, 2, S)]))))
+            self.caches = caches
+            self.valid = torch.cat([self.valid, _pad_to(new_valid, 1, t, left=True, value=False)])
+            self.pos = torch.cat([self.pos, new_pos])
+            self.prev = torch.cat([self.prev, torch.zeros(R, dtype=torch.long, device=device)])
+        self.rows.extend(new_rows)
+
+    @torch.inference_mode()
+    def step(self) -> list[Finished]:
+        """Feed every running sentence its next token; the sentences that ended."""
+        if not self.rows:
+            return []
+        model = self.model
+        B = len(self.rows)
+        table = model.positions(int(self.pos.max()) + 1)  # (P, d_model)
+        x = model.embed(self.prev[:, None]) + table[self.pos][:, None]  # (B, 1, d_model) at each row's position
+        x = model.dropout(input_embedding(x, model.token_type, model.embed_norm))
+        ones = torch.ones(B, 1, dtype=torch.bool, device=x.device)
+        mask = torch.cat([self.valid, ones], dim=1)[:, None, None, :]  # (B, 1, 1, t + 1): own keys and the new one
+        caches = []
+        for layer, cache in zip(model.layers, self.caches, strict=True):
+            x, _, cache = layer(x, self.memory, mask, self.memory_mask, cache=cache)
+            caches.append(cache)
+        hidden = model.final_norm(x) if model.final_norm is not None else x
+        logits = model.out_proj(hidden[:, 0])  # (B, V)
+        self.caches, self.valid, self.pos = caches, mask[:, 0, 0, :], self.pos + 1
+        return self._choose(logits, first=0)
+
+    def _choose(self, logits: Tensor, first: int) -> list[Finished]:
+        """Pick each row's most probable token from ``logits`` (rows ``first..``); drop the rows that ended."""
+        best_logp, best = F.log_softmax(logits.float(), dim=-1).max(dim=-1)  # (R,), (R,)
+        keep, done = list(range(first)), []
+        for i, (token, logp) in enumerate(zip(best.tolist(), best_logp.tolist(), strict=True), start=first):
+            row = self.rows[i]
+            row.score += logp
+            ended = token == EOS_ID
+            if not ended:
+                row.tokens.append(token)
+            if ended or len(row.tokens) >= row.budget:
+                done.append(Finished(row.handle, row.tokens, row.score))
+            else:
+                keep.append(i)
+        self.prev = torch.cat([self.prev[:first], best])  # (B,)
+        if len(keep) < len(self.rows):
+            self._keep(keep)
+        return done
+
+    def _keep(self, keep: list[int]) -> None:
+        """Keep only the rows ``keep``; drop the key and source columns no kept row uses."""
+        self.rows = [self.rows[i] for i in keep]
+        if not keep:
+            self._reset()
+            return
+        index = torch.tensor(keep, dtype=torch.long, device=self.prev.device)
+        valid = self.valid.index_select(0, index)  # (B', t)
+        drop = int(valid.any(dim=0).long().argmax())  # leading columns that no kept row uses
+        real = self.memory_mask.index_select(0, index)[:, 0, 0, :]  # (B', S)
+        S = int(real.any(dim=0).nonzero().max()) + 1  # trailing source columns that no kept row uses
+        self.valid = valid[:, drop:]
+        self.memory = self.memory.index_select(0, index)[:, :S]
+        self.memory_mask = self.memory_mask.index_select(0, index)[..., :S]
+        self.caches = [(KVCache(s.k.index_select(0, index)[:, :, drop:], s.v.index_select(0, index)[:, :, drop:]),
+                        KVCache(c.k.index_select(0, index)[:, :, :S], c.v.index_select(0, index)[:, :, :S]))
+                       for s, c in self.caches]
+        self.prev, self.pos = self.prev.index_select(0, index), self.pos.index_select(0, index)
