@@ -11,8 +11,8 @@
    p50 / p90 / p95 / p99, sentences/s, the mean batch the server formed, how many translations equal
    the offline ones, and where a request's time went by the server's own measure (``GET /metrics``:
    the mean milliseconds of each stage, parse, queue, compute and serialise, over the level's requests).
-   ``--batching`` is the server's for a run's greedy translations: ``continuous`` (the default; texts
-   join the running decoding batch at every step) or ``whole`` (requests merged into whole batches).
+   ``--batching`` is the server's for a run's greedy translations: ``whole`` (the default; requests
+   merged into whole batches) or ``continuous`` (texts join the running decoding batch at every step).
 3. 1,000 requests, malformed ones (bad JSON, wrong types, non-finite numbers, huge bodies, 10,000
    texts, unknown model, empty bodies and lists, invalid UTF-8, lone surrogates, over-long texts,
    unknown fields, attention for 64 texts) mixed with good ones and with requests for the attention of
@@ -305,7 +305,7 @@ def main() -> None:
                    "memory keeps growing)")
     p.add_argument("--max-batch", type=int, default=32, help="the server's --max-batch")
     p.add_argument("--max-wait-ms", type=float, default=5.0, help="the server's --max-wait-ms")
-    p.add_argument("--batching", choices=["continuous", "whole"], default="continuous",
+    p.add_argument("--batching", choices=["whole", "continuous"], default="whole",
                    help="the server's --batching for a run's greedy translations (an export always batches whole)")
     p.add_argument("--out", default=str(RESULTS))
     args = p.parse_args()
@@ -413,6 +413,11 @@ def main() -> None:
     print(markdown_table({args.out: results}))
 
 
+def _batching(r: dict) -> str:
+    """How the run's server batched greedy translations (runs before ``--batching`` batched whole)."""
+    return r["server"].get("batching", "whole")
+
+
 def markdown_table(runs: dict[str, dict]) -> str:
     """The README table of the newest run (``results/serve.json``), then one line per other run
     (``results/serve-*.json``, ``results/earlier/serve*.json``): each measurement is reported."""
@@ -465,10 +470,6 @@ def _engine_rows(runs: dict[str, dict]) -> list[dict]:
     """The runs of ``results/serving/*.json``, by engine, then threads."""
     return sorted(runs.values(), key=lambda r: (r.get("engine", ""), r["threads"], _batching(r), r["date"]))
 
-
-def _batching(r: dict) -> str:
-    """How the run's server batched greedy translations (runs before ``--batching`` batched whole)."""
-    return r["server"].get("batching", "whole")
 
 
 def markdown_engines(runs: dict[str, dict]) -> str:

@@ -5,7 +5,7 @@
 In this process, on the server's own worker (:class:`attnkit.serve.batching.ModelWorker`) and the model's
 servable (what ``attnkit serve`` runs), without HTTP: a burst of requests, one text each, most of them
 test_2016_flickr sentences and every fifth a long one (several sentences joined, up to 400 characters),
-is queued at once and drained greedily (beam 1) with ``--max-batch`` texts per batch, by two rules:
+is queued at once and drained greedily (beam 1) with ``--max-batch`` texts per batch, by three rules:
 
 ``first come``
     the oldest queued requests, in arrival order, up to ``max_batch`` texts (no token budget): a long
@@ -13,6 +13,11 @@ is queued at once and drained greedily (beam 1) with ``--max-batch`` texts per b
 ``length-aware``
     attnkit's rule (:meth:`ModelWorker._select`): the oldest request, then the queued ones closest to it
     in length, within ``max_batch`` texts and ``max_batch_tokens`` padded tokens.
+``continuous``
+    continuous batching (``attnkit serve --batching continuous``): the worker keeps one decoding batch
+    running and the queued requests join it, oldest first, at every step as rows end
+    (:class:`attnkit.engine.continuous.ContinuousGreedy`); a "batch" is then a decoding step, and its
+    padding is not comparable with the others'.
 
 Each rule drains the burst ``--repeats`` times, alternating, one at a time (this machine is shared and
 noisy: the rules are compared side by side, every repeat reported). Reported: seconds, sentences/s,
@@ -72,8 +77,9 @@ def workload(sentences: list[str], requests: int, long_every: int = 5) -> list[s
 
 
 async def drain(worker_class: type[ModelWorker], servable, texts: list[str], lengths: list[int],
-                limits: Limits) -> dict:
-    """Queue every text at once (one request each) on a fresh worker of ``worker_class``; wait for all."""
+                limits: Limits, continuous: bool = False) -> dict:
+    """Queue every text at once (one request each) on a fresh worker of ``worker_class``, decoded by the
+    servable's continuous stepper when ``continuous``; wait for all."""
     batches: list[BatchRecord] = []
     worker = worker_class("bench", limits, on_batch=batches.append)
     run = lambda batch: servable.translate(batch, beam=1, n_best=1, lenpen=0.0)  # noqa: E731
@@ -81,7 +87,8 @@ async def drain(worker_class: type[ModelWorker], servable, texts: list[str], len
     done = [0.0] * len(texts)
 
     async def one(i: int) -> list:
-        out = await worker.submit(("translate", 1), run, [texts[i]], [lengths[i]])
+        out = await worker.submit(("translate", 1), run, [texts[i]], [lengths[i]],
+                                  servable.stepper if continuous else None)
         done[i] = time.perf_counter() - start
         return out[0][0]
 
@@ -96,7 +103,8 @@ async def drain(worker_class: type[ModelWorker], servable, texts: list[str], len
         return round(statistics.quantiles(values, n=100, method="inclusive")[p - 1], 1)
 
     return {"seconds": round(seconds, 2), "sent_per_s": round(len(texts) / seconds, 1), "batches": len(batches),
-            "padding": round(1 - sum(lengths) / padded, 3), "short_p50_ms": q(short, 50), "short_p90_ms": q(short, 90),
+            "padding": None if continuous else round(1 - sum(lengths) / padded, 3),
+            "short_p50_ms": q(short, 50), "short_p90_ms": q(short, 90),
             "long_p50_ms": q(long, 50), "long_p90_ms": q(long, 90), "outputs": outputs}
 
 
@@ -114,17 +122,17 @@ def main() -> None:
     if not source.exists():
         sys.exit(f"{source} is missing: this benchmark needs ../shared/data/multi30k beside the repository")
     torch.set_num_threads(args.threads)
-    servable = load_servable(args.run, args.threads)
+    servable = load_servable(args.run, args.threads, continuous=True)
     texts = workload(read_lines(source), args.requests)
     lengths = servable.lengths(texts)
     limits = Limits(max_batch=args.max_batch, max_batch_tokens=args.max_batch_tokens, max_wait_ms=0.0,
                     max_queue=10 * args.requests)
     servable.translate(texts[:32], beam=1, n_best=1, lenpen=0.0)  # warm-up
-    rules = {"first come": FirstCome, "length-aware": ModelWorker}
+    rules = {"first come": (FirstCome, False), "length-aware": (ModelWorker, False), "continuous": (ModelWorker, True)}
     measured, outputs = [], {}
     for repeat in range(1, args.repeats + 1):
-        for rule, worker_class in rules.items():
-            r = asyncio.run(drain(worker_class, servable, texts, lengths, limits))
+        for rule, (worker_class, continuous) in rules.items():
+            r = asyncio.run(drain(worker_class, servable, texts, lengths, limits, continuous))
             outputs.setdefault(rule, r.pop("outputs"))
             measured.append({"rule": rule, "repeat": repeat, **r})
             print(json.dumps(measured[-1]), flush=True)
@@ -134,17 +142,24 @@ def main() -> None:
         "model": Path(args.run).name, "threads": args.threads, "requests": len(texts),
         "long_requests": sum(n >= 40 for n in lengths), "mean_length": round(sum(lengths) / len(lengths), 1),
         "max_batch": args.max_batch, "max_batch_tokens": args.max_batch_tokens,
-        "same_outputs": outputs["first come"] == outputs["length-aware"],
+        "same_outputs": outputs["first come"] == outputs["length-aware"] == outputs["continuous"],
         "cpu": cpu_model(), "torch": torch.__version__, "runs": measured,
     }
     Path(args.out).write_text(json.dumps(results, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    print(markdown_table(results))
+    print(markdown_table({args.out: results}))
 
 
-def markdown_table(results: dict) -> str:
+def markdown_table(runs: dict[str, dict]) -> str:
+    """Each measurement (``results/batching.json``, ``results/earlier/batching.*.json``), newest first."""
+    ordered = sorted(runs.values(), key=lambda r: r["date"], reverse=True)
+    return "\n\n".join(_drains_table(r) for r in ordered)
+
+
+def _drains_table(results: dict) -> str:
     """One row per drain: each rule's time, padding and the latency of short and long requests."""
     rows = [[r["rule"], r["repeat"], f"{r['seconds']:.2f}", f"{r['sent_per_s']:.1f}", r["batches"],
-             f"{100 * r['padding']:.0f}%", f"{r['short_p50_ms']:.0f} / {r['short_p90_ms']:.0f}",
+             "" if r["padding"] is None else f"{100 * r['padding']:.0f}%",
+             f"{r['short_p50_ms']:.0f} / {r['short_p90_ms']:.0f}",
              f"{r['long_p50_ms']:.0f} / {r['long_p90_ms']:.0f}"] for r in results["runs"]]
     table = markdown(["rule", "repeat", "seconds", "sentences/s", "batches", "padding", "short requests p50 / p90 ms",
                       "long requests p50 / p90 ms"], rows, "lrrrrrrr")

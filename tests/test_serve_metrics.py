@@ -9,6 +9,7 @@ import random
 import threading
 import time
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -35,9 +36,9 @@ def dates(translation_run: Path) -> RunServable:
 
 
 @pytest.fixture(scope="module")
-def whole_dates(dates: RunServable) -> RunServable:
-    """The same run with greedy translations batched whole (``attnkit serve --batching whole``)."""
-    return RunServable(dates.run, "dates", continuous=False)
+def continuous_dates(dates: RunServable) -> RunServable:
+    """The same run with greedy translations batched continuously (``attnkit serve --batching continuous``)."""
+    return RunServable(dates.run, "dates", continuous=True)
 
 
 def offline(servable: RunServable, texts: list[str]) -> list[str]:
@@ -63,9 +64,9 @@ def value(samples: dict, name: str, **labels: str) -> float:
 
 
 @pytest.mark.parametrize("batching", ["whole", "continuous"])
-def test_metrics_count_requests_batches_and_stages(dates, whole_dates, batching):
+def test_metrics_count_requests_batches_and_stages(dates, continuous_dates, batching):
     n = len(TEXTS)
-    servable = dates if batching == "continuous" else whole_dates
+    servable = continuous_dates if batching == "continuous" else dates
     app = create_app([servable], Limits(max_wait_ms=0))
     with TestClient(app) as client:
         served = []
@@ -105,6 +106,27 @@ def test_metrics_count_requests_batches_and_stages(dates, whole_dates, batching)
     latency = value(samples, "attnkit_serve_request_seconds_sum", route="/translate")
     assert 0 < compute < latency  # the model's time is part of the requests' time
     assert value(samples, "attnkit_serve_queued_texts", model="dates") == 0
+
+
+def test_concurrent_greedy_requests_share_the_running_batch(continuous_dates):
+    """Continuous batching in the app: requests sent at once join one running decoding batch, each answered with
+    what it gets alone; a beam request among them runs in a whole batch of its own."""
+    texts = TEXTS * 3
+    with TestClient(create_app([continuous_dates], Limits(max_wait_ms=5))) as client:
+        def one(text: str, beam: int = 1) -> str:
+            r = client.post("/translate", json={"texts": [text], "beam": beam})
+            assert r.status_code == 200, r.text
+            return r.json()["translations"][0]
+
+        with ThreadPoolExecutor(len(texts) + 1) as pool:
+            beam = pool.submit(one, TEXTS[0], 2)
+            served = list(pool.map(one, texts))
+        health = client.get("/health").json()["models"]["dates"]
+    assert served == offline(continuous_dates, texts)
+    run = continuous_dates.run
+    assert beam.result() == translate_texts(run.model, run.tok, [TEXTS[0]], beam=2, lenpen=run.cfg.decode_lenpen)[0][0]
+    assert health["texts"] == len(texts) + 1
+    assert health["batch_texts"] > health["batches"]  # decoding steps ran several requests' texts at once
 
 
 def test_metrics_needs_the_api_key_when_one_is_set(dates):

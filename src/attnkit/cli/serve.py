@@ -49,11 +49,12 @@ def add(sub: argparse._SubParsersAction) -> None:
                    help="what a run computes in: float32 (default; outputs equal attnkit translate's) or bf16 "
                         "(bfloat16 autocast: faster where the CPU has AVX512-BF16 or AMX, outputs may differ "
                         "slightly); a CTranslate2 export computes in the quantization it was exported with")
-    p.add_argument("--batching", choices=["continuous", "whole"], default="continuous",
-                   help="how a run's greedy translations (beam 1) are batched: continuous (default: a request's "
-                        "texts join the decoding batch at its next step and leave it as they end) or whole "
-                        "(requests merged into batches that decode from start to end); beam search, attention, "
-                        "classification and CTranslate2 exports always run in whole batches")
+    p.add_argument("--batching", choices=["whole", "continuous"], default="whole",
+                   help="how a run's greedy translations (beam 1) are batched: whole (default: requests merged "
+                        "into batches that decode from start to end) or continuous (a request's texts join the "
+                        "running decoding batch at its next step and leave it as they end; slower on the 2-core "
+                        "CPU we measured, docs/serving.md); beam search, attention, classification and "
+                        "CTranslate2 exports always run in whole batches")
     p.add_argument("--api-key", metavar="KEY",
                    help="require the header 'Authorization: Bearer KEY' on /models, /translate, /classify and "
                         "/metrics "

@@ -29,10 +29,10 @@ a request's maps never sit in memory as Python objects all at once.
 **Dynamic batching** (:mod:`attnkit.serve.batching`). One inference thread owns each model; concurrent
 requests with the same decoding parameters are merged into one batch of at most ``max_batch``
 texts and ``max_batch_tokens`` padded source tokens, those closest in length first, waiting at most
-``max_wait_ms`` for more to come. A run's greedy translations are batched continuously instead
-(``attnkit serve --batching continuous``, the default): a request's texts join the running decoding batch
-at its next step and are answered as they end (:mod:`attnkit.engine.continuous`). The event loop only
-parses, checks, measures lengths and awaits.
+``max_wait_ms`` for more to come. With ``attnkit serve --batching continuous`` a run's greedy
+translations are batched continuously instead: a request's texts join the running decoding batch at its
+next step and are answered as they end (:mod:`attnkit.engine.continuous`). The event loop only parses,
+checks, measures lengths and awaits.
 
 **Routes.** Each is a function of this module reading the app's :class:`AppState` from
 ``request.app.state.serve``; :func:`create_app` registers them. The request and response shapes are
@@ -374,9 +374,9 @@ def listen(host: str, port: int) -> socket.socket:
 
 def serve(paths: list[str], *, host: str = "127.0.0.1", port: int = 8000, threads: int | None = None,
           api_key: str | None = None, limits: Limits | None = None, precision: str = "float32",
-          continuous: bool = True) -> None:
+          continuous: bool = False) -> None:
     """Load the models at ``paths`` (runs computing in ``precision``, translating greedily by continuous batching
-    unless ``continuous`` is False), listen on ``host:port`` and serve until SIGTERM or Ctrl-C.
+    when ``continuous``), listen on ``host:port`` and serve until SIGTERM or Ctrl-C.
 
     Prints ``attnkit serve: http://HOST:PORT/ ...`` once it accepts requests (the port is the real one
     when ``port`` is 0).

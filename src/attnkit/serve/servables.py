@@ -101,10 +101,10 @@ _INFO: dict[str, Callable[[LoadedRun, str, int], ModelInfo]] = {
 
 class RunServable:
     """A run directory of ``attnkit train`` (translation or classification), run by attnkit itself, in float32
-    or under bfloat16 autocast (``precision``); a Transformer translates greedily by continuous batching
-    unless ``continuous`` is False."""
+    or under bfloat16 autocast (``precision``); with ``continuous``, a Transformer's greedy translations are
+    batched continuously (``stepper``)."""
 
-    def __init__(self, run: LoadedRun, name: str, precision: str = "float32", continuous: bool = True) -> None:
+    def __init__(self, run: LoadedRun, name: str, precision: str = "float32", continuous: bool = False) -> None:
         self.run = run
         serves = spec(run.task).serves
         if serves is None:
@@ -221,11 +221,11 @@ class ExportedServable:
                         f"directory it was exported from to see them")
 
 
-def load_servable(path: str | Path, threads: int = 0, precision: str = "float32", continuous: bool = True
+def load_servable(path: str | Path, threads: int = 0, precision: str = "float32", continuous: bool = False
                   ) -> Servable:
     """The model at ``path``, named after its directory: a run directory (or a ``.safetensors``
     checkpoint inside one), computing in ``precision`` (:data:`PRECISIONS`) and translating greedily by
-    continuous batching unless ``continuous`` is False, or a CTranslate2 export of one (``attnkit export``),
+    continuous batching when ``continuous``, or a CTranslate2 export of one (``attnkit export``),
     which computes in the quantization it was exported with.
 
     :raises UserError: ``path`` is not something that can be served.
