@@ -91,6 +91,7 @@ TABLES: dict[str, Table] = {
     "imdb-trials": Table(f"{RESULTS}/imdb-trials.json", "benchmarks/imdb.py", "markdown_trials"),
     "mlm-probes": Table(f"{RESULTS}/mlm-probes.json", "benchmarks/imdb.py", "markdown_probes"),
     "recipe-probes": Table(f"{RESULTS}/recipe-probes.json", "benchmarks/recipe_probes.py"),
+    "electra-diagnosis": Table(f"{RESULTS}/electra-diagnosis.json", "benchmarks/electra_diagnosis.py"),
     "demo": Table((f"{RESULTS}/demo.json", f"{RESULTS}/earlier/demo.*.json"), "benchmarks/demo.py"),
     "decode": Table((f"{RESULTS}/decode.json", f"{RESULTS}/earlier/decode.*.json"), "benchmarks/decode.py"),
     "decode-probes": Table(f"{RESULTS}/decode-probes.json", "benchmarks/decode_probes.py"),
