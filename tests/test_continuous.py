@@ -148,6 +148,8 @@ class CountingStepper:
     def start(self, texts: list[str]) -> list[int]:
         if "bad" in texts:
             raise UserError("cannot start 'bad'")
+        if "boom" in texts:
+            raise RuntimeError("a bug while starting")
         handles = list(range(self.handles, self.handles + len(texts)))
         self.handles += len(texts)
         for h, t in zip(handles, texts, strict=True):
@@ -219,3 +221,27 @@ def test_worker_answers_a_text_it_cannot_start_and_fails_the_jobs_in_flight_on_a
     assert isinstance(bad, UserError)
     assert isinstance(three, RuntimeError)  # in flight when the step failed
     assert after == ["2!"]
+
+
+def test_a_bug_while_starting_fails_the_jobs_in_flight_and_the_worker_goes_on() -> None:
+    gate = threading.Event()
+    stepper = CountingStepper(gate)
+
+    async def scenario() -> list:
+        worker = ModelWorker("test", Limits(max_batch=8, max_wait_ms=0))
+        run = lambda texts: texts  # noqa: E731
+        first = worker.submit(("g",), run, ["3"], stepper=stepper)
+        await asyncio.sleep(0.2)  # in its first step, held by the gate
+        boom = worker.submit(("g",), run, ["boom"], stepper=stepper)
+        gate.set()
+        results = await asyncio.gather(first, boom, return_exceptions=True)
+        only_bad = await asyncio.gather(worker.submit(("g",), run, ["bad"], stepper=stepper), return_exceptions=True)
+        after = await worker.submit(("g",), run, ["1"], stepper=stepper)
+        worker.close(timeout=10)
+        return [*results, *only_bad, after, worker.stats()]
+
+    first, boom, bad, after, stats = asyncio.run(scenario())
+    assert isinstance(first, RuntimeError) and isinstance(boom, RuntimeError)  # "3" was in flight
+    assert isinstance(bad, UserError)
+    assert after == ["1!"]
+    assert stats["batch_texts"] == 2 and stats["batches"] == 2  # the steps of "3" and of "1"; none for "bad"

@@ -300,27 +300,41 @@ other queued, and the previous batch answered one request) runs at once. Which j
             except UserError as e:
                 self._resolve(job, error=e)
                 continue
+            except Exception as e:  # a bug: this job and every job in flight get a 500 (the app logs it)
+                self._resolve(job, error=e)
+                self._abandon(e)
+                return
             self.texts += len(job.texts)
             self._inflight.update({h: (job, i) for i, h in enumerate(handles)})
             self._joined.append(job)
+
+    def _abandon(self, error: Exception) -> None:
+        """Drop the running batch after a bug: every job in flight is answered with ``error``."""
+        jobs = {id(job): job for job, _ in self._inflight.values()}
+        self._stepper.abandon()
+        self._inflight.clear()
+        self._joined.clear()
+        self._stepper = self._stepping_key = None
+        self._free_since = time.monotonic()
+        for job in jobs.values():
+            self._resolve(job, error=error)
 
     def _continue(self) -> None:
         """Admit the queued jobs that fit, run one step, answer every job whose texts have all ended."""
         stepper = self._stepper
         self._join(self._admit())
         joined, self._joined = self._joined, []
+        if stepper is not self._stepper:  # a bug while starting texts dropped the running batch
+            return
         rows, width = stepper.running, stepper.width
+        if rows == 0:  # every text it was given could not start
+            self._stepper = self._stepping_key = None
+            return
         started = time.monotonic()
         try:
             ended = stepper.step()
         except Exception as e:  # a bug: every job in flight gets a 500 (the app logs it)
-            jobs = {id(job): job for job, _ in self._inflight.values()}
-            stepper.abandon()
-            self._inflight.clear()
-            self._joined.clear()
-            self._stepper = self._stepping_key = None
-            for job in jobs.values():
-                self._resolve(job, error=e)
+            self._abandon(e)
             return
         compute, now = time.monotonic() - started, time.monotonic()
         finished = []
