@@ -41,6 +41,7 @@ from attnkit.attention import padding_mask  # noqa: E402
 from attnkit.common.measure import stamp  # noqa: E402
 from attnkit.config.loader import load_config  # noqa: E402
 from attnkit.config.schema import RunConfig  # noqa: E402
+from attnkit.data.arrays import TokenArrays  # noqa: E402
 from attnkit.data.tokenizer import Tokenizer  # noqa: E402
 from attnkit.mlm import ReplacedTokenDetection, mask_tokens, replaced_labels  # noqa: E402
 from attnkit.vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID  # noqa: E402
@@ -71,28 +72,23 @@ class Variant(ReplacedTokenDetection):
         return self.generator(embedded, mask, selected, self.own_embedding)
 
 
-def windows(run: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def windows(run: Path) -> TokenArrays:
+    """The run's prepared pretraining windows, memory-mapped."""
     data = run / "data"
-    return (np.load(data / "text.ids.npy", mmap_mode="r"), np.load(data / "text.offsets.npy"),
-            np.load(data / "text.lengths.npy"))
+    return TokenArrays(np.load(data / "text.ids.npy", mmap_mode="r"), np.load(data / "text.offsets.npy"),
+                       np.load(data / "text.lengths.npy"))
 
 
-def train(variant: str, run: Path, updates: int, seed: int, lr: float | None) -> list[dict]:
-    cfg = load_config(RunConfig, run / "config.yaml")
-    tok = Tokenizer.load(run)
-    ids, offsets, lengths = windows(run)
+def train(variant: str, cfg: RunConfig, tok: Tokenizer, x_all: TokenArrays, updates: int, seed: int) -> list[dict]:
     torch.manual_seed(seed)
     specials = (UNK_ID, BOS_ID, EOS_ID, tok.mask_id)
     model = Variant(variant, cfg.model.transformer, tok.src_vocab_size, never_sample=specials)
-    lr = lr or cfg.train.lr
+    lr = cfg.train.lr
     opt = torch.optim.Adam(model.parameters(), lr=lr, betas=tuple(cfg.train.betas), eps=cfg.train.eps)
     rng = np.random.default_rng(seed)
     curve, start = [], time.perf_counter()
     for update in range(1, updates + 1):
-        rows = rng.integers(0, len(lengths), 32)
-        x = torch.full((32, int(lengths[rows].max())), PAD_ID, dtype=torch.long)  # (B, T)
-        for r, i in enumerate(rows):
-            x[r, : lengths[i]] = torch.from_numpy(np.asarray(ids[offsets[i]: offsets[i] + lengths[i]], dtype=np.int64))
+        x = x_all.pad(rng.integers(0, len(x_all), 32), PAD_ID)  # (B, T)
         inputs, selected = mask_tokens(x, mask_id=tok.mask_id, special_ids=(UNK_ID, BOS_ID, EOS_ID),
                                        vocab_size=tok.src_vocab_size, select=cfg.mlm.select, mask=1.0, random=0.0)
         for group in opt.param_groups:
@@ -131,10 +127,11 @@ def main() -> None:
         sys.exit(f"{args.run}: no prepared pretraining windows (data/text.ids.npy); train an IMDB pretraining "
                  "config into it first")
     torch.set_num_threads(args.threads)
-    curves = {variant: train(variant, args.run, args.updates, args.seed, args.lr) for variant in VARIANTS}
-    cfg = load_config(RunConfig, args.run / "config.yaml")
+    cfg = load_config(RunConfig, args.run / "config.yaml", [f"train.lr={args.lr}"] if args.lr else [])
+    tok, x_all = Tokenizer.load(args.run), windows(args.run)
+    curves = {variant: train(variant, cfg, tok, x_all, args.updates, args.seed) for variant in VARIANTS}
     results = {**stamp(), "cpu": cpu_model(), "threads": args.threads, "run": args.run.name,
-               "lr": args.lr or cfg.train.lr,
+               "lr": cfg.train.lr,
                "updates": args.updates, "batch_windows": 32, "electra_weight": cfg.mlm.electra_weight,
                "command": " ".join(["python", "benchmarks/electra_diagnosis.py", *sys.argv[1:]]), "curves": curves}
     RESULTS.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")

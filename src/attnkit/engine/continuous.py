@@ -22,16 +22,16 @@ needs any more are dropped then.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.nn.utils.rnn import pad_sequence
 
 from ..layers import input_embedding
 from ..multihead import KVCache
-from ..search import MAX_LEN_A, MAX_LEN_B
+from ..search import MAX_LEN_A, MAX_LEN_B, max_lengths
 from ..transformer import Transformer
 from ..vocab import BOS_ID, EOS_ID, PAD_ID
 
@@ -104,11 +104,6 @@ class ContinuousGreedy:
         """Source positions of the running batch (the longest running source)."""
         return 0 if self.memory is None else self.memory.size(1)
 
-    def _budget(self, src_len: int) -> int:
-        """Most tokens a sentence with ``src_len`` source tokens may emit: ``floor(a * src_len + b)``, within the
-        model's positions (as :func:`~attnkit.inference.translate.output_budget` cuts it), at least 1."""
-        return max(1, min(math.floor(self.max_len_a * src_len + self.max_len_b), self.limit))
-
     @torch.inference_mode()
     def add(self, sources: list[list[int]]) -> tuple[list[int], list[Finished]]:
         """Start ``sources`` (ids with ``</s>``, each at most the model's ``max_len``): encode them and run their
@@ -120,14 +115,14 @@ class ContinuousGreedy:
         self._next_handle += len(sources)
         if not sources:
             return handles, []
-        width = max(len(s) for s in sources)
-        src = torch.full((len(sources), width), PAD_ID, dtype=torch.long, device=device)  # (R, S)
-        for i, s in enumerate(sources):
-            src[i, : len(s)] = torch.tensor(s, dtype=torch.long)
+        src = pad_sequence([torch.tensor(s, dtype=torch.long) for s in sources], batch_first=True,
+                           padding_value=PAD_ID).to(device)  # (R, S)
+        # each row's output budget, cut at the model's positions as translate_texts cuts it (output_budget)
+        budgets = max_lengths(src, PAD_ID, self.max_len_a, self.max_len_b).clamp(max=self.limit).tolist()
         state = model.init_decoder(src)
         bos = torch.full((len(sources),), BOS_ID, dtype=torch.long, device=device)
         logits, state, _ = model.decode_step(bos, state)  # (R, V): the reference step, position 0
-        new_rows = [_Row(h, [], 0.0, self._budget(len(s))) for h, s in zip(handles, sources, strict=True)]
+        new_rows = [_Row(h, [], 0.0, budget) for h, budget in zip(handles, budgets, strict=True)]
         self._merge(state, new_rows)
         return handles, self._choose(logits, first=len(self.rows) - len(new_rows))
 
@@ -144,7 +139,7 @@ class ContinuousGreedy:
             self.prev = torch.zeros(R, dtype=torch.long, device=device)
         else:
             S = max(self.memory.size(1), state.memory.size(1))
-            t = max(self.valid.size(1), 1)
+            t = self.valid.size(1)
             self.memory = torch.cat([_pad_to(self.memory, 1, S), _pad_to(state.memory, 1, S)])
             self.memory_mask = torch.cat([_pad_to(self.memory_mask, 3, S, value=False),
                                           _pad_to(state.memory_mask, 3, S, value=False)])

@@ -243,8 +243,9 @@ other queued, and the previous batch answered one request) runs at once. Which j
         """Run ``batch`` as one call and answer each job with its share."""
         started = time.monotonic()
         self.batches += 1
-        self.texts += sum(len(job.texts) for job in batch)
-        self.batch_texts += sum(len(job.texts) for job in batch)
+        texts = sum(len(job.texts) for job in batch)
+        self.texts += texts
+        self.batch_texts += texts
         try:
             results = batch[0].run([t for job in batch for t in job.texts])
         except UserError as e:
