@@ -326,3 +326,66 @@ def test_the_worker_gives_freed_memory_back_when_idle_and_while_busy(monkeypatch
         assert 2 <= len(calls) <= 6
 
     asyncio.run(scenario())
+
+
+def test_an_idle_worker_holds_no_answer():
+    """Once a batch is answered and the caller has let go of its answer, nothing in the worker keeps it alive while
+    it waits for more work: otherwise the idle trim could not give an attention answer's megabytes back."""
+    import gc
+    import weakref
+
+    class Answer:
+        pass
+
+    made: list[weakref.ref] = []
+
+    def run(texts: list[str]) -> list[Answer]:
+        answers = [Answer() for _ in texts]
+        made.extend(weakref.ref(a) for a in answers)
+        return answers
+
+    async def scenario() -> None:
+        worker = ModelWorker("hold", Limits(max_wait_ms=0))
+        assert len(await worker.submit(("k",), run, ["a", "b"])) == 2
+        for _ in range(100):  # the worker reaches its wait a moment after answering
+            gc.collect()
+            if all(ref() is None for ref in made):
+                break
+            await asyncio.sleep(0.02)
+        alive = sum(ref() is not None for ref in made)
+        worker.close(timeout=10)
+        assert alive == 0
+
+    asyncio.run(scenario())
+
+
+def test_release_soon_trims_after_a_pause_and_attention_answers_ask_for_it(monkeypatch, dates):
+    """``release_soon`` (memory freed after the worker's work, as a large answer once sent) gives memory back after
+    an idle TRIM_EVERY_S; an answer with attention asks for it once its last byte is sent."""
+    from attnkit.common.memory import share_one_heap
+    from attnkit.serve import batching
+
+    assert share_one_heap() in (True, False)  # True with glibc; a no-op elsewhere
+    calls: list[float] = []
+    monkeypatch.setattr(batching, "release_free_memory", lambda: calls.append(time.monotonic()))
+    monkeypatch.setattr(batching, "TRIM_EVERY_S", 0.2)
+    worker = ModelWorker("soon", Limits())
+    try:
+        time.sleep(0.4)
+        assert calls == []  # nothing ran, nothing asked
+        worker.release_soon()
+        time.sleep(0.1)
+        assert calls == []  # not before the pause
+        time.sleep(0.4)
+        assert len(calls) == 1
+    finally:
+        worker.close(timeout=10)
+
+    asked: list[str] = []
+    monkeypatch.setattr(batching.ModelWorker, "release_soon", lambda self: asked.append("asked"))
+    with TestClient(create_app([dates])) as client:
+        assert client.post("/translate", json={"texts": TEXTS[:1]}).status_code == 200
+        assert asked == []  # a small answer: the trim after its batch is enough
+        response = client.post("/translate", json={"texts": TEXTS[:2], "attention": True})
+        assert response.status_code == 200 and len(response.json()["attention"]) == 2
+        assert asked == ["asked"]

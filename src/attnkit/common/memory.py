@@ -1,9 +1,12 @@
 """Giving freed memory back to the operating system, for a long-running server.
 
-glibc's ``malloc`` keeps memory a process freed in its heaps (one per thread that allocated) for
-reuse, so a server's resident memory (RSS) ratchets up to its largest moment and stays there: one
-request for the attention maps of 64 long texts leaves hundreds of MB behind. ``malloc_trim(0)``
-returns the free pages of every heap to the system. Elsewhere (macOS, musl, Windows) this is a no-op.
+glibc's ``malloc`` keeps memory a process freed in its heaps for reuse, so a server's resident memory
+(RSS) ratchets up to its largest moment and stays there: one request for the attention maps of many
+long texts would leave tens of MB behind. ``malloc_trim(0)`` returns the free pages inside every heap
+to the system, and the free end (the "top") of the main heap; the free top of the heap glibc gives
+each further thread (an "arena") it leaves in place. So a server first asks for one heap shared by
+all its threads (:func:`share_one_heap`), then trims it when idle (:func:`release_free_memory`).
+Elsewhere (macOS, musl, Windows) both are no-ops.
 """
 
 from __future__ import annotations
@@ -12,21 +15,40 @@ import ctypes
 import ctypes.util
 import functools
 
+#: ``mallopt``'s parameter for the most heaps (arenas) glibc may make (``<malloc.h>``).
+M_ARENA_MAX = -8
+
 
 @functools.cache
-def _malloc_trim():
+def _libc() -> ctypes.CDLL | None:
     name = ctypes.util.find_library("c")
     try:
         libc = ctypes.CDLL(name) if name else None
-        return libc.malloc_trim if libc is not None else None
-    except (OSError, AttributeError):  # not glibc
+    except OSError:
         return None
+    # glibc alone has both; musl has neither, macOS neither
+    return libc if libc is not None and hasattr(libc, "malloc_trim") and hasattr(libc, "mallopt") else None
 
 
 def release_free_memory() -> bool:
-    """Return the freed pages of every malloc heap to the system; False where the C library cannot."""
-    trim = _malloc_trim()
-    if trim is None:
+    """Return the free pages of every malloc heap, and the main heap's free top, to the system; False where the
+    C library cannot."""
+    libc = _libc()
+    if libc is None:
         return False
-    trim(0)
+    libc.malloc_trim(0)
     return True
+
+
+def share_one_heap() -> bool:
+    """Make the threads that first allocate from now on use the main heap (``mallopt(M_ARENA_MAX, 1)``), whose
+    free top :func:`release_free_memory` returns whole, instead of heaps of their own, whose top it leaves.
+
+    Call it before the threads start. They then take the main heap's lock for each ``malloc``: for a server
+    whose worker thread computes while the event loop parses, a cost too small to measure (benchmarks/README.md,
+    serving). False where the C library has no such setting.
+    """
+    libc = _libc()
+    if libc is None:
+        return False
+    return bool(libc.mallopt(M_ARENA_MAX, 1))

@@ -62,10 +62,12 @@ import torch
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
+from starlette.background import BackgroundTask
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 
 from ..common.errors import UserError
+from ..common.memory import share_one_heap
 from ..inference.attention_maps import AttentionMaps
 from ..viz.explorer import explorer_data, fill_page, script_json
 from .batching import Limits, ModelWorker, QueueFull, Stepper
@@ -283,8 +285,8 @@ async def translate(req: TranslateRequest, request: Request) -> TranslateRespons
     if not req.attention:
         return response
     maps = partial(servable.attention, beam=beam, lenpen=lenpen)
-    return _with_attention(response, await _run(request, servable, ("attention", beam, lenpen),
-                                                lambda texts: [_attention_json(maps(t)) for t in texts], req.texts))
+    attention = await _run(request, servable, ("attention", beam, lenpen), partial(_attention_jsons, maps), req.texts)
+    return _with_attention(response, attention, sent=state.workers[servable.info.name].release_soon)
 
 
 async def classify(req: ClassifyRequest, request: Request) -> ClassifyResponse | Response:
@@ -299,8 +301,8 @@ async def classify(req: ClassifyRequest, request: Request) -> ClassifyResponse |
     if not req.attention:
         return response
     maps = partial(servable.attention, beam=1, lenpen=0.0)
-    return _with_attention(response, await _run(request, servable, ("attention",),
-                                                lambda texts: [_attention_json(maps(t)) for t in texts], req.texts))
+    attention = await _run(request, servable, ("attention",), partial(_attention_jsons, maps), req.texts)
+    return _with_attention(response, attention, sent=state.workers[servable.info.name].release_soon)
 
 
 def _attention_json(maps: AttentionMaps) -> bytes:
@@ -310,11 +312,20 @@ def _attention_json(maps: AttentionMaps) -> bytes:
     return json.dumps(explorer_data(maps), ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
 
 
-def _with_attention(response: TranslateResponse | ClassifyResponse, attention: list[bytes]) -> Response:
+def _attention_jsons(maps: Callable[[str], AttentionMaps], texts: list[str]) -> list[bytes]:
+    """Each text's :func:`_attention_json`, one text after the other (on the worker)."""
+    return [_attention_json(maps(t)) for t in texts]
+
+
+def _with_attention(response: TranslateResponse | ClassifyResponse, attention: list[bytes],
+                    sent: Callable[[], None]) -> Response:
     """``response`` as its JSON (``None`` fields left out, as the routes' ``response_model_exclude_none``) with
-    ``"attention": [...]`` (each text's :func:`_attention_json`) added, joined as bytes."""
+    ``"attention": [...]`` (each text's :func:`_attention_json`) added, joined as bytes. ``sent`` is called once
+    the last byte is sent: the worker (``ModelWorker.release_soon``) then gives those megabytes back to the
+    system, which its trim after the batch, when they were still being sent, could not."""
     head = response.model_dump_json(exclude_none=True).encode()  # '{...}', attention unset
-    return Response(head[:-1] + b',"attention":[' + b",".join(attention) + b"]}", media_type="application/json")
+    return Response(head[:-1] + b',"attention":[' + b",".join(attention) + b"]}", media_type="application/json",
+                    background=BackgroundTask(sent))
 
 
 def create_app(servables: list[Servable], limits: Limits | None = None, api_key: str | None = None) -> Any:
@@ -383,6 +394,7 @@ def serve(paths: list[str], *, host: str = "127.0.0.1", port: int = 8000, thread
     """
     import uvicorn
 
+    share_one_heap()  # before the workers' threads start: then an idle trim gives back all they freed
     if threads is not None:
         torch.set_num_threads(threads)
     app = create_app([load_servable(p, threads or 0, precision, continuous) for p in paths], limits, api_key)

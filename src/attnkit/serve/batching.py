@@ -218,6 +218,13 @@ other queued, and the previous batch answered one request) runs at once. Which j
             self._queued -= sum(len(j.texts) for j in batch)
             return batch
 
+    def release_soon(self) -> None:
+        """Give freed memory back once the worker has been idle :data:`TRIM_EVERY_S` (as after a batch): for memory
+        freed after the worker's work, e.g. a large answer the server has just sent."""
+        with self._cond:
+            self._dirty = True
+            self._cond.notify()
+
     def _release(self) -> None:
         """Give the memory freed since the last time back to the system (from the worker thread)."""
         release_free_memory()
@@ -236,8 +243,11 @@ other queued, and the previous batch answered one request) runs at once. Which j
             if batch[0].stepper is not None:
                 self._stepper, self._stepping_key = batch[0].stepper, batch[0].key
                 self._join(batch)
-                continue
-            self._run_batch(batch)
+            else:
+                self._run_batch(batch)
+            # its jobs hold their answers (attention's run to megabytes): drop them before waiting for more work,
+            # or the idle trim could not give that memory back
+            del batch
 
     def _run_batch(self, batch: list[_Job]) -> None:
         """Run ``batch`` as one call and answer each job with its share."""
