@@ -50,7 +50,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from attnkit.data.readers import read_lines  # noqa: E402
 from attnkit.export import Translator, open_translator  # noqa: E402
-from attnkit.serve.batching import Limits  # noqa: E402
+from attnkit.serve.batching import TRIM_EVERY_S, Limits  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from nbsvm import cpu_model  # noqa: E402
@@ -62,6 +62,9 @@ RESULTS = ROOT / "benchmarks" / "results" / "serve.json"
 #: (attnkit's engine) or 25 ms (CTranslate2); the RSS after the hostile mix within 10% of before.
 GOAL_RATIO, GOAL_RSS_RATIO = 0.80, 1.10
 GOAL_P50_MS = {"attnkit": 40.0, "CTranslate2": 25.0}
+#: The server's RSS is read again this long after each hostile mix: by then its worker has been idle long enough
+#: to give freed memory back (TRIM_EVERY_S), as it was before the mix (the offline run after the clients).
+SETTLE_S = 2 * TRIM_EVERY_S
 
 
 # --------------------------------------------------------------------------------------
@@ -390,13 +393,15 @@ def main() -> None:
         # 3. malformed requests mixed with good ones
         heavy = args.attention_requests if translator.run is not None else 0  # an export has no attention
         requests = malformed_requests(args.malformed, sentences, attention=heavy)
-        rss_start, rss_after = rss_mb(proc.pid), []
+        rss_start, rss_at_end, rss_after = rss_mb(proc.pid), [], []
         by_kind: dict[str, dict[str, int]] = {}
         for _ in range(args.mixes):  # the first warms what attention needs; the next show the steady state
             for kind, counts in asyncio.run(send_malformed(url, requests, 8)).items():
                 for key, n in counts.items():
                     by_kind.setdefault(kind, {}).setdefault(key, 0)
                     by_kind[kind][key] += n
+            rss_at_end.append(rss_mb(proc.pid))
+            time.sleep(SETTLE_S)
             rss_after.append(rss_mb(proc.pid))
         rss_end = rss_after[0]
         alive = httpx.get(f"{url}/health").status_code == 200
@@ -407,7 +412,8 @@ def main() -> None:
     good = {k: v for k, v in by_kind.items() if k.startswith("good")}
     malformed = {
         "requests": len(requests) * args.mixes, "clients": 8, "mixes": args.mixes,
-        "rss_after_each_mix_mb": [round(x, 1) for x in rss_after],
+        "rss_after_each_mix_mb": [round(x, 1) for x in rss_after], "settle_s": SETTLE_S,
+        "rss_at_each_mix_end_mb": [round(x, 1) for x in rss_at_end],
         "bad": sum(v["sent"] for v in bad.values()), "bad_4xx_json": sum(v["as_expected"] for v in bad.values()),
         "good": sum(v["sent"] for v in good.values()), "good_200": sum(v["as_expected"] for v in good.values()),
         "by_kind": dict(sorted(by_kind.items())), "rss_start_mb": round(rss_start, 1), "rss_end_mb": round(rss_end, 1),
@@ -504,6 +510,9 @@ def markdown_engines(runs: dict[str, dict]) -> str:
         small = off.get("in_client_batches", {})
         one = f"{by[1]['p50_ms']:.1f} / {by[1].get('p90_ms', by[1]['p95_ms']):.1f}" if 1 in by else ""
         again = "".join(f" -> {x:,.0f} ({x / m['rss_end_mb']:.2f}x)" for x in m.get("rss_after_each_mix_mb", [])[1:])
+        if "rss_at_each_mix_end_mb" in m:  # read SETTLE_S after each mix; also at its end
+            again += f"; read {m['settle_s']:g} s after each; at its end: " + " / ".join(
+                f"{x:,.0f}" for x in m["rss_at_each_mix_end_mb"])
         rows.append([r["engine"], r["threads"], _batching(r), f"{r['server']['max_wait_ms']:g}",
                      " / ".join(f"{x['sent_per_s']:,.1f}" for x in off["runs"]),
                      " / ".join(f"{small[n]:,.1f}" for n in ("8", "32")) if small else "", one,
