@@ -36,6 +36,7 @@ class Task(Protocol):
     """What the trainer needs from a task."""
 
     name: str
+    rate_unit: str  # what the loss is averaged over, as the progress line counts it per second: "tok" -> tok_s
 
     def build_model(self) -> nn.Module: ...
     def objective(self, model: nn.Module) -> nn.Module: ...

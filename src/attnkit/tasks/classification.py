@@ -104,6 +104,7 @@ class ClassificationTask(EpochTask):
     """Encoder-only classifier with (label-smoothed) cross-entropy; validation accuracy as the score."""
 
     name = "classify"
+    rate_unit = "texts"  # what the loss is averaged over: one label per text
 
     def __init__(self, cfg: RunConfig, run_dir: Path, log=print, *, resume: bool = False) -> None:
         self.cfg = cfg

@@ -150,6 +150,7 @@ class PretrainTask(EpochTask):
     """Masked-language-model pretraining of an encoder; validation MLM loss and masked accuracy."""
 
     name = "pretrain"
+    rate_unit = "targets"  # what the loss is averaged over: the selected subwords
 
     def __init__(self, cfg: RunConfig, run_dir: Path, log=print, *, resume: bool = False) -> None:
         self.cfg = cfg

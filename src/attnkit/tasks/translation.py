@@ -112,6 +112,7 @@ class TranslationTask(EpochTask):
     """Sequence-to-sequence with teacher forcing and label-smoothed cross-entropy."""
 
     name = "translate"
+    rate_unit = "tok"  # what the loss is averaged over: target tokens
 
     def __init__(self, cfg: RunConfig, run_dir: Path, log=print, *, resume: bool = False) -> None:
         self.cfg = cfg

@@ -258,8 +258,8 @@ class Trainer:
                 now = time.perf_counter()
                 if now - last_report > 1.0:
                     lr = self.optimizer.param_groups[0]["lr"]
-                    bar.set_postfix(loss=f"{loss_value:.3f}", lr=f"{lr:.2e}",
-                                    tok_s=f"{targets_seen / (now - last_report):.0f}", refresh=False)
+                    rate = {f"{self.task.rate_unit}_s": f"{targets_seen / (now - last_report):.0f}"}
+                    bar.set_postfix(loss=f"{loss_value:.3f}", lr=f"{lr:.2e}", **rate, refresh=False)
                     targets_seen, last_report = 0, now
                 bar.update(1)
                 if tc.max_minutes > 0:  # rank 0's clock, so every rank takes the same lr and stops together
