@@ -122,6 +122,10 @@ def main() -> None:
     p.add_argument("--lr", type=float, help="instead of the run's train.lr")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
+    p.add_argument("--out", type=Path, default=RESULTS,
+                   help=f"the JSON to write (default {RESULTS.relative_to(ROOT)}; every electra-diagnosis*.json "
+                   "in results/ is a table)")
     args = p.parse_args()
     if not (args.run / "data" / "text.ids.npy").exists():
         sys.exit(f"{args.run}: no prepared pretraining windows (data/text.ids.npy); train an IMDB pretraining "
@@ -129,28 +133,42 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     cfg = load_config(RunConfig, args.run / "config.yaml", [f"train.lr={args.lr}"] if args.lr else [])
     tok, x_all = Tokenizer.load(args.run), windows(args.run)
-    curves = {variant: train(variant, cfg, tok, x_all, args.updates, args.seed) for variant in VARIANTS}
+    curves = {variant: train(variant, cfg, tok, x_all, args.updates, args.seed) for variant in args.variants}
     results = {**stamp(), "cpu": cpu_model(), "threads": args.threads, "run": args.run.name,
                "lr": cfg.train.lr,
                "updates": args.updates, "batch_windows": 32, "electra_weight": cfg.mlm.electra_weight,
                "command": " ".join(["python", "benchmarks/electra_diagnosis.py", *sys.argv[1:]]), "curves": curves}
-    RESULTS.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+    args.out.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
     print(markdown_table(results))
 
 
+HEADERS = {"generator": "generator (MLM loss / BCE / gap)",
+           "separate": "separate embeddings (MLM loss / BCE / gap)",
+           "uniform": "uniform replacements (BCE / gap)"}
+
+
+def markdown_runs(runs: dict[str, dict]) -> str:
+    """Every run (``results/electra-diagnosis*.json``), the shortest first."""
+    ordered = sorted(runs.values(), key=lambda r: (r["updates"], r["date"]))
+    return "\n\n".join(markdown_table(r) for r in ordered)
+
+
 def markdown_table(results: dict) -> str:
-    """One row per recorded update: each variant's generator loss, discriminator BCE and logit gap."""
+    """A row per recorded update (past 150, every 100th): each variant's generator loss, discriminator BCE and
+    logit gap."""
     curves = results["curves"]
+    variants = [v for v in VARIANTS if v in curves]
     rows = []
-    for i, point in enumerate(curves["generator"]):
+    for i, point in enumerate(curves[variants[0]]):
+        if point["update"] > 150 and point["update"] % 100:
+            continue
         row = [point["update"]]
-        for variant in VARIANTS:
+        for variant in variants:
             c = curves[variant][i]
             mlm = "" if c["generator_mlm_loss"] is None else f"{c['generator_mlm_loss']:.2f} / "
             row.append(f"{mlm}{c['rtd_bce']:.3f} / {c['logit_gap']:+.2f}")
         rows.append(row)
-    table = markdown(["update", "generator (MLM loss / BCE / gap)", "separate embeddings (MLM loss / BCE / gap)",
-                      "uniform replacements (BCE / gap)"], rows, "rlll")
+    table = markdown(["update", *(HEADERS[v] for v in variants)], rows, "r" + "l" * len(variants))
     return (f"{table}\n\nFrom a fresh initialisation on the windows of `{results['run']}`, batches of "
             f"{results['batch_windows']} windows, lr {results['lr']:g} (warmed up over 100 updates), lambda "
             f"{results['electra_weight']:g}, {results['threads']} threads; BCE of the prior (15% replaced): 0.423. "
