@@ -169,7 +169,8 @@ def markdown_table(results: dict) -> str:
             row.append(f"{mlm}{c['rtd_bce']:.3f} / {c['logit_gap']:+.2f}")
         rows.append(row)
     table = markdown(["update", *(HEADERS[v] for v in variants)], rows, "r" + "l" * len(variants))
-    return (f"{table}\n\nFrom a fresh initialisation on the windows of `{results['run']}`, batches of "
+    return (f"{table}\n\n{results['updates']:,} updates from a fresh initialisation on the windows of "
+            f"`{results['run']}`, batches of "
             f"{results['batch_windows']} windows, lr {results['lr']:g} (warmed up over 100 updates), lambda "
             f"{results['electra_weight']:g}, {results['threads']} threads; BCE of the prior (15% replaced): 0.423. "
             f"{results['cpu']}; measured {results['date'][:10]} at `{results['commit']}`.")

@@ -98,12 +98,13 @@ def _pretrain_score(s: dict) -> str:
 def markdown_table(results: dict) -> str:
     """One row per probe, in the order they ran."""
     rows = [[r["recipe"], f"{r['pretrain_minutes']:.1f}", f"{r['pretrain_updates']:,}",
-             _pretrain_score(r["pretrain_score"]), f"{r['finetune_minutes']:.1f}", f"{r['finetune_updates']:,}",
+             _pretrain_score(r["pretrain_score"]), " ".join(f"`{o}`" for o in r.get("finetune_overrides") or []),
+             f"{r['finetune_minutes']:.1f}", f"{r['finetune_updates']:,}",
              f"**{r['valid_accuracy']:.2f}**", f"{r['minutes_total']:.1f}", r["threads"],
              f"{r['date'][:10]}, `{r['commit']}`"] for r in results["probes"]]
-    return markdown(["recipe", "pretrain minutes", "updates", "its own held-out score", "fine-tune minutes", "updates",
-                     "held-out accuracy (whole reviews)", "minutes in all", "threads", "measured"], rows,
-                    "lrrrrrrrrl")
+    return markdown(["recipe", "pretrain minutes", "updates", "its own held-out score", "fine-tune overrides",
+                     "fine-tune minutes", "updates", "held-out accuracy (whole reviews)", "minutes in all", "threads",
+                     "measured"], rows, "lrrrlrrrrrl")
 
 
 if __name__ == "__main__":
