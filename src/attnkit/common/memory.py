@@ -44,9 +44,9 @@ def share_one_heap() -> bool:
     """Make the threads that first allocate from now on use the main heap (``mallopt(M_ARENA_MAX, 1)``), whose
     free top :func:`release_free_memory` returns whole, instead of heaps of their own, whose top it leaves.
 
-    Call it before the threads start. They then take the main heap's lock for each ``malloc``: for a server
-    whose worker thread computes while the event loop parses, a cost too small to measure (benchmarks/README.md,
-    serving). False where the C library has no such setting.
+    Call it before the threads start. They then take the main heap's lock for each ``malloc``; the serving runs
+    measured since (docs/results.md, serving) were no slower than those before. False where the C library has no
+    such setting.
     """
     libc = _libc()
     if libc is None:
