@@ -4,7 +4,8 @@
 
 1. Offline: ``translate_texts`` on the test_2016_flickr German sentences (greedy), in this process
    with the server's thread count, before the server starts and again after the clients (beside the
-   idle server): the throughput batching should reach, the mean of the two.
+   idle server): the throughput batching should reach, the mean of the two. Also offline in calls of as
+   many consecutive sentences as each client level has (8, 32): the most a server can batch for them.
 2. The real server (``python -m attnkit serve RUN --port 0``, a subprocess on 127.0.0.1) driven by
    1, 8 and 32 concurrent clients (:class:`RawClient`: raw asyncio HTTP/1.1, one keep-alive connection
    each, its CPU per request recorded), each sending one sentence per request (greedy): latency
@@ -18,7 +19,7 @@
    unknown fields, attention for 64 texts) mixed with good ones and with requests for the attention of
    the largest batch the server allows that (``--max-attention-texts`` texts of 1,000 characters):
    every bad one must get a 4xx JSON error, every good one a 200; the server's resident memory (RSS)
-   before and after.
+   before and after, sent ``--mixes`` times (RSS read at each mix's end and again ``SETTLE_S`` later).
 
 Writes ``benchmarks/results/serve.json`` (with the date and commit); :func:`markdown_table` renders
 it for the README. Every loop is bounded; everything stays on the loopback interface.
@@ -491,7 +492,6 @@ def _engine_rows(runs: dict[str, dict]) -> list[dict]:
     return sorted(runs.values(), key=lambda r: (r.get("engine", ""), r["threads"], _batching(r), r["date"]))
 
 
-
 def _served_cell(level: dict) -> str:
     """``sentences/s (x offline; x offline in calls of as many sentences as clients)``; runs before that second
     ratio was measured show the first alone."""
@@ -515,7 +515,7 @@ def markdown_engines(runs: dict[str, dict]) -> str:
                 f"{x:,.0f}" for x in m["rss_at_each_mix_end_mb"])
         rows.append([r["engine"], r["threads"], _batching(r), f"{r['server']['max_wait_ms']:g}",
                      " / ".join(f"{x['sent_per_s']:,.1f}" for x in off["runs"]),
-                     " / ".join(f"{small[n]:,.1f}" for n in ("8", "32")) if small else "", one,
+                     " / ".join(f"{small[n]:,.1f}" for n in ("8", "32") if n in small), one,
                      *served, f"{m['bad_4xx_json']:,} / {m['bad']:,}",
                      f"{m['rss_start_mb']:,.0f} -> {m['rss_end_mb']:,.0f} ({m['rss_ratio']:.2f}x){again}",
                      f"{r['date'][:10]}, `{r['commit']}`"])
