@@ -1,8 +1,9 @@
-"""Training throughput of two (or more) commits, measured alternately in one run.
+"""Training throughput (or serving throughput) of two or more commits, measured alternately in one run.
 
     python benchmarks/compare_commits.py ddca0a2 HEAD                       # bf16, 2 rounds of 60 s each
     OMP_NUM_THREADS=1 python benchmarks/compare_commits.py ddca0a2 HEAD     # 1 thread each: steadier on busy cores
     python benchmarks/compare_commits.py HEAD HEAD --set train.engine=reference --only 1 --rounds 2
+    python benchmarks/compare_commits.py HEAD~1 HEAD --serve runs/m30k-de-en-int8 --rounds 3   # the server
 
 Each commit is checked out into a temporary git worktree and its own ``benchmarks/throughput.py
 --worker`` trains the ``small`` Transformer on Multi30k for ``--time`` seconds, in its own
@@ -11,6 +12,11 @@ that speeds up or slows down during the run affects them alike. ``--set`` passes
 overrides to the contenders listed by ``--only`` (1-based; default: all), e.g. the reference
 engine on the same commit. Writes ``benchmarks/results/compare-<name>.json`` with every run's
 target tokens/s and peak RSS, so both figures of every contender are reported, not the best.
+
+With ``--serve RUN``, each run is instead the contender's own ``benchmarks/serve.py`` on ``RUN``
+(``--serve-args``; default one thread, ``--max-wait-ms 0``) with ``--levels`` levels of 32
+one-sentence clients, and the JSON (``benchmarks/results/compare-serving/<name>.json``) keeps every
+level's sentences/s and its share of that run's offline batched throughput.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -47,6 +54,10 @@ def main() -> None:
     p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="config overrides for --only contenders")
     p.add_argument("--only", type=int, nargs="*", help="1-based contenders that get --set (default: all)")
     p.add_argument("--name", default=None, help="results/compare-NAME.json (default: the commits joined)")
+    p.add_argument("--serve", metavar="RUN",
+                   help="compare serving instead: each contender's benchmarks/serve.py on RUN")
+    p.add_argument("--serve-args", default="--threads 1 --max-wait-ms 0", help="serve.py's options (with --serve)")
+    p.add_argument("--levels", type=int, default=4, help="levels of 32 clients per serving run (with --serve)")
     args = p.parse_args()
 
     contenders = []
@@ -62,6 +73,11 @@ def main() -> None:
         try:
             for r in range(args.rounds):
                 for c in contenders:
+                    if args.serve:
+                        c["runs"].append(serve_run(c["tree"], args, Path(tmp) / "serve.json"))
+                        print(f"round {r + 1} {c['label']:40s} " + " / ".join(
+                            f"{x:.0f}" for x in c["runs"][-1]["sent_per_s"]) + " sentences/s", flush=True)
+                        continue
                     cmd = [sys.executable, str(c["tree"] / "benchmarks" / "throughput.py"), "--worker",
                            args.precision, "--time", str(args.time), "--max-tokens", str(args.max_tokens),
                            "--set", *c["overrides"]]
@@ -75,6 +91,9 @@ def main() -> None:
         finally:
             for c in contenders:
                 git("worktree", "remove", "--force", str(c["tree"]))
+    if args.serve:
+        write_serving(contenders, args)
+        return
     base = statistics.mean(run["tgt_tok_per_s"] for run in contenders[0]["runs"])
     rows = []
     for c in contenders:
@@ -91,6 +110,57 @@ def main() -> None:
                                "precision": args.precision, "seconds_per_run": args.time, "rounds": args.rounds,
                                "contenders": rows}, indent=2) + "\n")
     print(f"wrote {out}")
+
+
+def serve_run(tree: Path, args: argparse.Namespace, out: Path) -> dict:
+    """One run of the checkout ``tree``'s ``benchmarks/serve.py``: each level of 32 clients' sentences/s and its share
+    of the offline batched throughput measured in the same run."""
+    cmd = [sys.executable, str(tree / "benchmarks" / "serve.py"), "--run", str(Path(args.serve).resolve()),
+           *shlex.split(args.serve_args), "--clients", ",".join(["32"] * args.levels), "--malformed", "50",
+           "--mixes", "1", "--out", str(out)]
+    done = subprocess.run(cmd, cwd=tree, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed ({done.returncode}):\n{(done.stdout + done.stderr)[-3000:]}")
+    result = json.loads(out.read_text(encoding="utf-8"))
+    levels = result["clients"]
+    return {"sent_per_s": [lv["sent_per_s"] for lv in levels], "vs_offline": [lv["vs_offline"] for lv in levels],
+            "mean_batch": [lv["mean_batch"] for lv in levels], "offline_sent_per_s": result["offline"]["sent_per_s"],
+            "engine": result["engine"]}
+
+
+def write_serving(contenders: list[dict], args: argparse.Namespace) -> None:
+    base = statistics.mean(x for run in contenders[0]["runs"] for x in run["sent_per_s"])
+    rows = []
+    for c in contenders:
+        speeds = [x for run in c["runs"] for x in run["sent_per_s"]]
+        shares = [x for run in c["runs"] for x in run["vs_offline"]]
+        rows.append({"label": c["label"], "commit": c["commit"], "runs": c["runs"],
+                     "mean_sent_per_s": round(statistics.mean(speeds), 1),
+                     "mean_vs_offline": round(statistics.mean(shares), 3),
+                     "ratio_to_first": round(statistics.mean(speeds) / base, 3)})
+        print(f"{c['label']:40s} mean {rows[-1]['mean_sent_per_s']:,.1f} sentences/s, "
+              f"{rows[-1]['mean_vs_offline']:.3f} of offline, x{rows[-1]['ratio_to_first']}")
+    name = args.name or "-".join(c["commit"] for c in contenders)
+    out = ROOT / "benchmarks" / "results" / "compare-serving" / f"{name}.json"
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(json.dumps({**stamp(), "command": "python benchmarks/compare_commits.py " + " ".join(sys.argv[1:]),
+                               "run": Path(args.serve).name, "engine": contenders[0]["runs"][0]["engine"],
+                               "serve_args": args.serve_args, "clients": 32, "levels_per_run": args.levels,
+                               "rounds": args.rounds, "contenders": rows}, indent=2) + "\n")
+    print(f"wrote {out}")
+
+
+def markdown_serving(results: dict[str, dict]) -> str:
+    """benchmarks/README.md: every serving comparison (``results/compare-serving/*.json``), every level of every
+    run."""
+    rows = []
+    for run in sorted(results.values(), key=lambda r: r["date"], reverse=True):
+        for c in run["contenders"]:
+            speeds = " / ".join(num(x) for r in c["runs"] for x in r["sent_per_s"])
+            rows.append([measured(run), f"`{c['commit']}`", f"{run['engine']}, `{run['serve_args']}`", speeds,
+                         num(c["mean_sent_per_s"]), f"{c['mean_vs_offline']:.2f}", f"{c['ratio_to_first']:.3f}x"])
+    return markdown(["measured", "contender", "engine, serve.py options", "32 clients: sentences/s, each level",
+                     "mean", "mean share of offline", "mean vs first"], rows, "lllrrrr")
 
 
 def markdown_table(results: dict[str, dict]) -> str:

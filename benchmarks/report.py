@@ -101,6 +101,8 @@ TABLES: dict[str, Table] = {
     "scale": Table(f"{RESULTS}/scale.json", "benchmarks/scale.py"),
     "scale-earlier": Table((f"{RESULTS}/earlier/scale.*.json",), "benchmarks/scale.py", "markdown_earlier"),
     "compare": Table((f"{RESULTS}/compare-*.json",), "benchmarks/compare_commits.py"),
+    "compare-serving": Table((f"{RESULTS}/compare-serving/*.json",), "benchmarks/compare_commits.py",
+                             "markdown_serving"),
     "attention": Table(f"{RESULTS}/attention.json", "benchmarks/attention.py"),
     "ddp": Table(f"{RESULTS}/ddp.json", "benchmarks/ddp.py"),
     "layout": Table(f"{RESULTS}/layout.json", "benchmarks/layout.py"),

@@ -312,6 +312,7 @@ def test_the_worker_gives_freed_memory_back_when_idle_and_while_busy(monkeypatch
     calls: list[float] = []
     monkeypatch.setattr(batching, "release_free_memory", lambda: calls.append(time.monotonic()))
     monkeypatch.setattr(batching, "TRIM_EVERY_S", 0.2)
+    monkeypatch.setattr(batching, "free_heap_bytes", lambda: batching.BUSY_TRIM_BYTES)  # enough to give back
 
     async def scenario() -> None:
         worker = ModelWorker("trim", Limits(max_wait_ms=0))
@@ -326,6 +327,53 @@ def test_the_worker_gives_freed_memory_back_when_idle_and_while_busy(monkeypatch
         assert 2 <= len(calls) <= 6
 
     asyncio.run(scenario())
+
+
+def test_a_busy_worker_trims_only_when_the_heaps_hold_much_free_memory(monkeypatch):
+    """While busy, a trim every TRIM_EVERY_S hands back pages the next batches fault in again: it runs only when
+    the heaps hold at least BUSY_TRIM_BYTES free. An idle pause still trims."""
+    from attnkit.serve import batching
+
+    calls: list[float] = []
+    free = [0]
+    monkeypatch.setattr(batching, "release_free_memory", lambda: calls.append(time.monotonic()))
+    monkeypatch.setattr(batching, "TRIM_EVERY_S", 0.2)
+    monkeypatch.setattr(batching, "free_heap_bytes", lambda: free[0])
+
+    async def busy(worker: ModelWorker) -> None:  # about 0.6 s without a pause of 0.2 s
+        for _ in range(30):
+            await worker.submit(("k",), lambda texts: time.sleep(0.02) or texts, ["b"])
+
+    async def scenario() -> None:
+        worker = ModelWorker("little", Limits(max_wait_ms=0))
+        await busy(worker)
+        assert calls == []  # little free: no trim while busy
+        await asyncio.sleep(0.6)
+        assert len(calls) == 1  # the idle pause trims whatever is free
+        free[0] = batching.BUSY_TRIM_BYTES - 1
+        await busy(worker)
+        assert len(calls) == 1
+        free[0] = batching.BUSY_TRIM_BYTES
+        await busy(worker)
+        worker.close(timeout=10)
+        assert len(calls) >= 2  # enough free: trimmed while busy
+
+    asyncio.run(scenario())
+
+
+def test_free_heap_bytes_counts_memory_freed_inside_the_heap():
+    """With glibc, memory freed in the middle of the heap (not at its top, which free() returns at once) is
+    counted; elsewhere the C library does not say (None)."""
+    from attnkit.common.memory import free_heap_bytes
+
+    before = free_heap_bytes()
+    if before is None:
+        pytest.skip("this C library has no mallinfo2 (glibc 2.33 or later has)")
+    blocks = [bytes(2000) for _ in range(10_000)]  # 20 MB from malloc (Python's allocator takes <= 512 bytes)
+    del blocks[::2]  # every other block freed: holes between live blocks, 10 MB
+    after = free_heap_bytes()
+    assert isinstance(after, int) and after - before >= 5_000_000
+    del blocks
 
 
 def test_an_idle_worker_holds_no_answer():

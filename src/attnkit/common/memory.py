@@ -5,8 +5,9 @@ glibc's ``malloc`` keeps memory a process freed in its heaps for reuse, so a ser
 long texts would leave tens of MB behind. ``malloc_trim(0)`` returns the free pages inside every heap
 to the system, and the free end (the "top") of the main heap; the free top of the heap glibc gives
 each further thread (an "arena") it leaves in place. So a server first asks for one heap shared by
-all its threads (:func:`share_one_heap`), then trims it when idle (:func:`release_free_memory`).
-Elsewhere (macOS, musl, Windows) both are no-ops.
+all its threads (:func:`share_one_heap`), then trims it when idle (:func:`release_free_memory`), and while
+busy only when it holds much free memory (:func:`free_heap_bytes`): a trim hands back pages the next
+allocations fault in again. Elsewhere (macOS, musl, Windows) both are no-ops.
 """
 
 from __future__ import annotations
@@ -38,6 +39,23 @@ def release_free_memory() -> bool:
         return False
     libc.malloc_trim(0)
     return True
+
+
+class _MallInfo2(ctypes.Structure):
+    """glibc's ``struct mallinfo2`` (``<malloc.h>``, glibc 2.33 and later): every field a ``size_t``."""
+
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+
+def free_heap_bytes() -> int | None:
+    """Bytes free inside the malloc heaps, their free tops included (``mallinfo2().fordblks``, summed over every
+    heap): the most :func:`release_free_memory` could give back. None where the C library does not say."""
+    libc = _libc()
+    if libc is None or not hasattr(libc, "mallinfo2"):
+        return None
+    libc.mallinfo2.restype = _MallInfo2
+    return int(libc.mallinfo2().fordblks)
 
 
 def share_one_heap() -> bool:
