@@ -312,7 +312,7 @@ def test_the_worker_gives_freed_memory_back_when_idle_and_while_busy(monkeypatch
     calls: list[float] = []
     monkeypatch.setattr(batching, "release_free_memory", lambda: calls.append(time.monotonic()))
     monkeypatch.setattr(batching, "TRIM_EVERY_S", 0.2)
-    monkeypatch.setattr(batching, "free_heap_bytes", lambda: batching.BUSY_TRIM_BYTES)  # enough to give back
+    monkeypatch.setattr(batching, "resident_bytes", lambda: None)  # unknown: trim while busy too
 
     async def scenario() -> None:
         worker = ModelWorker("trim", Limits(max_wait_ms=0))
@@ -329,51 +329,52 @@ def test_the_worker_gives_freed_memory_back_when_idle_and_while_busy(monkeypatch
     asyncio.run(scenario())
 
 
-def test_a_busy_worker_trims_only_when_the_heaps_hold_much_free_memory(monkeypatch):
-    """While busy, a trim every TRIM_EVERY_S hands back pages the next batches fault in again: it runs only when
-    the heaps hold at least BUSY_TRIM_BYTES free. An idle pause still trims."""
+def test_a_busy_worker_trims_only_once_its_resident_memory_has_grown(monkeypatch):
+    """While busy, a trim every TRIM_EVERY_S hands back pages the next batches fault in again: it runs only once the
+    RSS has grown by BUSY_TRIM_BYTES since the last trim. An idle pause still trims."""
     from attnkit.serve import batching
 
     calls: list[float] = []
-    free = [0]
+    rss = [100 << 20]
     monkeypatch.setattr(batching, "release_free_memory", lambda: calls.append(time.monotonic()))
     monkeypatch.setattr(batching, "TRIM_EVERY_S", 0.2)
-    monkeypatch.setattr(batching, "free_heap_bytes", lambda: free[0])
+    monkeypatch.setattr(batching, "resident_bytes", lambda: rss[0])
 
     async def busy(worker: ModelWorker) -> None:  # about 0.6 s without a pause of 0.2 s
         for _ in range(30):
             await worker.submit(("k",), lambda texts: time.sleep(0.02) or texts, ["b"])
 
     async def scenario() -> None:
-        worker = ModelWorker("little", Limits(max_wait_ms=0))
+        worker = ModelWorker("grown", Limits(max_wait_ms=0))
+        await asyncio.sleep(0.3)
         await busy(worker)
-        assert calls == []  # little free: no trim while busy
+        assert len(calls) == 1  # the first busy check: no trim yet to compare with, so it trims
+        await busy(worker)
+        assert len(calls) == 1  # the RSS as after that trim: none while busy
         await asyncio.sleep(0.6)
-        assert len(calls) == 1  # the idle pause trims whatever is free
-        free[0] = batching.BUSY_TRIM_BYTES - 1
+        assert len(calls) == 2  # an idle pause trims whatever is free
+        rss[0] += batching.BUSY_TRIM_BYTES - 1
         await busy(worker)
-        assert len(calls) == 1
-        free[0] = batching.BUSY_TRIM_BYTES
+        assert len(calls) == 2  # grown, but less than BUSY_TRIM_BYTES
+        rss[0] += 1
         await busy(worker)
         worker.close(timeout=10)
-        assert len(calls) >= 2  # enough free: trimmed while busy
+        assert len(calls) >= 3  # grown by BUSY_TRIM_BYTES: trimmed while busy
 
     asyncio.run(scenario())
 
 
-def test_free_heap_bytes_counts_memory_freed_inside_the_heap():
-    """With glibc, memory freed in the middle of the heap (not at its top, which free() returns at once) is
-    counted; elsewhere the C library does not say (None)."""
-    from attnkit.common.memory import free_heap_bytes
+def test_resident_bytes_grows_with_touched_memory():
+    """The RSS read from /proc/self/statm grows when pages are written (Linux); None where there is no /proc."""
+    from attnkit.common.memory import resident_bytes
 
-    before = free_heap_bytes()
+    before = resident_bytes()
     if before is None:
-        pytest.skip("this C library has no mallinfo2 (glibc 2.33 or later has)")
-    blocks = [bytes(2000) for _ in range(10_000)]  # 20 MB from malloc (Python's allocator takes <= 512 bytes)
-    del blocks[::2]  # every other block freed: holes between live blocks, 10 MB
-    after = free_heap_bytes()
-    assert isinstance(after, int) and after - before >= 5_000_000
-    del blocks
+        pytest.skip("no /proc/self/statm here")
+    block = bytearray(64 << 20)  # 64 MB, written (zeroed) page by page
+    block[::4096] = b"\x01" * len(block[::4096])
+    assert resident_bytes() - before >= 32 << 20
+    del block
 
 
 def test_an_idle_worker_holds_no_answer():

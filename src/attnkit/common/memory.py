@@ -6,8 +6,8 @@ long texts would leave tens of MB behind. ``malloc_trim(0)`` returns the free pa
 to the system, and the free end (the "top") of the main heap; the free top of the heap glibc gives
 each further thread (an "arena") it leaves in place. So a server first asks for one heap shared by
 all its threads (:func:`share_one_heap`), then trims it when idle (:func:`release_free_memory`), and while
-busy only when it holds much free memory (:func:`free_heap_bytes`): a trim hands back pages the next
-allocations fault in again. Elsewhere (macOS, musl, Windows) both are no-ops.
+busy only when the resident memory has grown since (:func:`resident_bytes`): a trim hands back pages
+the next allocations fault in again. Elsewhere (macOS, musl, Windows) both are no-ops.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
+import os
 
 #: ``mallopt``'s parameter for the most heaps (arenas) glibc may make (``<malloc.h>``).
 M_ARENA_MAX = -8
@@ -41,21 +42,13 @@ def release_free_memory() -> bool:
     return True
 
 
-class _MallInfo2(ctypes.Structure):
-    """glibc's ``struct mallinfo2`` (``<malloc.h>``, glibc 2.33 and later): every field a ``size_t``."""
-
-    _fields_ = [(name, ctypes.c_size_t) for name in (
-        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
-
-
-def free_heap_bytes() -> int | None:
-    """Bytes free inside the malloc heaps, their free tops included (``mallinfo2().fordblks``, summed over every
-    heap): the most :func:`release_free_memory` could give back. None where the C library does not say."""
-    libc = _libc()
-    if libc is None or not hasattr(libc, "mallinfo2"):
+def resident_bytes() -> int | None:
+    """This process's resident memory (RSS) now, in bytes (``/proc/self/statm``); None where there is no such file."""
+    try:
+        with open("/proc/self/statm", encoding="ascii") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
         return None
-    libc.mallinfo2.restype = _MallInfo2
-    return int(libc.mallinfo2().fordblks)
 
 
 def share_one_heap() -> bool:
