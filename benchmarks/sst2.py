@@ -76,6 +76,8 @@ def main() -> None:
     dev = read_labelled(DATA / "dev.tsv")
     for config in [c for c in args.configs if "=" not in c]:
         r = measure(config, args.record_only, overrides)
+        if overrides:  # a trial with the config changed on the command line: the table says so
+            r["overrides"] = overrides
         if r["task"] == "classify":
             scores, predictions = evaluate_classifier(load_run(ROOT / r["run_dir"] / "best.safetensors"), dev)
             name = Path(config).stem
