@@ -312,7 +312,6 @@ def test_the_worker_gives_freed_memory_back_when_idle_and_while_busy(monkeypatch
     calls: list[float] = []
     monkeypatch.setattr(batching, "release_free_memory", lambda: calls.append(time.monotonic()))
     monkeypatch.setattr(batching, "TRIM_EVERY_S", 0.2)
-    monkeypatch.setattr(batching, "resident_bytes", lambda: None)  # unknown: trim while busy too
 
     async def scenario() -> None:
         worker = ModelWorker("trim", Limits(max_wait_ms=0))
@@ -327,54 +326,6 @@ def test_the_worker_gives_freed_memory_back_when_idle_and_while_busy(monkeypatch
         assert 2 <= len(calls) <= 6
 
     asyncio.run(scenario())
-
-
-def test_a_busy_worker_trims_only_once_its_resident_memory_has_grown(monkeypatch):
-    """While busy, a trim every TRIM_EVERY_S hands back pages the next batches fault in again: it runs only once the
-    RSS has grown by BUSY_TRIM_BYTES since the last trim. An idle pause still trims."""
-    from attnkit.serve import batching
-
-    calls: list[float] = []
-    rss = [100 << 20]
-    monkeypatch.setattr(batching, "release_free_memory", lambda: calls.append(time.monotonic()))
-    monkeypatch.setattr(batching, "TRIM_EVERY_S", 0.2)
-    monkeypatch.setattr(batching, "resident_bytes", lambda: rss[0])
-
-    async def busy(worker: ModelWorker) -> None:  # about 0.6 s without a pause of 0.2 s
-        for _ in range(30):
-            await worker.submit(("k",), lambda texts: time.sleep(0.02) or texts, ["b"])
-
-    async def scenario() -> None:
-        worker = ModelWorker("grown", Limits(max_wait_ms=0))
-        await asyncio.sleep(0.3)
-        await busy(worker)
-        assert len(calls) == 1  # the first busy check: no trim yet to compare with, so it trims
-        await busy(worker)
-        assert len(calls) == 1  # the RSS as after that trim: none while busy
-        await asyncio.sleep(0.6)
-        assert len(calls) == 2  # an idle pause trims whatever is free
-        rss[0] += batching.BUSY_TRIM_BYTES - 1
-        await busy(worker)
-        assert len(calls) == 2  # grown, but less than BUSY_TRIM_BYTES
-        rss[0] += 1
-        await busy(worker)
-        worker.close(timeout=10)
-        assert len(calls) >= 3  # grown by BUSY_TRIM_BYTES: trimmed while busy
-
-    asyncio.run(scenario())
-
-
-def test_resident_bytes_grows_with_touched_memory():
-    """The RSS read from /proc/self/statm grows when pages are written (Linux); None where there is no /proc."""
-    from attnkit.common.memory import resident_bytes
-
-    before = resident_bytes()
-    if before is None:
-        pytest.skip("no /proc/self/statm here")
-    block = bytearray(64 << 20)  # 64 MB, written (zeroed) page by page
-    block[::4096] = b"\x01" * len(block[::4096])
-    assert resident_bytes() - before >= 32 << 20
-    del block
 
 
 def test_an_idle_worker_holds_no_answer():

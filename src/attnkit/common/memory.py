@@ -5,9 +5,8 @@ glibc's ``malloc`` keeps memory a process freed in its heaps for reuse, so a ser
 long texts would leave tens of MB behind. ``malloc_trim(0)`` returns the free pages inside every heap
 to the system, and the free end (the "top") of the main heap; the free top of the heap glibc gives
 each further thread (an "arena") it leaves in place. So a server first asks for one heap shared by
-all its threads (:func:`share_one_heap`), then trims it when idle (:func:`release_free_memory`), and while
-busy only when the resident memory has grown since (:func:`resident_bytes`): a trim hands back pages
-the next allocations fault in again. Elsewhere (macOS, musl, Windows) both are no-ops.
+all its threads (:func:`share_one_heap`), then trims it when idle (:func:`release_free_memory`).
+Elsewhere (macOS, musl, Windows) both are no-ops.
 """
 
 from __future__ import annotations
@@ -15,7 +14,6 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
-import os
 
 #: ``mallopt``'s parameter for the most heaps (arenas) glibc may make (``<malloc.h>``).
 M_ARENA_MAX = -8
@@ -40,15 +38,6 @@ def release_free_memory() -> bool:
         return False
     libc.malloc_trim(0)
     return True
-
-
-def resident_bytes() -> int | None:
-    """This process's resident memory (RSS) now, in bytes (``/proc/self/statm``); None where there is no such file."""
-    try:
-        with open("/proc/self/statm", encoding="ascii") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return None
 
 
 def share_one_heap() -> bool:

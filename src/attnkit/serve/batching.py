@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ..common.errors import UserError
-from ..common.memory import release_free_memory, resident_bytes
+from ..common.memory import release_free_memory
 
 __all__ = ["BatchRecord", "Limits", "ModelWorker", "QueueFull", "Stepper"]
 
@@ -47,10 +47,6 @@ class Limits:
 #: Give freed memory back (:func:`~attnkit.common.memory.release_free_memory`) after this long idle, and while
 #: busy at most this often: a server's RSS then follows what it holds, not the largest request it ever answered.
 TRIM_EVERY_S = 1.0
-#: While busy, give memory back only once the resident memory has grown this much since the last time (an attention
-#: answer leaves tens of MB): a trim returns pages that the next batches fault in again, which under steady load costs
-#: throughput (benchmarks/README.md, serving). An idle worker trims whatever is free.
-BUSY_TRIM_BYTES = 16 << 20
 
 
 class QueueFull(Exception):
@@ -136,9 +132,8 @@ other queued, and the previous batch answered one request) runs at once. Which j
         self.batch_texts = 0  # texts summed over the model calls (continuous: running texts summed over the steps)
         self._free_since = 0.0  # when the last batch was answered (time.monotonic)
         self._last_jobs = 0  # requests in the last batch: more than one means several clients are sending
-        self._trimmed = time.monotonic()  # when freed memory was last given back (or the RSS found not grown)
+        self._trimmed = time.monotonic()  # when freed memory was last given back
         self._dirty = False  # a batch ran since then
-        self._rss_after_trim = 0  # the resident memory after it (bytes): the busy worker trims once it has grown
         self._cond = threading.Condition()
         self._stepper: Stepper | None = None  # the continuous decoder with texts in flight
         self._stepping_key: tuple | None = None  # the key of its jobs
@@ -234,7 +229,6 @@ other queued, and the previous batch answered one request) runs at once. Which j
         """Give the memory freed since the last time back to the system (from the worker thread)."""
         release_free_memory()
         self._trimmed, self._dirty = time.monotonic(), False
-        self._rss_after_trim = resident_bytes() or 0
 
     def _serve(self) -> None:
         while True:
@@ -244,11 +238,7 @@ other queued, and the previous batch answered one request) runs at once. Which j
             if (batch := self._take()) is None:
                 return
             if self._dirty and time.monotonic() - self._trimmed > TRIM_EVERY_S:  # busy without a pause
-                rss = resident_bytes()
-                if rss is None or rss - self._rss_after_trim >= BUSY_TRIM_BYTES:
-                    self._release()
-                else:  # not grown since: look again in TRIM_EVERY_S (an idle pause still trims)
-                    self._trimmed = time.monotonic()
+                self._release()
             self._dirty = True
             if batch[0].stepper is not None:
                 self._stepper, self._stepping_key = batch[0].stepper, batch[0].key
