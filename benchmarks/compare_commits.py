@@ -124,7 +124,8 @@ def serve_run(tree: Path, args: argparse.Namespace, out: Path) -> dict:
     result = json.loads(out.read_text(encoding="utf-8"))
     levels = result["clients"]
     return {"sent_per_s": [lv["sent_per_s"] for lv in levels], "vs_offline": [lv["vs_offline"] for lv in levels],
-            "mean_batch": [lv["mean_batch"] for lv in levels], "offline_sent_per_s": result["offline"]["sent_per_s"],
+            "mean_batch": [lv["mean_batch"] for lv in levels], "p50_ms": [lv["p50_ms"] for lv in levels],
+            "p99_ms": [lv["p99_ms"] for lv in levels], "offline_sent_per_s": result["offline"]["sent_per_s"],
             "engine": result["engine"]}
 
 
@@ -157,10 +158,11 @@ def markdown_serving(results: dict[str, dict]) -> str:
     for run in sorted(results.values(), key=lambda r: r["date"], reverse=True):
         for c in run["contenders"]:
             speeds = " / ".join(num(x) for r in c["runs"] for x in r["sent_per_s"])
+            p99 = " / ".join(f"{x:g}" for r in c["runs"] for x in r.get("p99_ms", [])) or "(not recorded)"
             rows.append([measured(run), f"`{c['commit']}`", f"{run['engine']}, `{run['serve_args']}`", speeds,
-                         num(c["mean_sent_per_s"]), f"{c['mean_vs_offline']:.2f}", f"{c['ratio_to_first']:.3f}x"])
+                         num(c["mean_sent_per_s"]), f"{c['mean_vs_offline']:.2f}", f"{c['ratio_to_first']:.3f}x", p99])
     return markdown(["measured", "contender", "engine, serve.py options", "32 clients: sentences/s, each level",
-                     "mean", "mean share of offline", "mean vs first"], rows, "lllrrrr")
+                     "mean", "mean share of offline", "mean vs first", "p99 ms, each level"], rows, "lllrrrrr")
 
 
 def markdown_table(results: dict[str, dict]) -> str:

@@ -328,6 +328,32 @@ def test_the_worker_gives_freed_memory_back_when_idle_and_while_busy(monkeypatch
     asyncio.run(scenario())
 
 
+def test_freeze_long_lived_keeps_full_collections_off_what_exists():
+    """After freeze_long_lived, what existed is out of the collector's sight (a full collection no longer visits it)
+    and garbage made later is still collected. In a process of its own: frozen objects are never freed."""
+    import subprocess
+    import sys
+
+    script = """
+import gc
+from attnkit.common.memory import freeze_long_lived
+keep = [[i] for i in range(50_000)]  # long-lived containers, as a server's models and app
+frozen = freeze_long_lived()
+assert frozen >= 50_000, frozen
+class Cycle:
+    pass
+a, b = Cycle(), Cycle()
+a.other, b.other = b, a  # garbage only the collector can free
+del a, b
+assert gc.collect() >= 2  # later garbage is still collected
+assert gc.get_freeze_count() == frozen  # the frozen objects stayed out of the collection
+assert len(gc.get_objects()) < 50_000  # the collector's generations no longer hold the long-lived ones
+print("ok")
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+
+
 def test_an_idle_worker_holds_no_answer():
     """Once a batch is answered and the caller has let go of its answer, nothing in the worker keeps it alive while
     it waits for more work: otherwise the idle trim could not give an attention answer's megabytes back."""

@@ -67,7 +67,7 @@ from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 
 from ..common.errors import UserError
-from ..common.memory import share_one_heap
+from ..common.memory import freeze_long_lived, share_one_heap
 from ..inference.attention_maps import AttentionMaps
 from ..viz.explorer import explorer_data, fill_page, script_json
 from .batching import Limits, ModelWorker, QueueFull, Stepper
@@ -398,6 +398,7 @@ def serve(paths: list[str], *, host: str = "127.0.0.1", port: int = 8000, thread
     if threads is not None:
         torch.set_num_threads(threads)
     app = create_app([load_servable(p, threads or 0, precision, continuous) for p in paths], limits, api_key)
+    freeze_long_lived()  # the models and the app stay: full collections while serving need not scan them
     sock = listen(host, port)
     bound_host, bound_port = sock.getsockname()[:2]
     url_host = f"[{bound_host}]" if ":" in bound_host else bound_host
