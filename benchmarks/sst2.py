@@ -44,8 +44,9 @@ def markdown_table(results: dict[str, dict]) -> str:
             when = f"{r.get('date', data['date'])[:10]}, `{r.get('commit', data['commit'])}`"
             minutes, updates = f"{r['train_minutes']:.1f}", num(r["updates"])
             if r.get("task") == "pretrain":
-                rows.append([f"`{r['config']}`", held_out_text(r), "", "", minutes, updates,
-                             r["threads"], when])
+                config = f"`{r['config']}`" + (" with " + ", ".join(f"`{o}`" for o in r["overrides"])
+                                               if r.get("overrides") else "")
+                rows.append([config, held_out_text(r), "", "", minutes, updates, r["threads"], when])
                 continue
             target = TARGETS.get(Path(r["config"]).stem)
             held_out = f"{r['valid_accuracy']:.2f}" if "valid_accuracy" in r else "(2,000 random rows)"
