@@ -47,8 +47,8 @@ def freeze_long_lived() -> int:
     (``gc.freeze``); return how many were frozen.
 
     For a server, after its models, libraries and app are loaded: they live as long as the process, yet each full
-    collection would scan all of them again (hundreds of thousands of objects, tens of milliseconds during which
-    no request is answered). Frozen objects are never freed, so call it once, when what exists is what stays.
+    collection would scan all of them again, and no request is answered while it does (benchmarks/README.md,
+    serving). Frozen objects are never freed, so call it once, when what exists is what stays.
     """
     gc.collect()
     gc.freeze()
