@@ -43,16 +43,14 @@ def markdown_table(results: dict[str, dict]) -> str:
         for r in entries.values() if isinstance(entries, dict) else entries:
             when = f"{r.get('date', data['date'])[:10]}, `{r.get('commit', data['commit'])}`"
             minutes, updates = f"{r['train_minutes']:.1f}", num(r["updates"])
+            config = f"`{r['config']}`" if isinstance(entries, dict) else f"`{r['config']}` as of `{data['commit']}`"
+            if r.get("overrides"):  # a trial with the config changed on the command line
+                config += " with " + ", ".join(f"`{o}`" for o in r["overrides"])
             if r.get("task") == "pretrain":
-                config = f"`{r['config']}`" + (" with " + ", ".join(f"`{o}`" for o in r["overrides"])
-                                               if r.get("overrides") else "")
                 rows.append([config, held_out_text(r), "", "", minutes, updates, r["threads"], when])
                 continue
             target = TARGETS.get(Path(r["config"]).stem)
             held_out = f"{r['valid_accuracy']:.2f}" if "valid_accuracy" in r else "(2,000 random rows)"
-            config = f"`{r['config']}`" if isinstance(entries, dict) else f"`{r['config']}` as of `{data['commit']}`"
-            if r.get("overrides"):  # a trial with the config changed on the command line
-                config += " with " + ", ".join(f"`{o}`" for o in r["overrides"])
             rows.append([config, held_out, f"**{r['dev_accuracy']:.2f}**",
                          "" if target is None else f">= {target:g}", minutes, updates,
                          r.get("threads", data.get("threads")), when])
