@@ -10,6 +10,7 @@ from attnkit import (
     DecoderLayer,
     EncoderLayer,
     KVCache,
+    LayerOptions,
     MultiHeadAttention,
     SinusoidalPositions,
     Transformer,
@@ -113,7 +114,7 @@ def copy_layer(ours: nn.Module, theirs: nn.Module, decoder: bool) -> None:
 def test_encoder_layer_equals_torch(norm_first: bool) -> None:
     theirs = nn.TransformerEncoderLayer(D, H, FF, dropout=0.0, batch_first=True, norm_first=norm_first)
     randomize(theirs, 4)
-    ours = EncoderLayer(D, H, FF, dropout=0.0, norm_first=norm_first)
+    ours = EncoderLayer(D, H, FF, LayerOptions(dropout=0.0, norm_first=norm_first))
     copy_layer(ours, theirs, decoder=False)
     ours.eval(), theirs.eval()
     x = torch.randn(3, 6, D)
@@ -130,7 +131,7 @@ def test_encoder_layer_equals_torch(norm_first: bool) -> None:
 def test_decoder_layer_equals_torch(norm_first: bool) -> None:
     theirs = nn.TransformerDecoderLayer(D, H, FF, dropout=0.0, batch_first=True, norm_first=norm_first)
     randomize(theirs, 5)
-    ours = DecoderLayer(D, H, FF, dropout=0.0, norm_first=norm_first)
+    ours = DecoderLayer(D, H, FF, LayerOptions(dropout=0.0, norm_first=norm_first))
     copy_layer(ours, theirs, decoder=True)
     ours.eval(), theirs.eval()
     g = torch.Generator().manual_seed(6)

@@ -27,19 +27,23 @@ from .attention import (
     make_scorer,
     padding_mask,
     scaled_dot_score,
+    sliding_window_mask,
     soft_attention,
 )
 from .classifier import TransformerClassifier
-from .layers import DecoderLayer, EncoderLayer, FeedForward, SinusoidalPositions, TokenEmbedding
+from .layers import DecoderLayer, EncoderLayer, FeedForward, LayerOptions, TokenEmbedding
+from .lm import LanguageModel
 from .multihead import KVCache, MultiHeadAttention
+from .positions import ALiBi, RotaryPositions, SinusoidalPositions
 from .rnn import RNNConfig, RNNSeq2Seq
 from .transformer import PRESETS, Transformer, TransformerConfig, preset
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "AdditiveScore", "DecoderLayer", "EncoderLayer", "FeedForward", "GeneralScore", "KVCache",
-    "MultiHeadAttention", "PRESETS", "RNNConfig", "RNNSeq2Seq", "SinusoidalPositions", "TokenEmbedding",
-    "Transformer", "TransformerClassifier", "TransformerConfig", "attend", "attention_override", "causal_mask",
-    "dot_score", "hard_attention", "make_scorer", "padding_mask", "preset", "scaled_dot_score", "soft_attention",
+    "ALiBi", "AdditiveScore", "DecoderLayer", "EncoderLayer", "FeedForward", "GeneralScore", "KVCache",
+    "LanguageModel", "LayerOptions", "MultiHeadAttention", "PRESETS", "RNNConfig", "RNNSeq2Seq", "RotaryPositions",
+    "SinusoidalPositions", "TokenEmbedding", "Transformer", "TransformerClassifier", "TransformerConfig", "attend",
+    "attention_override", "causal_mask", "dot_score", "hard_attention", "make_scorer", "padding_mask", "preset",
+    "scaled_dot_score", "sliding_window_mask", "soft_attention",
 ]

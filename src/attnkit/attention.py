@@ -3,7 +3,7 @@
 The seeds' recipe (SEEDS.md sections 2-4), for one query q against keys k_1..k_N and values
 v_1..v_N::
 
-    e_i     = score(q, k_i)                    # how well key i matches the query
+    e_i     = score(q, k_i) [+ b_i]            # how well key i matches the query (+ a position bias, ALiBi)
     alpha   = softmax(beta * e)                # soft attention: ||alpha||_1 = 1
             | onehot(argmax(e))                # hard attention: ||alpha||_0 = 1
     context = sum_i alpha_i v_i
@@ -23,6 +23,11 @@ name                    formula                                    reference
 ``(..., T_q, T_k)`` where ``True`` means *may attend*. Masked logits are filled with the
 dtype's minimum (the seeds add -1e9; the effect is the same and it cannot overflow in
 bfloat16), and a query row with nothing to attend to yields a zero context, never NaN.
+:func:`causal_mask` (look-ahead) and :func:`sliding_window_mask` build the masks a decoder needs.
+
+**Grouped-query attention** (Ainslie et al. 2023): keys and values may have fewer heads than the
+queries, ``H_kv`` dividing ``H``; each key/value head then serves ``H / H_kv`` consecutive query heads
+(:func:`repeat_kv`). ``H_kv = H`` is multi-head attention, ``H_kv = 1`` multi-query attention (Shazeer 2019).
 """
 
 from __future__ import annotations
@@ -72,6 +77,21 @@ def causal_mask(T_q: int, T_k: int | None = None, *, device: torch.device | None
     """
     T_k = T_q if T_k is None else T_k
     return torch.ones(T_q, T_k, dtype=torch.bool, device=device).tril(diagonal=T_k - T_q)
+
+
+def sliding_window_mask(T_q: int, T_k: int | None = None, window: int = 0, *,
+                        device: torch.device | None = None) -> Tensor:
+    """Sliding-window look-ahead mask ``(T_q, T_k)``: query ``i`` sees the ``window`` keys ending at its own position.
+
+    Query ``i`` (at position ``p = i + T_k - T_q``) may attend to key ``j`` iff ``p - window < j <= p``
+    (Child et al. 2019's local attention, Mistral's sliding window). ``window = 0`` is the plain
+    :func:`causal_mask`; a window at least ``T_k`` long changes nothing.
+    """
+    T_k = T_q if T_k is None else T_k
+    mask = causal_mask(T_q, T_k, device=device)  # j <= p
+    if window > 0:
+        mask = mask & ~torch.ones(T_q, T_k, dtype=torch.bool, device=device).tril(diagonal=T_k - T_q - window)
+    return mask
 
 
 # --------------------------------------------------------------------------------------
@@ -213,6 +233,12 @@ def normalize(e: Tensor, mask: Tensor | None, normalizer: Normalizer, beta: floa
 Dropout = Callable[[Tensor], Tensor]
 
 
+def repeat_kv(x: Tensor, groups: int) -> Tensor:
+    """Grouped-query attention's keys or values ``(B, H_kv, T, d)`` -> ``(B, H_kv * groups, T, d)``:
+    key/value head ``j`` serves query heads ``j * groups .. (j + 1) * groups - 1``."""
+    return x if groups == 1 else x.repeat_interleave(groups, dim=-3)
+
+
 def check_attention_args(score: ScoreName | Scorer, normalizer: str, mask: Tensor | None) -> None:
     """Reject what :func:`attend` cannot do, with a message saying what to pass instead."""
     if isinstance(score, str) and score in ("general", "additive", "concat"):
@@ -237,8 +263,10 @@ def attend(
     dropout: float | Dropout = 0.0,
     need_weights: bool = True,
     straight_through: bool = False,
+    bias: Tensor | None = None,
+    causal: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
-    """Attention: ``context = normalize(beta * score(q, k)) v`` (SEEDS.md 2-4).
+    """Attention: ``context = normalize(beta * (score(q, k) + bias)) v`` (SEEDS.md 2-4).
 
     The steps, as the seeds write them: score every key, mask, normalize (softmax or hard
     argmax, inverse temperature ``beta``), drop out weights (training), take the weighted sum.
@@ -258,11 +286,25 @@ def attend(
     :param need_weights: return the weights, or None (the fast engine's kernel then may use a
         fused kernel that never materialises them; here it only drops them).
     :param straight_through: for ``normalizer="hard"``, pass softmax gradients through.
+    :param bias: added to the scores, broadcastable to ``(..., T_q, T_k)`` (ALiBi's ``-m_h |t - s|``).
+    :param causal: also apply the look-ahead mask: query ``i`` sees keys ``j <= i + T_k - T_q``
+        (:func:`causal_mask`; the queries are the last ``T_q`` of the ``T_k`` positions).
     :returns: ``(context (..., T_q, d_v), weights (..., T_q, T_k) or None)``.
+
+    Keys and values with fewer heads than the queries (``(B, H_kv, T_k, d)`` against ``(B, H, T_q, d)``)
+    are grouped-query attention: they are repeated to ``H`` heads first (:func:`repeat_kv`).
     """
     check_attention_args(score, normalizer, mask)
+    if q.dim() == 4 and k.dim() == 4 and k.size(1) != q.size(1):  # grouped-query attention
+        groups = q.size(1) // k.size(1)
+        k, v = repeat_kv(k, groups), repeat_kv(v, groups)  # (B, H, T_k, d)
+    if causal:
+        look_ahead = causal_mask(q.size(-2), k.size(-2), device=q.device)  # (T_q, T_k)
+        mask = look_ahead if mask is None else mask & look_ahead
     scorer = _PARAMETER_FREE[score] if isinstance(score, str) else score
     e = scorer(q, k)  # 1. scores (..., T_q, T_k)
+    if bias is not None:
+        e = e + bias  # position bias (ALiBi)
     weights = normalize(e, mask, normalizer, 1.0 if beta is None else beta, straight_through)  # 2.-3. mask, normalize
     if callable(dropout):
         p = dropout(weights)  # 4. dropout on the weights

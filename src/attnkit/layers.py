@@ -1,17 +1,20 @@
 """Transformer building blocks (SEEDS.md section 7; Vaswani et al. sections 3.1-3.5).
 
 - :class:`TokenEmbedding`: ``Embedding(x) * sqrt(d_model)`` (section 3.4).
-- :class:`SinusoidalPositions` / :class:`LearnedPositions`: ``PE(pos, 2i) = sin(pos / 10000^(2i/d_model))``,
-  ``PE(pos, 2i+1) = cos(pos / 10000^(2i/d_model))`` (section 3.5), or a learned table.
-- :class:`FeedForward`: ``FFN(x) = max(0, x W_1 + b_1) W_2 + b_2`` (section 3.3).
+- positions (section 3.5, and the ones today's models use) are in :mod:`attnkit.positions`.
+- :class:`FeedForward`: ``FFN(x) = max(0, x W_1 + b_1) W_2 + b_2`` (section 3.3), or the gated SwiGLU.
+- :func:`make_norm`: the "Norm" of Add & Norm, LayerNorm (Ba et al. 2016) or RMSNorm.
 - :func:`input_embedding`: BERT's additions to ``Embed(x) + PE``: a token-type row, then a LayerNorm.
 
 Options that other published models use, each off by default (``attnkit import`` sets them for
 Hugging Face checkpoints): the FFN's activation (``gelu`` in BERT, ``swish`` in Marian / OPUS-MT),
 no ``sqrt(d_model)`` scale (BERT), the sinusoids laid out in two halves (tensor2tensor, Marian),
-a token-type embedding and an embedding LayerNorm (BERT), and the LayerNorm epsilon (BERT: 1e-12).
+a token-type embedding and an embedding LayerNorm (BERT), and the LayerNorm epsilon (BERT: 1e-12);
+and for decoder-only models (GPT-2, Llama): RMSNorm, SwiGLU, no biases, grouped-query attention and
+positions inside attention (RoPE, ALiBi; :mod:`attnkit.positions`).
 - :class:`EncoderLayer`: self-attention -> Add & Norm -> FFN -> Add & Norm.
-- :class:`DecoderLayer`: masked self-attention -> Add & Norm -> cross-attention -> Add & Norm -> FFN -> Add & Norm.
+- :class:`DecoderLayer`: masked self-attention -> Add & Norm -> cross-attention -> Add & Norm -> FFN -> Add & Norm;
+  without cross-attention (``cross_attention=False``) it is the layer of a decoder-only language model.
 
 Dropout (``nn.Dropout`` modules) sits where the paper puts it: on each sub-layer's output before
 the residual add and on embeddings + positions (in the models). Dropout on attention weights
@@ -24,6 +27,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
 from typing import Literal
 
 import torch
@@ -32,6 +37,7 @@ from torch import Tensor, nn
 
 from .attention import ScoreName
 from .multihead import KVCache, MultiHeadAttention
+from .positions import ALiBi, RotaryPositions
 
 
 class TokenEmbedding(nn.Module):
@@ -55,68 +61,6 @@ class TokenEmbedding(nn.Module):
 
     def forward(self, tokens: Tensor) -> Tensor:
         return self.embedding(tokens) * self.scale  # (B, T, d_model)
-
-
-#: Where the sines and cosines go: alternate dimensions (the paper), or all sines then all cosines.
-PositionLayout = Literal["interleaved", "halves"]
-
-
-def sinusoidal_table(max_len: int, d_model: int, layout: PositionLayout = "interleaved") -> Tensor:
-    """The paper's table ``(max_len, d_model)``: even dims ``sin(pos / 10000^(2i/d))``, odd dims ``cos(...)``.
-
-    ``layout="halves"``: ``[sin(pos / 10000^(2i/d)) for i < d/2] ++ [cos(...) for i < d/2]``, the same
-    frequencies laid out as tensor2tensor and Marian (OPUS-MT) do.
-    """
-    pos = torch.arange(max_len, dtype=torch.float64)[:, None]  # (L, 1)
-    two_i = torch.arange(0, d_model, 2, dtype=torch.float64)  # (d/2,)
-    angle = pos / torch.pow(10000.0, two_i / d_model)  # (L, d/2)
-    table = torch.zeros(max_len, d_model, dtype=torch.float64)
-    if layout == "halves":
-        half = angle.size(1)  # ceil(d/2) sines, the rest cosines
-        table[:, :half] = torch.sin(angle)
-        table[:, half:] = torch.cos(angle[:, : d_model - half])
-    elif layout == "interleaved":
-        table[:, 0::2] = torch.sin(angle)
-        table[:, 1::2] = torch.cos(angle[:, : d_model // 2])
-    else:
-        raise ValueError(f"unknown position layout {layout!r}; choose interleaved or halves")
-    return table.float()
-
-
-class SinusoidalPositions(nn.Module):
-    """Fixed sinusoidal positional encoding; ``forward(T, offset)`` returns rows ``offset..offset+T-1``."""
-
-    def __init__(self, d_model: int, max_len: int = 1024, layout: PositionLayout = "interleaved") -> None:
-        super().__init__()
-        self.register_buffer("table", sinusoidal_table(max_len, d_model, layout), persistent=False)
-
-    def forward(self, T: int, offset: int = 0) -> Tensor:
-        if offset + T > self.table.size(0):
-            raise ValueError(f"position {offset + T} exceeds max_len={self.table.size(0)}")
-        return self.table[offset: offset + T]  # (T, d_model)
-
-
-class LearnedPositions(nn.Module):
-    """A learned position table (an alternative the paper reports as nearly identical)."""
-
-    def __init__(self, d_model: int, max_len: int = 1024) -> None:
-        super().__init__()
-        self.table = nn.Embedding(max_len, d_model)
-        nn.init.normal_(self.table.weight, 0.0, d_model ** -0.5)
-
-    def forward(self, T: int, offset: int = 0) -> Tensor:
-        if offset + T > self.table.num_embeddings:
-            raise ValueError(f"position {offset + T} exceeds max_len={self.table.num_embeddings}")
-        return self.table.weight[offset: offset + T]  # (T, d_model)
-
-
-def make_positions(kind: str, d_model: int, max_len: int, layout: PositionLayout = "interleaved") -> nn.Module:
-    """``"sinusoidal"`` (laid out as ``layout`` says) or ``"learned"`` positional encoding."""
-    if kind == "sinusoidal":
-        return SinusoidalPositions(d_model, max_len, layout)
-    if kind == "learned":
-        return LearnedPositions(d_model, max_len)
-    raise ValueError(f"unknown positional encoding {kind!r}; choose sinusoidal or learned")
 
 
 def xavier_init_(module: nn.Module) -> None:
@@ -143,30 +87,71 @@ def input_embedding(x: Tensor, token_types: nn.Embedding | None, norm: nn.LayerN
     return norm(x) if norm is not None else x
 
 
-#: The FFN's non-linearity: the paper's ``relu``, BERT's ``gelu`` (exact, erf), Marian's ``swish`` (``x sigmoid(x)``).
-Activation = Literal["relu", "gelu", "swish"]
-ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {"relu": F.relu, "gelu": F.gelu, "swish": F.silu}
+#: The FFN's non-linearity: the paper's ``relu``, BERT's ``gelu`` (exact, erf), GPT-2's ``gelu_tanh`` (the tanh
+#: approximation), Marian's ``swish`` (``x sigmoid(x)``), or Llama's gated ``swiglu``.
+Activation = Literal["relu", "gelu", "gelu_tanh", "swish", "swiglu"]
+ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
+    "relu": F.relu, "gelu": F.gelu, "gelu_tanh": partial(F.gelu, approximate="tanh"), "swish": F.silu,
+    "swiglu": F.silu}
+#: The "Norm" of Add & Norm.
+NormKind = Literal["layernorm", "rmsnorm"]
+
+
+def make_norm(kind: NormKind, d_model: int, eps: float = 1e-5) -> nn.Module:
+    """``layernorm``: ``(x - mean(x)) / sqrt(var(x) + eps) * g + b`` (Ba et al. 2016), or
+    ``rmsnorm``: ``x / sqrt(mean(x^2) + eps) * g``, no centring and no bias (Zhang & Sennrich 2019; Llama)."""
+    if kind == "layernorm":
+        return nn.LayerNorm(d_model, eps=eps)
+    if kind == "rmsnorm":
+        return nn.RMSNorm(d_model, eps=eps)
+    raise ValueError(f"unknown norm {kind!r}; choose layernorm or rmsnorm")
 
 
 class FeedForward(nn.Module):
     """Position-wise ``max(0, x W_1 + b_1) W_2 + b_2`` — a 1x1 convolution, as seed 001 puts it.
 
     ``activation`` replaces ``max(0, .)``: ``gelu(z) = z Phi(z)``, ``swish(z) = z sigmoid(z)``.
+    ``swiglu`` is gated (Shazeer 2020, "GLU Variants Improve Transformer"; Llama):
+    ``FFN(x) = (swish(x W_1) * x W_3) W_2`` with a third matrix ``W_3`` (the "up" projection; ``W_1`` is the gate).
     """
 
     def __init__(self, d_model: int, d_ff: int, activation_dropout: float = 0.0,
-                 activation: Activation = "relu") -> None:
+                 activation: Activation = "relu", bias: bool = True) -> None:
         super().__init__()
         if activation not in ACTIVATIONS:
             raise ValueError(f"unknown activation {activation!r}; choose one of {', '.join(ACTIVATIONS)}")
-        self.w1 = nn.Linear(d_model, d_ff)
-        self.w2 = nn.Linear(d_ff, d_model)
+        self.w1 = nn.Linear(d_model, d_ff, bias=bias)
+        self.w2 = nn.Linear(d_ff, d_model, bias=bias)
+        self.w3 = nn.Linear(d_model, d_ff, bias=bias) if activation == "swiglu" else None
         self.activation = ACTIVATIONS[activation]
         self.activation_dropout = nn.Dropout(activation_dropout)
 
     def forward(self, x: Tensor) -> Tensor:
-        h = self.activation_dropout(self.activation(self.w1(x)))  # (B, T, d_ff)
-        return self.w2(h)  # (B, T, d_model)
+        h = self.activation(self.w1(x))  # (B, T, d_ff)
+        if self.w3 is not None:
+            h = h * self.w3(x)  # SwiGLU's gate
+        return self.w2(self.activation_dropout(h))  # (B, T, d_model)
+
+
+@dataclass(frozen=True)
+class LayerOptions:
+    """How a layer is built beyond its sizes; the defaults are the paper's layer (:data:`PAPER_LAYER`)."""
+
+    dropout: float = 0.1  # on each sub-layer's output (the paper's P_drop)
+    attention_dropout: float = 0.0  # on the attention weights (not in the paper)
+    activation_dropout: float = 0.0  # after the FFN's non-linearity (not in the paper)
+    norm_first: bool = False  # pre-norm x + Sublayer(Norm(x)) instead of the paper's post-norm
+    eps: float = 1e-5  # the norms' epsilon
+    score: ScoreName = "scaled_dot"
+    activation: Activation = "relu"
+    norm: NormKind = "layernorm"
+    bias: bool = True  # biases in the attention projections and the FFN (Llama has none)
+    n_kv_heads: int | None = None  # grouped-query attention: key/value heads (None: n_heads)
+    rotary: RotaryPositions | None = field(default=None, compare=False)  # RoPE, shared by every layer
+    alibi: ALiBi | None = field(default=None, compare=False)  # ALiBi, shared by every layer
+
+
+PAPER_LAYER = LayerOptions()
 
 
 class _ResidualBlock(nn.Module):
@@ -181,28 +166,34 @@ class _ResidualBlock(nn.Module):
     norm_first: bool
     dropout: nn.Dropout
 
-    def sublayer_input(self, x: Tensor, norm: nn.LayerNorm) -> Tensor:
+    def sublayer_input(self, x: Tensor, norm: nn.Module) -> Tensor:
         return norm(x) if self.norm_first else x
 
-    def add_residual(self, x: Tensor, y: Tensor, norm: nn.LayerNorm) -> Tensor:
+    def add_residual(self, x: Tensor, y: Tensor, norm: nn.Module) -> Tensor:
         x = x + self.dropout(y)  # (B, T, d_model)
         return x if self.norm_first else norm(x)
+
+    def attention(self, d_model: int, n_heads: int, o: LayerOptions, causal: bool = False) -> MultiHeadAttention:
+        """A multi-head attention sub-layer built with ``o``."""
+        return MultiHeadAttention(d_model, n_heads, dropout=o.attention_dropout, score=o.score, bias=o.bias,
+                                  n_kv_heads=o.n_kv_heads, rotary=o.rotary, alibi=o.alibi, causal=causal)
+
+    def build(self, d_model: int, n_heads: int, d_ff: int, o: LayerOptions, *, causal: bool = False) -> None:
+        """What every layer has: self-attention, the FFN, the residual dropout and (``norm1``) the first norm."""
+        self.self_attn = self.attention(d_model, n_heads, o, causal)
+        self.ff = FeedForward(d_model, d_ff, o.activation_dropout, o.activation, bias=o.bias)
+        self.norm1 = make_norm(o.norm, d_model, o.eps)
+        self.dropout = nn.Dropout(o.dropout)  # on each sub-layer's output
+        self.norm_first = o.norm_first
 
 
 class EncoderLayer(_ResidualBlock):
     """``x = Norm(x + Dropout(SelfAttn(x)));  x = Norm(x + Dropout(FFN(x)))`` (post-norm; see module doc)."""
 
-    def __init__(self, d_model: int, n_heads: int, d_ff: int, *, dropout: float = 0.1,
-                 attention_dropout: float = 0.0, activation_dropout: float = 0.0,
-                 norm_first: bool = False, eps: float = 1e-5, score: ScoreName = "scaled_dot",
-                 activation: Activation = "relu") -> None:
+    def __init__(self, d_model: int, n_heads: int, d_ff: int, options: LayerOptions = PAPER_LAYER) -> None:
         super().__init__()
-        self.self_attn = MultiHeadAttention(d_model, n_heads, dropout=attention_dropout, score=score)
-        self.ff = FeedForward(d_model, d_ff, activation_dropout, activation)
-        self.norm1 = nn.LayerNorm(d_model, eps=eps)
-        self.norm2 = nn.LayerNorm(d_model, eps=eps)
-        self.dropout = nn.Dropout(dropout)  # on each sub-layer's output
-        self.norm_first = norm_first
+        self.build(d_model, n_heads, d_ff, options)
+        self.norm2 = make_norm(options.norm, d_model, options.eps)
 
     def forward(self, x: Tensor, mask: Tensor | None = None, need_weights: bool = False
                 ) -> tuple[Tensor, Tensor | None]:
@@ -214,52 +205,60 @@ class EncoderLayer(_ResidualBlock):
 
 
 class DecoderLayer(_ResidualBlock):
-    """Masked self-attention, cross-attention to the encoder memory, FFN; each with Add & Norm."""
+    """Masked self-attention, cross-attention to the encoder memory, FFN; each with Add & Norm.
 
-    def __init__(self, d_model: int, n_heads: int, d_ff: int, *, dropout: float = 0.1,
-                 attention_dropout: float = 0.0, activation_dropout: float = 0.0,
-                 norm_first: bool = False, eps: float = 1e-5, score: ScoreName = "scaled_dot",
-                 activation: Activation = "relu") -> None:
+    With ``cross_attention=False`` there is no encoder: masked self-attention and the FFN, the layer of a
+    decoder-only language model (GPT; :mod:`attnkit.lm`). Its self-attention then applies the look-ahead
+    mask itself (``causal``). The norms are numbered in the order their sub-layers run.
+    """
+
+    def __init__(self, d_model: int, n_heads: int, d_ff: int, options: LayerOptions = PAPER_LAYER, *,
+                 cross_attention: bool = True) -> None:
         super().__init__()
-        self.self_attn = MultiHeadAttention(d_model, n_heads, dropout=attention_dropout, score=score)
-        self.cross_attn = MultiHeadAttention(d_model, n_heads, dropout=attention_dropout, score=score)
-        self.ff = FeedForward(d_model, d_ff, activation_dropout, activation)
-        self.norm1 = nn.LayerNorm(d_model, eps=eps)
-        self.norm2 = nn.LayerNorm(d_model, eps=eps)
-        self.norm3 = nn.LayerNorm(d_model, eps=eps)
-        self.dropout = nn.Dropout(dropout)  # on each sub-layer's output
-        self.norm_first = norm_first
+        self.build(d_model, n_heads, d_ff, options, causal=not cross_attention)
+        self.cross_attn = self.attention(d_model, n_heads, options) if cross_attention else None
+        self.norm2 = make_norm(options.norm, d_model, options.eps)
+        self.norm3 = make_norm(options.norm, d_model, options.eps) if cross_attention else None
+
+    @property
+    def ff_norm(self) -> nn.Module:
+        """The norm of the FFN sub-layer: the third (after cross-attention's), or the second without it."""
+        return self.norm3 if self.norm3 is not None else self.norm2
 
     def forward(
         self,
         x: Tensor,
-        memory: Tensor,
+        memory: Tensor | None,
         self_mask: Tensor | None,
         memory_mask: Tensor | None,
         *,
-        cache: tuple[KVCache, KVCache] | None = None,
+        cache: tuple[KVCache, KVCache | None] | None = None,
         need_weights: bool = False,
-    ) -> tuple[Tensor, Tensor | None, tuple[KVCache, KVCache] | None]:
+    ) -> tuple[Tensor, tuple[Tensor, Tensor | None] | None, tuple[KVCache, KVCache | None] | None]:
         """One decoder layer.
 
         :param x: ``(B, T, d_model)`` target positions (``T = 1`` when decoding step by step).
         :param memory: ``(B, S, d_model)`` encoder output (the engine's beam search passes one row per
-            sentence, ``(A, S, d_model)``, shared by ``g = B / A`` consecutive rows of ``x``).
-        :param self_mask: look-ahead mask ``(T, T_past + T)``, possibly combined with target padding.
+            sentence, ``(A, S, d_model)``, shared by ``g = B / A`` consecutive rows of ``x``); None without
+            cross-attention.
+        :param self_mask: look-ahead mask ``(T, T_past + T)``, possibly combined with target padding (a
+            decoder-only layer applies the look-ahead mask itself; this may add a sliding window).
         :param memory_mask: ``(B, 1, 1, S)`` source padding mask.
-        :param cache: ``(self-attention cache, cross-attention cache)`` for incremental decoding.
+        :param cache: ``(self-attention cache, cross-attention cache or None)`` for incremental decoding.
         :param need_weights: also return both attentions' per-head weights.
-        :returns: ``(x, (self-attention (B, H, T, T_past + T), cross-attention (B, H, T, S)) | None,
+        :returns: ``(x, (self-attention (B, H, T, T_past + T), cross-attention (B, H, T, S) or None) | None,
             new cache | None)``.
         """
         self_cache, cross_cache = cache if cache is not None else (None, None)
         y, self_weights, self_cache = self.self_attn(self.sublayer_input(x, self.norm1), None, self_mask,
                                                      cache=self_cache, need_weights=need_weights)
         x = self.add_residual(x, y, self.norm1)
-        y, cross_weights, cross_cache = self.cross_attn(self.sublayer_input(x, self.norm2), memory, memory_mask,
-                                                        cache=cross_cache, need_weights=need_weights)
-        x = self.add_residual(x, y, self.norm2)
-        x = self.add_residual(x, self.ff(self.sublayer_input(x, self.norm3)), self.norm3)
+        cross_weights = None
+        if self.cross_attn is not None:
+            y, cross_weights, cross_cache = self.cross_attn(self.sublayer_input(x, self.norm2), memory, memory_mask,
+                                                            cache=cross_cache, need_weights=need_weights)
+            x = self.add_residual(x, y, self.norm2)
+        x = self.add_residual(x, self.ff(self.sublayer_input(x, self.ff_norm)), self.ff_norm)
         new_cache = (self_cache, cross_cache) if cache is not None else None
         weights = (self_weights, cross_weights) if need_weights else None
         return x, weights, new_cache

@@ -15,6 +15,12 @@ The kernel is :func:`attnkit.attention.attend` (matmul + softmax, as the seeds w
 Incremental decoding keeps a :class:`KVCache` per attention layer, passed in and returned:
 self-attention appends the new position's key/value; cross-attention projects the
 encoder memory once, on the first step, and reuses it.
+
+Options that decoder-only models use (each off by default; :mod:`attnkit.positions` has the formulas):
+``n_kv_heads < n_heads`` is grouped-query attention (fewer key/value heads, each shared by
+``n_heads / n_kv_heads`` query heads; the cache holds only those), ``rotary`` rotates queries and keys
+by their positions (RoPE), ``alibi`` adds ALiBi's distance bias to the scores, and ``causal`` applies
+the look-ahead mask inside the kernel (what lets the engine use a causal fused kernel).
 """
 
 from __future__ import annotations
@@ -26,11 +32,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .attention import Normalizer, ScoreName, attend
+from .positions import ALiBi, RotaryPositions
 
 
 @dataclass
 class KVCache:
-    """Projected keys and values of the positions seen so far, ``(B, H, T, d_k)`` / ``(B, H, T, d_v)``."""
+    """Projected keys and values of the positions seen so far, ``(B, H_kv, T, d_k)`` / ``(B, H_kv, T, d_v)``
+    (``H_kv`` key/value heads: ``H`` unless grouped-query attention; keys after the rotary rotation)."""
 
     k: Tensor | None = None
     v: Tensor | None = None
@@ -52,33 +60,46 @@ class MultiHeadAttention(nn.Module):
     :param dropout: dropout on the attention weights (training only).
     :param score: ``"scaled_dot"`` (the paper's ``q.k / sqrt(d_k)``) or ``"dot"`` (unscaled, for the
         seed 003 experiment of what the scale is for).
+    :param n_kv_heads: key/value heads ``H_kv`` (default ``n_heads``); must divide ``n_heads``.
+    :param rotary: rotate self-attention's queries and keys by position (a module shared by the layers).
+    :param alibi: add ALiBi's bias ``-m_h |t - s|`` to self-attention's scores (shared likewise).
+    :param causal: self-attention sees no later position (the look-ahead mask, applied by the kernel).
     """
 
     def __init__(self, d_model: int, n_heads: int, *, d_k: int | None = None, d_v: int | None = None,
-                 dropout: float = 0.0, bias: bool = True, score: ScoreName = "scaled_dot") -> None:
+                 dropout: float = 0.0, bias: bool = True, score: ScoreName = "scaled_dot",
+                 n_kv_heads: int | None = None, rotary: RotaryPositions | None = None, alibi: ALiBi | None = None,
+                 causal: bool = False) -> None:
         super().__init__()
         if d_k is None and d_model % n_heads != 0:
             raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}; give d_k explicitly")
         if score not in ("scaled_dot", "dot"):
             raise ValueError(f"multi-head attention scores with scaled_dot or dot, not {score!r}")
+        n_kv_heads = n_kv_heads or n_heads
+        if n_kv_heads < 1 or n_heads % n_kv_heads:
+            raise ValueError(f"n_kv_heads={n_kv_heads} must divide n_heads={n_heads}")
         self.score = score
         self.normalizer: Normalizer = "softmax"
         self.beta: float | None = None  # inverse temperature on top of the score (attention_override)
         self.kernel = attend  # the engine swaps in its fast kernel
-        self.n_heads = n_heads
+        self.n_heads, self.n_kv_heads = n_heads, n_kv_heads
         self.d_k = d_k or d_model // n_heads
         self.d_v = d_v or self.d_k
+        self.rotary, self.alibi, self.causal = rotary, alibi, causal
         self.dropout = nn.Dropout(dropout)  # on the attention weights
-        self.in_proj = nn.Linear(d_model, n_heads * (2 * self.d_k + self.d_v), bias=bias)  # [W^Q; W^K; W^V]
+        self.in_proj = nn.Linear(d_model, n_heads * self.d_k + n_kv_heads * (self.d_k + self.d_v),
+                                 bias=bias)  # [W^Q; W^K; W^V], keys and values with H_kv heads
         self.out_proj = nn.Linear(n_heads * self.d_v, d_model, bias=bias)  # W^O
 
     def extra_repr(self) -> str:
         kernel = self.kernel.__name__
-        return f"n_heads={self.n_heads}, d_k={self.d_k}, d_v={self.d_v}, score={self.score}, kernel={kernel}"
+        kv = f", n_kv_heads={self.n_kv_heads}" if self.n_kv_heads != self.n_heads else ""
+        return f"n_heads={self.n_heads}{kv}, d_k={self.d_k}, d_v={self.d_v}, score={self.score}, kernel={kernel}"
 
-    def _split(self, x: Tensor, d: int) -> Tensor:
+    @staticmethod
+    def _split(x: Tensor, heads: int, d: int) -> Tensor:
         B, T, _ = x.shape
-        return x.view(B, T, self.n_heads, d).transpose(1, 2)  # (B, T, H*d) -> (B, H, T, d)
+        return x.view(B, T, heads, d).transpose(1, 2)  # (B, T, heads*d) -> (B, heads, T, d)
 
     def forward(
         self,
@@ -101,24 +122,33 @@ class MultiHeadAttention(nn.Module):
         :param need_weights: return per-head weights ``(B, H, T_q, T_k)`` (disables the fused kernel).
         :returns: ``(output (B, T_q, d_model), weights or None, new cache or None)``.
         """
-        H, dk, dv = self.n_heads, self.d_k, self.d_v
+        H, Hkv, dk, dv = self.n_heads, self.n_kv_heads, self.d_k, self.d_v
         W, b = self.in_proj.weight, self.in_proj.bias
+        past = cache is not None and cache.k is not None and cache.v is not None
+        bias = None
         if memory is None:  # self-attention: one fused projection
-            q, k, v = self.in_proj(query).split([H * dk, H * dk, H * dv], dim=-1)  # 3 x (B, T_q, H*d)
-            q, k, v = self._split(q, dk), self._split(k, dk), self._split(v, dv)  # (B, H, T_q, d)
-            if cache is not None and cache.k is not None and cache.v is not None:
-                k = torch.cat([cache.k, k], dim=2)  # (B, H, T_past + T_q, d_k)
+            q, k, v = self.in_proj(query).split([H * dk, Hkv * dk, Hkv * dv], dim=-1)  # (B, T_q, H*d), 2 x H_kv*d
+            q, k, v = self._split(q, H, dk), self._split(k, Hkv, dk), self._split(v, Hkv, dv)  # (B, H|H_kv, T_q, d)
+            if self.rotary is not None:  # RoPE: rotate by position, counting the cached positions
+                offset = cache.k.size(2) if past else 0
+                q, k = self.rotary(q, offset), self.rotary(k, offset)
+            if past:
+                k = torch.cat([cache.k, k], dim=2)  # (B, H_kv, T_past + T_q, d_k)
                 v = torch.cat([cache.v, v], dim=2)
+            if self.alibi is not None:
+                bias = self.alibi(q.size(2), k.size(2)).to(q.dtype)  # (H, T_q, T_k)
         else:  # cross-attention: queries from the decoder, keys/values from the memory
-            q = self._split(F.linear(query, W[: H * dk], None if b is None else b[: H * dk]), dk)
-            if cache is not None and cache.k is not None and cache.v is not None:
+            q = self._split(F.linear(query, W[: H * dk], None if b is None else b[: H * dk]), H, dk)
+            if past:
                 k, v = cache.k, cache.v  # memory projected on an earlier step
             else:
-                kv = F.linear(memory, W[H * dk:], None if b is None else b[H * dk:])  # (B, T_k, H*(dk+dv))
-                k_, v_ = kv.split([H * dk, H * dv], dim=-1)
-                k, v = self._split(k_, dk), self._split(v_, dv)  # (B, H, T_k, d)
+                kv = F.linear(memory, W[H * dk:], None if b is None else b[H * dk:])  # (B, T_k, H_kv*(dk+dv))
+                k_, v_ = kv.split([Hkv * dk, Hkv * dv], dim=-1)
+                k, v = self._split(k_, Hkv, dk), self._split(v_, Hkv, dv)  # (B, H_kv, T_k, d)
+        causal = self.causal and memory is None
         context, weights = self.kernel(q, k, v, mask, score=self.score, normalizer=self.normalizer, beta=self.beta,
-                                       dropout=self.dropout, need_weights=need_weights)  # (B, H, T_q, d_v)
+                                       dropout=self.dropout, need_weights=need_weights, bias=bias,
+                                       causal=causal)  # (B, H, T_q, d_v); K/V heads shared when H_kv < H
         B, _, T_q, _ = context.shape
         out = self.out_proj(context.transpose(1, 2).reshape(B, T_q, H * dv))  # (B, H, T_q, d_v) -> (B, T_q, H*d_v)
         return out, weights, (KVCache(k, v) if cache is not None else None)

@@ -22,13 +22,15 @@ from .layers import (
     Activation,
     DecoderLayer,
     EncoderLayer,
-    PositionLayout,
+    LayerOptions,
+    NormKind,
     TokenEmbedding,
     input_embedding,
-    make_positions,
+    make_norm,
     xavier_init_,
 )
 from .multihead import KVCache
+from .positions import ADDITIVE_POSITIONS, PositionKind, PositionLayout, make_positions
 from .vocab import BOS_ID, EOS_ID, PAD_ID
 
 
@@ -44,8 +46,9 @@ class TransformerConfig:
     dropout: float = 0.1  # residual and embedding dropout (the paper's P_drop)
     attention_dropout: float = 0.0  # on attention weights (not in the paper)
     activation_dropout: float = 0.0  # after the FFN ReLU (not in the paper)
-    norm_first: bool = False  # pre-norm instead of the paper's post-norm
-    positions: Literal["sinusoidal", "learned"] = "sinusoidal"
+    norm_first: bool | None = None  # pre-norm instead of the paper's post-norm (None: post-norm, but pre-norm
+    #                                 for a decoder-only language model, as GPT-2 and every model since)
+    positions: PositionKind = "sinusoidal"  # rope, alibi and none: language models only (attnkit.positions)
     attention_score: Literal["scaled_dot", "dot"] = "scaled_dot"  # dot: no 1/sqrt(d_k) (seed 003 experiment)
     max_len: int = 1024
     share_embeddings: bool = True  # one embedding for source and target (needs a joint vocabulary)
@@ -58,6 +61,12 @@ class TransformerConfig:
     embedding_norm: bool = False  # a LayerNorm over embeddings + positions (BERT)
     norm_eps: float = 1e-5  # every LayerNorm's epsilon (BERT: 1e-12)
     output_bias: bool = False  # a bias on the output projection (Marian's final_logits_bias)
+    # -- what decoder-only language models use (task: lm; attnkit.lm), each off by default --
+    rope_theta: float = 10000.0  # positions: rope, the base of its angles
+    n_kv_heads: int = 0  # grouped-query attention: key/value heads (0: n_heads, multi-head; 1: multi-query)
+    window: int = 0  # sliding-window attention: each position sees this many (0: all earlier positions)
+    norm: NormKind = "layernorm"  # or rmsnorm (Llama)
+    bias: bool = True  # biases in the attention and FFN projections (Llama: none)
 
     def validate(self) -> None:
         """:raises ValueError: for dimensions no model can have (the config loader reports it with the key)."""
@@ -67,6 +76,30 @@ class TransformerConfig:
             raise ValueError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
         if self.token_types < 0 or not self.norm_eps > 0:
             raise ValueError(f"token_types ({self.token_types}) must be >= 0 and norm_eps ({self.norm_eps}) > 0")
+        if self.n_kv_heads < 0 or (self.n_kv_heads and self.n_heads % self.n_kv_heads):
+            raise ValueError(f"n_kv_heads ({self.n_kv_heads}) must divide n_heads ({self.n_heads}), or be 0")
+        if self.window < 0 or not self.rope_theta > 0:
+            raise ValueError(f"window ({self.window}) must be >= 0 and rope_theta ({self.rope_theta}) > 0")
+        if self.positions == "rope" and (self.d_model // self.n_heads) % 2:
+            raise ValueError(f"rope rotates pairs of dimensions: the head size d_model / n_heads "
+                             f"({self.d_model // self.n_heads}) must be even")
+
+    def language_model_options(self) -> list[str]:
+        """The options set here that only a decoder-only language model has (none for an encoder-decoder)."""
+        defaults = TransformerConfig()
+        found = [f"positions: {self.positions}"] if self.positions not in ADDITIVE_POSITIONS else []
+        found += [f"{key}: {getattr(self, key)}" for key in ("n_kv_heads", "window", "norm", "bias")
+                  if getattr(self, key) != getattr(defaults, key)]
+        return found + ([f"activation: {self.activation}"] if self.activation in ("swiglu", "gelu_tanh") else [])
+
+    def layer_options(self, norm_first_default: bool = False) -> LayerOptions:
+        """How each layer is built (positions inside attention are added by the model that owns them);
+        ``norm_first_default`` is the model's convention where ``norm_first`` is None."""
+        norm_first = norm_first_default if self.norm_first is None else self.norm_first
+        return LayerOptions(dropout=self.dropout, attention_dropout=self.attention_dropout,
+                            activation_dropout=self.activation_dropout, norm_first=norm_first,
+                            eps=self.norm_eps, score=self.attention_score, activation=self.activation,
+                            norm=self.norm, bias=self.bias, n_kv_heads=self.n_kv_heads or None)
 
 
 PRESETS: dict[str, TransformerConfig] = {
@@ -84,14 +117,17 @@ def preset(name: str, **changes: object) -> TransformerConfig:
     return replace(PRESETS[name], **changes)
 
 
+def require_paper_layers(cfg: TransformerConfig, model: str) -> None:
+    """Refuse the language-model-only options for an encoder or encoder-decoder (its exports know none of them)."""
+    found = cfg.language_model_options()
+    if found:
+        raise ValueError(f"{model} does not take {', '.join(found)}: these are options of a decoder-only "
+                         f"language model (task: lm)")
+
+
 def layer_stack(layer: type[EncoderLayer] | type[DecoderLayer], cfg: TransformerConfig, n: int) -> nn.ModuleList:
     """``n`` identical :class:`EncoderLayer` s or :class:`DecoderLayer` s, sized and regularised by ``cfg``."""
-    return nn.ModuleList(
-        layer(cfg.d_model, cfg.n_heads, cfg.d_ff, dropout=cfg.dropout, attention_dropout=cfg.attention_dropout,
-              activation_dropout=cfg.activation_dropout, norm_first=cfg.norm_first, score=cfg.attention_score,
-              eps=cfg.norm_eps, activation=cfg.activation)
-        for _ in range(n)
-    )
+    return nn.ModuleList(layer(cfg.d_model, cfg.n_heads, cfg.d_ff, cfg.layer_options()) for _ in range(n))
 
 
 class InputEmbedding(nn.Module):
@@ -102,7 +138,7 @@ class InputEmbedding(nn.Module):
     """
 
     embed: TokenEmbedding
-    positions: nn.Module
+    positions: nn.Module | None  # None when positions act inside attention (rope, alibi) or there are none
     token_type: nn.Embedding | None
     embed_norm: nn.LayerNorm | None
     dropout: nn.Dropout
@@ -112,11 +148,13 @@ class InputEmbedding(nn.Module):
         self.token_type = nn.Embedding(cfg.token_types, cfg.d_model) if cfg.token_types else None
         if self.token_type is not None:
             nn.init.normal_(self.token_type.weight, 0.0, cfg.d_model ** -0.5)
-        self.embed_norm = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps) if cfg.embedding_norm else None
+        self.embed_norm = make_norm(cfg.norm, cfg.d_model, cfg.norm_eps) if cfg.embedding_norm else None
 
     def embed_input(self, tokens: Tensor, offset: int = 0) -> Tensor:
         """``tokens`` ``(B, T)`` at positions ``offset..offset+T-1`` -> ``(B, T, d_model)``."""
-        x = self.embed(tokens) + self.positions(tokens.size(1), offset=offset)  # (B, T, d_model)
+        x = self.embed(tokens)  # (B, T, d_model)
+        if self.positions is not None:
+            x = x + self.positions(tokens.size(1), offset=offset)  # + PE (T, d_model)
         return self.dropout(input_embedding(x, self.token_type, self.embed_norm))
 
 
@@ -125,12 +163,13 @@ class TransformerEncoder(InputEmbedding):
 
     def __init__(self, cfg: TransformerConfig, vocab_size: int, pad_id: int = PAD_ID) -> None:
         super().__init__()
+        require_paper_layers(cfg, "an encoder")
         self.pad_id = pad_id
         self.embed = TokenEmbedding(vocab_size, cfg.d_model, pad_id, scale=cfg.scale_embeddings)
         self.positions = make_positions(cfg.positions, cfg.d_model, cfg.max_len, cfg.position_layout)
         self.dropout = nn.Dropout(cfg.dropout)  # on embeddings + positions
         self.layers = layer_stack(EncoderLayer, cfg, cfg.encoder_layers)
-        self.final_norm = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps) if cfg.norm_first else None
+        self.final_norm = make_norm(cfg.norm, cfg.d_model, cfg.norm_eps) if cfg.norm_first else None
         self.add_embedding_options(cfg)
 
     def forward(self, src: Tensor, need_weights: bool = False) -> tuple[Tensor, Tensor, list[Tensor]]:
@@ -180,6 +219,7 @@ class Transformer(InputEmbedding):
     def __init__(self, cfg: TransformerConfig, src_vocab_size: int, tgt_vocab_size: int) -> None:
         super().__init__()
         cfg.validate()
+        require_paper_layers(cfg, "an encoder-decoder Transformer")
         self.cfg = cfg
         if cfg.share_embeddings and src_vocab_size != tgt_vocab_size:
             raise ValueError(f"share_embeddings needs one vocabulary, got {src_vocab_size} and {tgt_vocab_size}")
@@ -189,7 +229,7 @@ class Transformer(InputEmbedding):
         self.positions = make_positions(cfg.positions, cfg.d_model, cfg.max_len, cfg.position_layout)
         self.dropout = nn.Dropout(cfg.dropout)  # on embeddings + positions
         self.layers = layer_stack(DecoderLayer, cfg, cfg.decoder_layers)
-        self.final_norm = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps) if cfg.norm_first else None
+        self.final_norm = make_norm(cfg.norm, cfg.d_model, cfg.norm_eps) if cfg.norm_first else None
         self.out_proj = nn.Linear(cfg.d_model, tgt_vocab_size, bias=cfg.output_bias)
         if cfg.tie_output:
             self.out_proj.weight = self.tgt_embed.weight

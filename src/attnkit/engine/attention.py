@@ -11,7 +11,10 @@ has the measurements; ``tests/test_engine.py`` checks each against the reference
    when it is not returned (torch accumulates in float32 and rounds once, as casting would), except
    on the CPU below :data:`BF16_SOFTMAX_CPU_MIN_KEYS` keys, where torch's bf16 softmax backward is slow.
 3. **Byte dropout** on the weights (:mod:`attnkit.engine.dropout`).
-4. **Grouped queries** for beam search: queries ``(B, H, T, d)`` against keys ``(A, H, S, d)``
+4. **Causal, grouped-query and biased attention in the fused kernel**: the look-ahead mask as
+   ``is_causal`` (no ``(T, T)`` mask built, masked blocks skipped), key/value heads shared by
+   ``enable_gqa`` (no copy), ALiBi's bias as a float ``attn_mask``.
+5. **Grouped queries** for beam search: queries ``(B, H, T, d)`` against keys ``(A, H, S, d)``
    with ``B = g * A`` — each memory row serves ``g`` consecutive hypothesis rows
    (:class:`attnkit.engine.decoding.SharedMemoryState`), so the memory is never copied per beam.
 """
@@ -30,8 +33,10 @@ from ..attention import (
     Normalizer,
     ScoreName,
     Scorer,
+    causal_mask,
     check_attention_args,
     hard_attention,
+    repeat_kv,
     soft_attention,
 )
 from .dropout import byte_dropout
@@ -103,6 +108,8 @@ def fast_attend(
     dropout: float | Dropout = 0.0,
     need_weights: bool = True,
     straight_through: bool = False,
+    bias: Tensor | None = None,
+    causal: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
     """:func:`attnkit.attention.attend`, faster; same arguments and results (see the module docstring).
 
@@ -112,19 +119,40 @@ def fast_attend(
     check_attention_args(score, normalizer, mask)
     if q.dim() == 4 and k.dim() == 4 and q.size(0) != k.size(0):
         return _grouped(q, k, v, mask, score=score, normalizer=normalizer, beta=beta, dropout=dropout,
-                        need_weights=need_weights, straight_through=straight_through)
+                        need_weights=need_weights, straight_through=straight_through, bias=bias, causal=causal)
+    T_q, T_k = q.size(-2), k.size(-2)
+    if causal and T_q == 1:
+        causal = False  # one query at the newest position sees every key
     p = _dropout_rate(dropout)
+    grouped_kv = q.dim() == 4 and k.dim() == 4 and k.size(1) != q.size(1)
     if not need_weights and normalizer == "softmax" and score in ("dot", "scaled_dot") and _fused_is_faster(q, k):
         scale = 1.0 / math.sqrt(q.size(-1)) if score == "scaled_dot" else 1.0
         scale *= 1.0 if beta is None else beta
-        context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, scale=scale)
+        is_causal = causal and mask is None and bias is None and T_q == T_k  # the kernel's own look-ahead mask
+        attn_mask = mask
+        if causal and not is_causal:
+            look_ahead = causal_mask(T_q, T_k, device=q.device)  # (T_q, T_k)
+            attn_mask = look_ahead if mask is None else mask & look_ahead
+        if bias is not None:  # SDPA adds attn_mask after scaling: scale the bias by beta as the reference does
+            b = bias * (1.0 if beta is None else beta)
+            attn_mask = b if attn_mask is None else b.masked_fill(~attn_mask, float("-inf"))
+        context = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=p, scale=scale,
+                                                 is_causal=is_causal, enable_gqa=grouped_kv)
         if mask is not None and not _fused_zeroes_empty_rows(q.device, q.dtype):
             # Older kernels return uniform weights or NaN for rows with nothing to attend to.
             context = context.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)
         return context, None
 
+    if grouped_kv:
+        groups = q.size(1) // k.size(1)
+        k, v = repeat_kv(k, groups), repeat_kv(v, groups)  # (B, H, T_k, d)
+    if causal:
+        look_ahead = causal_mask(T_q, T_k, device=q.device)  # (T_q, T_k)
+        mask = look_ahead if mask is None else mask & look_ahead
     scorer = _PARAMETER_FREE[score] if isinstance(score, str) else score
     e = scorer(q, k)  # (..., T_q, T_k)
+    if bias is not None:
+        e = e + bias  # position bias (ALiBi)
     beta = 1.0 if beta is None else beta
     if normalizer == "softmax":
         in_dtype = not need_weights and _bf16_softmax_is_faster(e)  # weights that are shown stay float32

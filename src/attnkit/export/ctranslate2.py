@@ -49,7 +49,7 @@ from torch import Tensor, nn
 from ..common.errors import UserError
 from ..data.tokenizer import BOS_ID, EOS_ID, UNK_ID, Tokenizer
 from ..inference.translate import check_decode_options, encode_sources, output_budget, translation_order
-from ..layers import SinusoidalPositions
+from ..positions import SinusoidalPositions
 from ..rnn import RNNSeq2Seq
 from ..runs.layout import tokenizer_files
 from ..runs.load import languages, load_run, require
@@ -130,7 +130,8 @@ def transformer_spec(model: Transformer, tok: Tokenizer):
     cfg = model.cfg
     activation = {"relu": "RELU", "gelu": "GELU", "swish": "SWISH"}[cfg.activation]
     spec = TransformerSpec.from_config((cfg.encoder_layers, cfg.decoder_layers), cfg.n_heads,
-                                       pre_norm=cfg.norm_first, activation=getattr(common_spec.Activation, activation),
+                                       pre_norm=bool(cfg.norm_first),
+                                       activation=getattr(common_spec.Activation, activation),
                                        layernorm_embedding=cfg.embedding_norm)
     dot = cfg.attention_score == "dot"
     encoder, decoder = model.encoder, model

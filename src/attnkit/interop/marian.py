@@ -42,7 +42,7 @@ from safetensors.torch import save_file
 from ..common.errors import UserError
 from ..config.schema import DataConfig, ModelConfig, RunConfig, TokenizerConfig
 from ..data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, save_sentencepiece_vocab
-from ..layers import sinusoidal_table
+from ..positions import sinusoidal_table
 from ..runs.load import languages, load_run, require
 from ..transformer import Transformer, TransformerConfig
 from .hf import HFDirectory, check_shape, tensor, write_directory, write_run
