@@ -6,6 +6,10 @@ figures to ``docs/figures/<name>*.png``. They read Multi30k from ``../shared/dat
 relative to the repository root, like the configs, and are run from the repository root::
 
     python experiments/<script>.py [options]
+
+The probes beside them (``decode_probes``, ``recipe_probes``, ``electra_diagnosis``, ``compare_commits``,
+``profile_update``: one-off questions about speed and recipes, answered, that moved here from ``benchmarks/``)
+do not use this module: they write to ``benchmarks/results/``, and ``benchmarks/README.md`` lists them.
 """
 
 from __future__ import annotations

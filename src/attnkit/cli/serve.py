@@ -33,6 +33,23 @@ example:
   curl -s localhost:8000/translate -H 'Content-Type: application/json' \\
        -d '{"texts": ["Ein Hund rennt."], "beam": 1}'"""
 
+#: ``--max-...``: every field of :class:`~attnkit.serve.batching.Limits` as a flag, in --help's order: (field,
+#: metavar, what the help says of it; its default is appended). A whole number must be positive, milliseconds
+#: may be 0.
+LIMIT_FLAGS = (
+    ("max_texts", "N", "texts per request; more is refused with 413"),
+    ("max_attention_texts", "N", "texts per request that asks for attention (a long text's maps run to megabytes "
+                                 "of JSON); more is refused with 413"),
+    ("max_chars", "N", "characters per text; longer is refused with 413"),
+    ("max_body", "BYTES", "bytes per request body; larger is refused with 413"),
+    ("max_queue", "N", "texts waiting per model; beyond, requests get 503"),
+    ("max_batch", "N", "texts the model runs at once, from several requests"),
+    ("max_batch_tokens", "N", "source tokens a model batch may hold, padded (texts x the longest text's tokens); a "
+                              "request longer than that runs alone"),
+    ("max_wait_ms", "MS", "how long a model's worker waits for more requests to join a batch; a lone request "
+                          "does not wait"),
+)
+
 
 def add(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help=HELP, formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -61,25 +78,11 @@ def add(sub: argparse._SubParsersAction) -> None:
                         "(default: the environment variable ATTNKIT_API_KEY if set, else no key; the variable keeps "
                         "the key out of the process list)")
     defaults = Limits()
-    p.add_argument("--max-texts", type=POSITIVE_INT, default=defaults.max_texts, metavar="N",
-                   help=f"texts per request; more is refused with 413 (default: {defaults.max_texts})")
-    p.add_argument("--max-attention-texts", type=POSITIVE_INT, default=defaults.max_attention_texts, metavar="N",
-                   help="texts per request that asks for attention (a long text's maps run to megabytes of JSON); "
-                        f"more is refused with 413 (default: {defaults.max_attention_texts})")
-    p.add_argument("--max-chars", type=POSITIVE_INT, default=defaults.max_chars, metavar="N",
-                   help=f"characters per text; longer is refused with 413 (default: {defaults.max_chars})")
-    p.add_argument("--max-body", type=POSITIVE_INT, default=defaults.max_body, metavar="BYTES",
-                   help=f"bytes per request body; larger is refused with 413 (default: {defaults.max_body})")
-    p.add_argument("--max-queue", type=POSITIVE_INT, default=defaults.max_queue, metavar="N",
-                   help=f"texts waiting per model; beyond, requests get 503 (default: {defaults.max_queue})")
-    p.add_argument("--max-batch", type=POSITIVE_INT, default=defaults.max_batch, metavar="N",
-                   help=f"texts the model runs at once, from several requests (default: {defaults.max_batch})")
-    p.add_argument("--max-batch-tokens", type=POSITIVE_INT, default=defaults.max_batch_tokens, metavar="N",
-                   help="source tokens a model batch may hold, padded (texts x the longest text's tokens); a "
-                        f"request longer than that runs alone (default: {defaults.max_batch_tokens})")
-    p.add_argument("--max-wait-ms", type=NON_NEGATIVE, default=defaults.max_wait_ms, metavar="MS",
-                   help="how long a model's worker waits for more requests to join a batch; a lone request "
-                        f"does not wait (default: {defaults.max_wait_ms:g})")
+    for name, metavar, what in LIMIT_FLAGS:
+        default = getattr(defaults, name)
+        whole = isinstance(default, int)
+        p.add_argument(f"--{name.replace('_', '-')}", type=POSITIVE_INT if whole else NON_NEGATIVE, default=default,
+                       metavar=metavar, help=f"{what} (default: {default if whole else format(default, 'g')})")
 
 
 def run(args: argparse.Namespace) -> None:
@@ -90,9 +93,7 @@ def run(args: argparse.Namespace) -> None:
     api_key = args.api_key if args.api_key is not None else os.environ.get("ATTNKIT_API_KEY")
     if api_key is not None and not api_key.strip():
         raise UserError("--api-key is empty; give a key, or none to serve without one")
-    limits = Limits(max_texts=args.max_texts, max_chars=args.max_chars, max_body=args.max_body,
-                    max_queue=args.max_queue, max_batch=args.max_batch, max_wait_ms=args.max_wait_ms,
-                    max_batch_tokens=args.max_batch_tokens, max_attention_texts=args.max_attention_texts)
+    limits = Limits(**{name: getattr(args, name) for name, _, _ in LIMIT_FLAGS})
     try:
         serve(args.models, host=args.host, port=args.port, threads=args.threads, api_key=api_key, limits=limits,
               precision=args.precision, continuous=args.batching == "continuous")

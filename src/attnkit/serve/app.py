@@ -165,7 +165,9 @@ class _Gate:
 @dataclass
 class AppState:
     """What the routes read (``request.app.state.serve``): the models by name and their workers (one
-    per model, started and drained with the app), the limits, the API key, the page and the metrics."""
+    per model, started and drained with the app), the limits, the API key, the page and the metrics;
+    ``routes`` holds the models again under the route that serves them (``info.task``: ``translate`` or
+    ``classify``, from their task's :attr:`~attnkit.tasks.TaskSpec.serves`)."""
 
     models: dict[str, Servable]
     limits: Limits
@@ -173,9 +175,13 @@ class AppState:
     page: str
     workers: dict[str, ModelWorker] = field(default_factory=dict)
     metrics: ServeMetrics = field(init=False)
+    routes: dict[str, dict[str, Servable]] = field(init=False)
 
     def __post_init__(self) -> None:
         self.metrics = ServeMetrics(lambda: {name: w.stats()["queued"] for name, w in self.workers.items()})
+        self.routes = {}
+        for name, servable in self.models.items():
+            self.routes.setdefault(servable.info.task, {})[name] = servable
 
 
 def _state(request: Request) -> AppState:
@@ -198,19 +204,19 @@ def _internal_error(request: Request, exc: Exception) -> JSONResponse:
     return error_response(500, f"internal error ({type(exc).__name__})")
 
 
-def _pick(state: AppState, name: str | None, task: str) -> Servable:
-    """The model a request names (or the one served for its route ``task``)."""
+def _pick(state: AppState, name: str | None, route: str) -> Servable:
+    """The model a request names (or the only one ``route`` serves)."""
+    served = state.routes.get(route, {})
     if name is None:
-        fitting = [s for s in state.models.values() if s.info.task == task]
-        if len(fitting) == 1:
-            return fitting[0]
+        if len(served) == 1:
+            return next(iter(served.values()))
         raise HTTPException(422, f"model: give the model's name, one of {sorted(state.models)}")
     if name not in state.models:
         raise HTTPException(404, f"model {name!r} is not served here; GET /models lists {sorted(state.models)}")
-    servable = state.models[name]
-    if servable.info.task != task:  # it is served by the other route, named after its task
-        raise HTTPException(422, f"model: {name!r} is a {servable.info.task} model; use /{servable.info.task}")
-    return servable
+    if name not in served:  # the other route serves it, and is named after it
+        other = state.models[name].info.task
+        raise HTTPException(422, f"model: {name!r} is a {other} model; use /{other}")
+    return served[name]
 
 
 def _check_size(limits: Limits, texts: list[str], attention: bool) -> None:

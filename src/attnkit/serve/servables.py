@@ -115,8 +115,8 @@ class RunServable:
         self.precision = precision
         info = _INFO[serves](run, name, sum(p.numel() for p in run.model.parameters()))
         self.info = replace(info, precision="bf16 autocast" if precision == "bf16" else "float32")
-        self.stepper = (ContinuousTranslation(self) if continuous and serves == "translate"
-                        and supports_continuous(run.model) else None)
+        stepper = _STEPPERS.get(serves) if continuous and supports_continuous(run.model) else None
+        self.stepper = stepper(self) if stepper is not None else None
 
     @contextmanager
     def _computing(self) -> Iterator[None]:
@@ -188,6 +188,11 @@ class ContinuousTranslation:
     def _texts(self, ended: list[Finished]) -> list[tuple[int, list[str]]]:
         texts = self.servable.run.tok.decode_tgt([f.tokens for f in ended]) if ended else []
         return [(self._ours.pop(f.handle), [text]) for f, text in zip(ended, texts, strict=True)]
+
+
+#: What decodes a run continuously (``attnkit serve --batching continuous``), by what its task serves; a route
+#: missing here (classification) always runs in whole batches.
+_STEPPERS: dict[str, Callable[[RunServable], ContinuousTranslation]] = {"translate": ContinuousTranslation}
 
 
 class ExportedServable:

@@ -43,6 +43,8 @@ _MAX_FIGURE_INCHES = 40.0
 _GRID_MAX_COLS = 4
 _DPI = 120
 _CMAP = "viridis"
+#: The axes' names unless the caller names them: ``(x axis, y axis)``.
+_AXIS_NAMES = ("source", "target")
 #: Weights may exceed [0, 1] by float rounding; beyond this they are not probabilities.
 _RANGE_TOLERANCE = 1e-4
 _CJK_FONT_FAMILIES = (
@@ -56,11 +58,22 @@ _CJK_FONT_FAMILIES = (
 )
 
 
-def _to_numpy(weights: Any) -> np.ndarray:
-    """A torch tensor (any device/dtype, with or without grad) or array-like -> float64 array."""
+def _weights(weights: Any, dims: tuple[str, ...], src_tokens: list[str], tgt_tokens: list[str], what: str,
+             hint: str) -> np.ndarray:
+    """``weights`` as a float64 array of shape ``dims``, e.g. ``("H", "T_tgt", "T_src")``, checked.
+
+    :param weights: a torch tensor (any device/dtype, with or without grad) or array-like.
+    :param hint: what the error for a wrong number of dims adds (where to go instead).
+    :raises ValueError: naming ``what``: not ``len(dims)`` dims or a leading dim of 0, or as :func:`_check_weights`.
+    """
     if hasattr(weights, "detach"):  # torch.Tensor, without importing torch here
         weights = weights.detach().to("cpu").float().numpy()
-    return np.asarray(weights, dtype=np.float64)
+    w = np.asarray(weights, dtype=np.float64)
+    if w.ndim != len(dims) or 0 in w.shape[:-2]:
+        leading = "".join(f" with {d} >= 1" for d in dims[:-2])
+        raise ValueError(f"{what} must have shape ({', '.join(dims)}){leading}, got {tuple(w.shape)}; {hint}")
+    _check_weights(w, src_tokens, tgt_tokens, what)
+    return w
 
 
 def _check_weights(w: np.ndarray, src_tokens: list[str], tgt_tokens: list[str], what: str) -> None:
@@ -141,15 +154,8 @@ def _draw(
     return image
 
 
-def attention_heatmap(
-    weights: Any,
-    src_tokens: list[str],
-    tgt_tokens: list[str],
-    *,
-    title: str | None = None,
-    axis_names: tuple[str, str] = ("source", "target"),
-    scale_to_max: bool = False,
-) -> Figure:
+def attention_heatmap(weights: Any, src_tokens: list[str], tgt_tokens: list[str], *, title: str | None = None,
+                      axis_names: tuple[str, str] = _AXIS_NAMES, scale_to_max: bool = False) -> Figure:
     """Heatmap of one attention matrix: entry (i, j) is alpha_ij, how much target token i
     attends to source token j (Bahdanau et al. 2015, Eq. 6).
 
@@ -167,13 +173,8 @@ def attention_heatmap(
     :raises ValueError: if the shape does not match the token lists (the message gives
         both), there are no tokens, or the values are not finite numbers in [0, 1].
     """
-    w = _to_numpy(weights)
-    if w.ndim != 2:
-        raise ValueError(
-            f"weights must have shape (T_tgt, T_src), got {tuple(w.shape)}; for (H, T_tgt, T_src) "
-            "use attention_grid, for a batch pick one element first"
-        )
-    _check_weights(w, src_tokens, tgt_tokens, "weights")
+    w = _weights(weights, ("T_tgt", "T_src"), src_tokens, tgt_tokens, "weights",
+                 "for (H, T_tgt, T_src) use attention_grid, for a batch pick one element first")
 
     _, cell = _layout(len(tgt_tokens), len(src_tokens))
     axes_w, axes_h = _axes_inches(len(tgt_tokens), len(src_tokens), cell)
@@ -197,14 +198,8 @@ def attention_heatmap(
     return fig
 
 
-def attention_grid(
-    weights_per_head: Any,
-    src_tokens: list[str],
-    tgt_tokens: list[str],
-    *,
-    title: str | None = None,
-    axis_names: tuple[str, str] = ("source", "target"),
-) -> Figure:
+def attention_grid(weights_per_head: Any, src_tokens: list[str], tgt_tokens: list[str], *, title: str | None = None,
+                   axis_names: tuple[str, str] = _AXIS_NAMES) -> Figure:
     """One heatmap per head, for inspecting multi-head attention, with one shared colorbar.
 
     Heads are laid out row by row, at most 4 per row (fewer when long sentences need the
@@ -219,13 +214,8 @@ def attention_grid(
     :return: a new :class:`~matplotlib.figure.Figure`.
     :raises ValueError: as :func:`attention_heatmap`, or if there is not exactly one head dim.
     """
-    w = _to_numpy(weights_per_head)
-    if w.ndim != 3 or w.shape[0] == 0:
-        raise ValueError(
-            f"weights_per_head must have shape (H, T_tgt, T_src) with H >= 1, got {tuple(w.shape)}; "
-            "for a batch pick one element first"
-        )
-    _check_weights(w, src_tokens, tgt_tokens, "weights_per_head")
+    w = _weights(weights_per_head, ("H", "T_tgt", "T_src"), src_tokens, tgt_tokens, "weights_per_head",
+                 "for a batch pick one element first")
 
     n_heads = w.shape[0]
     n_cols, cell = _layout(len(tgt_tokens), len(src_tokens), n_heads)

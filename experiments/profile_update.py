@@ -1,6 +1,6 @@
 """Where the time of one attnkit training update goes: torch.profiler over a few bf16 updates of `small`.
 
-    python benchmarks/profile_update.py [--updates 5] [--warmup-updates 15]
+    python experiments/profile_update.py [--updates 5] [--warmup-updates 15]
 
 Builds the same Trainer as ``throughput.py``'s attnkit child (``configs/multi30k-de-en.yaml`` on
 Multi30k de->en, ``--precision``, ``train.max_tokens`` 4800), runs ``--warmup-updates`` untimed
@@ -21,8 +21,10 @@ import sys
 import time
 from pathlib import Path
 
-from tables import markdown, measured, num
-from throughput import ROOT, attnkit_trainer
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))  # the benchmarks' throughput and tables
+
+from tables import markdown, measured, num  # noqa: E402
+from throughput import ROOT, attnkit_trainer  # noqa: E402
 
 
 def profile(precision: str, warmup: int, updates: int, max_tokens: int, overrides: list[str], top: int) -> dict:
@@ -83,7 +85,7 @@ def main() -> None:
 
     stamped = stamp()  # the checkout measured
     result = profile(args.precision, args.warmup_updates, args.updates, args.max_tokens, args.set, args.top)
-    result = {**stamped, **result, "command": " ".join(["python", "benchmarks/profile_update.py", *sys.argv[1:]])}
+    result = {**stamped, **result, "command": " ".join(["python", "experiments/profile_update.py", *sys.argv[1:]])}
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     print(markdown_table(result))
     print(f"wrote {args.out}")

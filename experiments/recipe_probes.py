@@ -1,8 +1,8 @@
 """IMDB pretraining recipes judged by a fixed short fine-tune, not by their own held-out score (issue 25, item 5).
 
-    flock /tmp/attnkit-bench.lock python benchmarks/recipe_probes.py "MLM, the committed recipe" \\
+    flock /tmp/attnkit-bench.lock python experiments/recipe_probes.py "MLM, the committed recipe" \\
         configs/imdb-pretrain.yaml --pretrain-minutes 10 --finetune-minutes 5
-    flock /tmp/attnkit-bench.lock python benchmarks/recipe_probes.py "ELECTRA at lr 2e-3" \\
+    flock /tmp/attnkit-bench.lock python experiments/recipe_probes.py "ELECTRA at lr 2e-3" \\
         configs/imdb-electra-pretrain.yaml train.lr=2e-3 --pretrain-minutes 10 --finetune-minutes 5
 
 Masked accuracy and replaced-token accuracy measure different things and move with the masking rate,
@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))  # nbsvm, tables: the benchmarks' helpers
 sys.path.insert(0, str(ROOT / "src"))
 
 from attnkit.common.measure import stamp  # noqa: E402
@@ -79,7 +80,7 @@ def main() -> None:
         "finetune_updates": fine[-1]["step"], "minutes_total": round(pre_total + fine_total, 2),
         "valid_accuracy": round(scores.accuracy, 2), "valid_rows": sum(sum(row) for row in scores.confusion),
         "threads": cfg.train.threads, "cpu": cpu_model(), **stamp(),
-        "command": " ".join(["python", "benchmarks/recipe_probes.py", *sys.argv[1:]]),
+        "command": " ".join(["python", "experiments/recipe_probes.py", *sys.argv[1:]]),
     }
     out = Path(args.out)
     results = json.loads(out.read_text()) if out.exists() else {"probes": []}

@@ -1,6 +1,6 @@
 """What we tried to speed up attnkit's own decoding, measured side by side on one model.
 
-    flock /tmp/attnkit-bench.lock python benchmarks/decode_probes.py --run runs/de-en [--threads 2]
+    flock /tmp/attnkit-bench.lock python experiments/decode_probes.py --run runs/de-en [--threads 2]
 
 Four ways to run the same trained de->en model through ``attnkit.inference.translate.translate_texts``, one after
 the other in this process (the model loaded once):
@@ -35,6 +35,7 @@ import warnings
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))  # tables: the markdown helpers report.py's tables share
 sys.path.insert(0, str(ROOT / "src"))
 
 from tables import markdown, measured, num  # noqa: E402
@@ -100,7 +101,7 @@ def main() -> None:
             print(row, flush=True)
     results = {**stamp(), "run": Path(args.run).name, "threads": args.threads, "sentences": len(src),
                "single": args.single, "beam": 4, "batch_size": 32, "rows": rounds,
-               "command": " ".join(["python", "benchmarks/decode_probes.py", *sys.argv[1:]])}
+               "command": " ".join(["python", "experiments/decode_probes.py", *sys.argv[1:]])}
     OUT.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
     print(markdown_table(results))
 

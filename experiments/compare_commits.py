@@ -1,9 +1,9 @@
 """Training throughput (or serving throughput) of two or more commits, measured alternately in one run.
 
-    python benchmarks/compare_commits.py ddca0a2 HEAD                       # bf16, 2 rounds of 60 s each
-    OMP_NUM_THREADS=1 python benchmarks/compare_commits.py ddca0a2 HEAD     # 1 thread each: steadier on busy cores
-    python benchmarks/compare_commits.py HEAD HEAD --set train.engine=reference --only 1 --rounds 2
-    python benchmarks/compare_commits.py HEAD~1 HEAD --serve runs/m30k-de-en-int8 --rounds 3   # the server
+    python experiments/compare_commits.py ddca0a2 HEAD                       # bf16, 2 rounds of 60 s each
+    OMP_NUM_THREADS=1 python experiments/compare_commits.py ddca0a2 HEAD     # 1 thread each: steadier on busy cores
+    python experiments/compare_commits.py HEAD HEAD --set train.engine=reference --only 1 --rounds 2
+    python experiments/compare_commits.py HEAD~1 HEAD --serve runs/m30k-de-en-int8 --rounds 3   # the server
 
 Each commit is checked out into a temporary git worktree and its own ``benchmarks/throughput.py
 --worker`` trains the ``small`` Transformer on Multi30k for ``--time`` seconds, in its own
@@ -32,7 +32,7 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "benchmarks"))  # tables, throughput: the benchmarks' helpers
 sys.path.insert(0, str(ROOT / "src"))
 
 from attnkit.common.measure import stamp  # noqa: E402
@@ -106,7 +106,7 @@ def main() -> None:
     out = ROOT / "benchmarks" / "results" / f"compare-{name}.json"
     threads = os.environ.get("OMP_NUM_THREADS")  # torch's default threads in every contender, when set
     out.write_text(json.dumps({**stamp(), "threads": int(threads) if threads else None,
-                               "command": "python benchmarks/compare_commits.py " + " ".join(sys.argv[1:]),
+                               "command": "python experiments/compare_commits.py " + " ".join(sys.argv[1:]),
                                "precision": args.precision, "seconds_per_run": args.time, "rounds": args.rounds,
                                "contenders": rows}, indent=2) + "\n")
     print(f"wrote {out}")
@@ -144,7 +144,7 @@ def write_serving(contenders: list[dict], args: argparse.Namespace) -> None:
     name = args.name or "-".join(c["commit"] for c in contenders)
     out = ROOT / "benchmarks" / "results" / "compare-serving" / f"{name}.json"
     out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps({**stamp(), "command": "python benchmarks/compare_commits.py " + " ".join(sys.argv[1:]),
+    out.write_text(json.dumps({**stamp(), "command": "python experiments/compare_commits.py " + " ".join(sys.argv[1:]),
                                "run": Path(args.serve).name, "engine": contenders[0]["runs"][0]["engine"],
                                "serve_args": args.serve_args, "clients": 32, "levels_per_run": args.levels,
                                "rounds": args.rounds, "contenders": rows}, indent=2) + "\n")

@@ -1,6 +1,6 @@
 """Why ELECTRA's discriminator stays at the prior on IMDB: the same updates with three sources of replacements.
 
-    flock /tmp/attnkit-bench.lock python benchmarks/electra_diagnosis.py --run runs/imdb-electra-pretrain
+    flock /tmp/attnkit-bench.lock python experiments/electra_diagnosis.py --run runs/imdb-electra-pretrain
 
 The IMDB ELECTRA runs (``recipe-probes``) ended with the discriminator calling every subword original
 (replaced-token accuracy 85.0%, the share of originals) and the generator below the unigram plateau.
@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))  # nbsvm, tables: the benchmarks' helpers
 sys.path.insert(0, str(ROOT / "src"))
 
 from attnkit.attention import padding_mask  # noqa: E402
@@ -137,7 +138,7 @@ def main() -> None:
     results = {**stamp(), "cpu": cpu_model(), "threads": args.threads, "run": args.run.name,
                "lr": cfg.train.lr,
                "updates": args.updates, "batch_windows": 32, "electra_weight": cfg.mlm.electra_weight,
-               "command": " ".join(["python", "benchmarks/electra_diagnosis.py", *sys.argv[1:]]), "curves": curves}
+               "command": " ".join(["python", "experiments/electra_diagnosis.py", *sys.argv[1:]]), "curves": curves}
     args.out.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
     print(markdown_table(results))
 
