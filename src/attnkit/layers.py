@@ -178,9 +178,14 @@ class _ResidualBlock(nn.Module):
         return MultiHeadAttention(d_model, n_heads, dropout=o.attention_dropout, score=o.score, bias=o.bias,
                                   n_kv_heads=o.n_kv_heads, rotary=o.rotary, alibi=o.alibi, causal=causal)
 
-    def build(self, d_model: int, n_heads: int, d_ff: int, o: LayerOptions, *, causal: bool = False) -> None:
-        """What every layer has: self-attention, the FFN, the residual dropout and (``norm1``) the first norm."""
+    def build(self, d_model: int, n_heads: int, d_ff: int, o: LayerOptions, *, causal: bool = False,
+              cross_attention: bool = False) -> None:
+        """What every layer has: self-attention (then cross-attention, if asked for), the FFN, the residual
+        dropout and (``norm1``) the first norm. Built in this order, the paper's layers draw their initial
+        weights as they always have."""
         self.self_attn = self.attention(d_model, n_heads, o, causal)
+        if cross_attention:
+            self.cross_attn = self.attention(d_model, n_heads, o)
         self.ff = FeedForward(d_model, d_ff, o.activation_dropout, o.activation, bias=o.bias)
         self.norm1 = make_norm(o.norm, d_model, o.eps)
         self.dropout = nn.Dropout(o.dropout)  # on each sub-layer's output
@@ -215,8 +220,8 @@ class DecoderLayer(_ResidualBlock):
     def __init__(self, d_model: int, n_heads: int, d_ff: int, options: LayerOptions = PAPER_LAYER, *,
                  cross_attention: bool = True) -> None:
         super().__init__()
-        self.build(d_model, n_heads, d_ff, options, causal=not cross_attention)
-        self.cross_attn = self.attention(d_model, n_heads, options) if cross_attention else None
+        self.cross_attn: MultiHeadAttention | None = None
+        self.build(d_model, n_heads, d_ff, options, causal=not cross_attention, cross_attention=cross_attention)
         self.norm2 = make_norm(options.norm, d_model, options.eps)
         self.norm3 = make_norm(options.norm, d_model, options.eps) if cross_attention else None
 

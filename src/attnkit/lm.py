@@ -67,11 +67,15 @@ class LanguageModel(nn.Module):
     def __init__(self, cfg: TransformerConfig, vocab_size: int, pad_id: int = PAD_ID) -> None:
         super().__init__()
         cfg.validate()
+        if cfg.token_types or cfg.embedding_norm:
+            raise ValueError("a language model has no token types or embedding norm (token_types, embedding_norm: "
+                             "BERT's); leave them at 0 and false")
         self.cfg = cfg
         d, H = cfg.d_model, cfg.n_heads
         self.embed = TokenEmbedding(vocab_size, d, pad_id, scale=cfg.scale_embeddings)
         # positions: a table added to the input, or a module every attention layer shares (or none at all)
-        self.positions = make_positions(cfg.positions, d, cfg.max_len) if cfg.positions in ADDITIVE_POSITIONS else None
+        self.positions = (make_positions(cfg.positions, d, cfg.max_len, cfg.position_layout)
+                          if cfg.positions in ADDITIVE_POSITIONS else None)
         rotary = RotaryPositions(d // H, cfg.rope_theta) if cfg.positions == "rope" else None
         alibi = ALiBi(H) if cfg.positions == "alibi" else None
         self.dropout = nn.Dropout(cfg.dropout)  # on the input embedding

@@ -134,9 +134,10 @@ class RotaryPositions(nn.Module):
         """``cos``, ``sin`` ``(end, d_head)`` for positions ``0..end-1`` (cached; regrown in powers of two)."""
         if self.cos.size(0) < end:
             size = 1 << max(end - 1, 1).bit_length()
-            angle = torch.arange(size, dtype=torch.float64, device=self.inv_freq.device)[:, None] * self.inv_freq
-            angle = torch.cat([angle, angle], dim=-1)  # (L, d): pair i uses angle i in both halves
-            self.cos, self.sin = angle.cos().float(), angle.sin().float()
+            with torch.inference_mode(False):  # a cache made while sampling must still serve training's backward
+                angle = torch.arange(size, dtype=torch.float64, device=self.inv_freq.device)[:, None] * self.inv_freq
+                angle = torch.cat([angle, angle], dim=-1)  # (L, d): pair i uses angle i in both halves
+                self.cos, self.sin = angle.cos().float(), angle.sin().float()
         return self.cos[:end], self.sin[:end]
 
     def forward(self, x: Tensor, offset: int = 0) -> Tensor:

@@ -1,4 +1,4 @@
-"""Command line: ``attnkit {demo,prepare,train,translate,evaluate,classify,attention,export,import,serve}``.
+"""Command line: ``attnkit {demo,prepare,train,translate,generate,evaluate,classify,attention,export,import,serve}``.
 
 User errors (:class:`~attnkit.common.errors.UserError`), bad options included, print one line
 ``attnkit: error: ...`` and exit with status 2, without a traceback. Warnings (an input line
@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 
 from ..common.errors import UserError
-from . import attention, classify, demo, evaluate, export, import_model, prepare, serve, train, translate
+from . import attention, classify, demo, evaluate, export, generate, import_model, prepare, serve, train, translate
 
 EXAMPLES = """examples:
   attnkit demo                                   # train on generated dates (a few minutes), print exact match
@@ -23,6 +23,9 @@ EXAMPLES = """examples:
   torchrun --standalone --nproc_per_node=2 -m attnkit train configs/multi30k-de-en.yaml --run-dir runs/de-en
   attnkit translate runs/de-en -i test.de -o test.hyp.en --beam 4
   attnkit evaluate runs/de-en --src test.de --ref test.en
+  attnkit train configs/shakespeare-char.yaml --run-dir runs/shakespeare      # a character-level GPT
+  attnkit generate runs/shakespeare --prompt "ROMEO:" --max-new-tokens 200 --temperature 0.8 --seed 1
+  attnkit evaluate runs/shakespeare --data held-out.txt                        # loss, perplexity, bits/char
   attnkit classify runs/sst2 -i reviews.txt --with-attention
   attnkit attention runs/de-en --src "Ein Hund rennt." -o attn/ --html
   attnkit export runs/de-en --to ctranslate2 -o runs/de-en-ct2 --quantization int8
@@ -42,14 +45,15 @@ class _Parser(argparse.ArgumentParser):
 
 
 #: The commands in the order ``--help`` lists them; each module has ``add(subparsers)`` and ``run(args)``.
-COMMANDS = {"demo": demo, "prepare": prepare, "train": train, "translate": translate, "evaluate": evaluate,
+COMMANDS = {"demo": demo, "prepare": prepare, "train": train, "translate": translate, "generate": generate,
+            "evaluate": evaluate,
             "classify": classify, "attention": attention, "export": export, "import": import_model, "serve": serve}
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="attnkit", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EXAMPLES,
-        description="Attention and the Transformer: train translation and classification models on a CPU, "
+        description="Attention and the Transformer: train translation, classification and language models on a CPU, "
                     "translate with beam search, score with sacreBLEU, and look at what attention learned.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for command in COMMANDS.values():

@@ -1,5 +1,6 @@
 """Translation: sacreBLEU (cased, 13a), lowercased BLEU and chrF with the signature. Classification: accuracy,
-macro-F1 and the confusion matrix.
+macro-F1 and the confusion matrix. Language model: the mean cross-entropy of every token of a text file (in
+non-overlapping windows of the training block size, or --context), its perplexity and bits per character.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from ..data.labelled import read_labelled
 from ..data.readers import read_parallel
 from ..export import open_translator
 from ..inference.classify import evaluate_classifier
+from ..inference.language_model import score_text_file
 from ..inference.scores import translation_scores
 from ..tasks import spec
 from .options import FINITE, POSITIVE_INT, add_reading_argument, write_output
@@ -23,7 +25,10 @@ def add(sub: argparse._SubParsersAction) -> None:
     p.add_argument("model", help="run directory or a .safetensors checkpoint inside one")
     p.add_argument("--src", help="translation: source file")
     p.add_argument("--ref", help="translation: reference file (line-aligned with --src)")
-    p.add_argument("--data", help="classification: labelled .tsv/.csv with a header")
+    p.add_argument("--data", help="classification: labelled .tsv/.csv with a header; language model: a text file "
+                                  "(read as the run's data.documents says: one document, or one per line)")
+    p.add_argument("--context", type=POSITIVE_INT, default=None,
+                   help="language model: score in windows of this many tokens (default: the run's data.block_size)")
     p.add_argument("--beam", type=POSITIVE_INT, default=None, help="beam size (default: the run's decode_beam)")
     p.add_argument("--lenpen", type=FINITE, default=None, help="length penalty alpha (default: the run's)")
     p.add_argument("--hyp-out", help="also write the hypotheses / predictions to this file")
@@ -33,6 +38,11 @@ def add(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> None:
     translator = open_translator(args.model)
     run = translator.run
+    if run is not None and spec(run.task).serves == "generate":
+        if not args.data:
+            raise UserError("evaluating a language model needs --data FILE (a text file)")
+        print(score_text_file(run, args.data, args.context))
+        return
     if run is not None and spec(run.task).serves is None:
         raise UserError(f"{args.model} is a pretraining run; fine-tune it (model.init_from) and evaluate that")
     if run is not None and run.classes is not None:  # a classifier

@@ -26,7 +26,9 @@ class TokenizerConfig:
     """SentencePiece subwords, trained by ``attnkit train`` on the training text."""
 
     vocab_size: int = 8000
-    model_type: Literal["unigram", "bpe", "char"] = "unigram"  # char: one piece per character
+    # char: SentencePiece's one piece per character (text normalised, no newlines); characters (task: lm): every
+    # character of the training text its own id, nothing normalised, as nanoGPT's character level
+    model_type: Literal["unigram", "bpe", "char", "characters"] = "unigram"
     joint: bool = True  # one vocabulary for source and target (needed for shared embeddings)
     max_sentences: int = 200_000  # train on a seeded sample of at most this many sentences per model: bounds
     #                               time and memory on corpora of millions of lines (SentencePiece input_sentence_size)
@@ -44,6 +46,10 @@ class DataConfig:
     ``generate: dates`` uses the built-in date-normalisation task instead of files.
     Classification and pretraining may hold out validation rows of ``train`` instead of reading
     ``valid`` (``valid_fraction``; see :mod:`attnkit.data.documents`).
+    Language models (``task: lm``): ``train`` (and ``extra_text``) are read as ``documents: text`` (each file one
+    document, raw text; ``valid_fraction`` holds out the *last* share of the first file, nanoGPT's split) or
+    ``documents: lines`` (one document per line, or the text column of a ``.tsv`` / ``.csv``, held out as
+    pretraining holds them out); documents are joined with ``</s>`` and cut into blocks of ``block_size``.
     """
 
     train: str = ""
@@ -64,6 +70,8 @@ class DataConfig:
     extra_text: list[str] = field(default_factory=list)  # pretraining: more unlabelled text files
     max_len: int = 100  # translation: pairs with a side longer than this many subwords are dropped from training;
     #                     classification: texts are cut to this many subwords
+    block_size: int = 256  # language models: tokens of context each training example has
+    documents: Literal["text", "lines"] = "lines"  # language models: a file is one document, or one per line
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
     imported_from: str = ""  # the Hugging Face model directory `attnkit import` read (such a run has no data files)
 
@@ -133,7 +141,8 @@ class TrainConfig:
     max_epochs: int = 100
     max_minutes: float = 0.0  # wall-clock budget for training; 0 = none
     lr: float = 7e-4  # peak learning rate (reached at the end of warmup)
-    schedule: Literal["inverse_sqrt", "noam", "constant", "linear"] = "inverse_sqrt"  # see attnkit.training.trainer
+    # see attnkit.training.trainer
+    schedule: Literal["inverse_sqrt", "noam", "constant", "linear", "cosine"] = "inverse_sqrt"
     warmup: int = 4000
     betas: tuple[float, float] = (0.9, 0.98)
     eps: float = 1e-9
@@ -171,7 +180,7 @@ class TrainConfig:
 class RunConfig:
     """One training run."""
 
-    task: Literal["translate", "classify", "pretrain"] = "translate"
+    task: Literal["translate", "classify", "pretrain", "lm"] = "translate"  # the registry: attnkit.tasks
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -180,16 +189,17 @@ class RunConfig:
     decode_lenpen: float = LENPEN
 
     def validate(self) -> None:
-        if self.task == "translate" and self.data.valid_fraction:
-            raise UserError("data.valid_fraction is for classification and pretraining; give data.valid")
-        if self.model.init_from and self.task != "classify":
-            raise UserError("model.init_from is for task: classify (fine-tuning a pretrained encoder)")
+        """What holds for every task; each task checks the rest (:attr:`attnkit.tasks.TaskSpec.check`)."""
         if self.data.max_len < 1:
             raise UserError(f"data.max_len must be at least 1, got {self.data.max_len}")
+        if self.data.block_size < 1:
+            raise UserError(f"data.block_size must be at least 1, got {self.data.block_size}")
+
+    def check_lengths(self, ends: int) -> None:
+        """``data.max_len`` subwords (+ ``ends`` markers, padded) fit the Transformer's positions."""
         if self.model.arch == "transformer":
-            ends = int(self.task == "translate")  # a translation side gets </s>; a classifier window is max_len
             longest = round_up(self.data.max_len + ends, self.train.pad_multiple)  # padded
             if longest > self.model.transformer.max_len:
-                raise UserError(f"data.max_len={self.data.max_len} (+ </s> to translate, padded: {longest}) exceeds "
+                raise UserError(f"data.max_len={self.data.max_len} (+ {ends} end marker(s), padded: {longest}) exceeds "
                                 f"model.transformer.max_len={self.model.transformer.max_len}; raise the latter "
                                 f"or lower the former")

@@ -13,6 +13,8 @@ a piece model only maps text to attnkit ids and back. Every kind gives attnkit's
                           ``vocab.json``                          models only segment (Hugging Face MarianTokenizer)
  ``wordpiece``            ``wordpiece.json``                      a ``tokenizers`` JSON (BERT's WordPiece) whose
                                                                   vocabulary was renumbered into attnkit's order
+ ``characters``           ``characters.json``                     a list of the training text's characters, each
+                                                                  its own id after the specials (nanoGPT's char level)
 =======================  ======================================  ===================================================
 
 Text never encodes to a special piece written in the text (``</s>``, ``[SEP]``, ``[MASK]``): a
@@ -36,7 +38,8 @@ from attnkit.vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 from ..common.errors import UserError
 
-__all__ = ["KINDS", "PieceModel", "SentencePieceModel", "VocabSentencePieceModel", "WordPieceModel",
+__all__ = ["KINDS", "CharacterModel", "PieceModel", "load_characters",
+           "SentencePieceModel", "VocabSentencePieceModel", "WordPieceModel",
            "load_sentencepiece", "load_wordpiece", "read_vocab", "split_language_code", "vocab_problem"]
 
 PAD_PIECE, UNK_PIECE, BOS_PIECE, EOS_PIECE, MASK_PIECE = "<pad>", "<unk>", "<s>", "</s>", "<mask>"
@@ -44,10 +47,11 @@ PAD_PIECE, UNK_PIECE, BOS_PIECE, EOS_PIECE, MASK_PIECE = "<pad>", "<unk>", "<s>"
 TOKENIZER_FILE = "tokenizer.json"
 FORMAT_VERSION = 1
 SENTENCEPIECE, SENTENCEPIECE_VOCAB, WORDPIECE = "sentencepiece", "sentencepiece+vocab", "wordpiece"
+CHARACTERS = "characters"
 #: The kinds of tokenizer directory (``tokenizer.json``'s ``kind``; absent means ``sentencepiece``).
-KINDS: tuple[str, ...] = (SENTENCEPIECE, SENTENCEPIECE_VOCAB, WORDPIECE)
+KINDS: tuple[str, ...] = (SENTENCEPIECE, SENTENCEPIECE_VOCAB, WORDPIECE, CHARACTERS)
 JOINT_MODEL_FILE, SRC_MODEL_FILE, TGT_MODEL_FILE = "spm.model", "src.model", "tgt.model"
-VOCAB_FILE, WORDPIECE_FILE = "vocab.json", "wordpiece.json"
+VOCAB_FILE, WORDPIECE_FILE, CHARACTERS_FILE = "vocab.json", "wordpiece.json", "characters.json"
 NUM_SPECIAL = 4  # pad, unk, bos, eos
 #: What SentencePiece writes for a space; MarianTokenizer turns any left after decoding into spaces.
 SPIECE_UNDERLINE = "\u2581"
@@ -106,6 +110,51 @@ class SentencePieceModel:
     def decode(self, ids: list[int]) -> str:
         """SentencePiece's decoding; UNK reads `` ⁇ ``."""
         return self._sp.decode(ids)
+
+
+class CharacterModel:
+    """Every character its own id (kind ``characters``): the training text's characters, sorted, after the four
+    special ids. Nothing is normalised, so a newline or a run of spaces is text like any other (SentencePiece's
+    ``char`` model normalises whitespace away); a character the training text lacks reads as UNK."""
+
+    def __init__(self, characters: list[str]) -> None:
+        self.characters = characters  # id NUM_SPECIAL + i is characters[i]
+        self._ids = {c: i + NUM_SPECIAL for i, c in enumerate(characters)}
+        self._specials = [PAD_PIECE, UNK_PIECE, BOS_PIECE, EOS_PIECE]
+
+    @property
+    def size(self) -> int:
+        return NUM_SPECIAL + len(self.characters)
+
+    @property
+    def mask_id(self) -> None:
+        return None
+
+    def encode(self, texts: list[str], threads: int) -> list[list[int]]:
+        return [[self._ids.get(c, UNK_ID) for c in text] for text in texts]
+
+    def pieces(self, text: str) -> list[str]:
+        return list(text)
+
+    def id_to_piece(self, i: int) -> str:
+        return self._specials[i] if i < NUM_SPECIAL else self.characters[i - NUM_SPECIAL]
+
+    def decode(self, ids: list[int]) -> str:
+        """Characters joined; UNK reads ``\ufffd`` (Unicode's replacement character)."""
+        return "".join("\ufffd" if i < NUM_SPECIAL else self.characters[i - NUM_SPECIAL] for i in ids)
+
+
+def load_characters(path: Path) -> CharacterModel:
+    """A ``characters`` tokenizer's model from its list of characters (``characters.json``)."""
+    _require_file(path, "character list", "re-run `attnkit train` in a new --run-dir")
+    try:
+        characters = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise UserError(f"{path}: cannot read the character list ({_first_line(e)}); re-train the tokenizer") from None
+    if not (isinstance(characters, list) and all(isinstance(c, str) and len(c) == 1 for c in characters)
+            and len(set(characters)) == len(characters)):
+        raise UserError(f"{path}: expected a JSON list of distinct single characters; re-train the tokenizer")
+    return CharacterModel(characters)
 
 
 def split_language_code(text: str) -> tuple[list[str], str]:

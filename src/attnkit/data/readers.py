@@ -167,6 +167,11 @@ def _whole(line: str | None, name: str, line_no: int) -> str:
     return line
 
 
+def read_text(path: str | Path) -> str:
+    """A whole text file as one string, each line ending in a newline (checked as :func:`read_lines` checks)."""
+    return "".join(line + "\n" for line in read_lines(path))
+
+
 def read_lines(path: str | Path) -> list[str]:
     """Read a text file (gzip when it ends in ``.gz``) into a list of lines; see :func:`iter_lines`.
 

@@ -46,6 +46,8 @@ from ..common.files import atomic_write_bytes, atomic_write_text
 from .hf_tokenizer import wordpiece_from_vocab_txt, write_sentencepiece_vocab, write_wordpiece
 from .pieces import (
     BOS_PIECE,
+    CHARACTERS,
+    CHARACTERS_FILE,
     EOS_PIECE,
     FORMAT_VERSION,
     JOINT_MODEL_FILE,
@@ -64,6 +66,7 @@ from .pieces import (
     PieceModel,
     SentencePieceModel,
     VocabSentencePieceModel,
+    load_characters,
     load_sentencepiece,
     load_wordpiece,
     read_vocab,
@@ -86,6 +89,7 @@ __all__ = [
     "Tokenizer",
     "UNK_ID",
     "UNK_PIECE",
+    "save_characters",
     "save_sentencepiece_vocab",
     "save_wordpiece",
     "train_tokenizer",
@@ -96,7 +100,7 @@ __all__ = [
 SPECIAL_IDS: frozenset[int] = frozenset({PAD_ID, BOS_ID, EOS_ID})
 _JOINT_MODEL, _SRC_MODEL, _TGT_MODEL = JOINT_MODEL_FILE, SRC_MODEL_FILE, TGT_MODEL_FILE
 #: Every file a tokenizer directory of any kind may hold, in the order :func:`tokenizer_files` lists them.
-_FILES = (TOKENIZER_FILE, _JOINT_MODEL, _SRC_MODEL, _TGT_MODEL, VOCAB_FILE, WORDPIECE_FILE)
+_FILES = (TOKENIZER_FILE, _JOINT_MODEL, _SRC_MODEL, _TGT_MODEL, VOCAB_FILE, WORDPIECE_FILE, CHARACTERS_FILE)
 
 
 def tokenizer_files(directory: str | Path) -> list[str]:
@@ -183,6 +187,23 @@ def train_tokenizer(
     return Tokenizer.load(out)
 
 
+def save_characters(out: str | Path, texts: Iterable[str], where: str = "the training data") -> Tokenizer:
+    """Write a ``characters`` tokenizer in ``out`` holding every character of ``texts`` (sorted), and load it.
+
+    :raises UserError: the texts hold no character.
+    """
+    characters = sorted(set().union(*map(set, texts)))
+    if not characters:
+        raise UserError(f"{where}: no text to take characters from")
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out / CHARACTERS_FILE, json.dumps(characters, ensure_ascii=False) + "\n")
+    meta = {"format_version": FORMAT_VERSION, "kind": CHARACTERS, "joint": True, "src_model": CHARACTERS_FILE,
+            "tgt_model": None, "model_type": CHARACTERS, "src_vocab_size": len(characters) + 4}
+    atomic_write_text(out / TOKENIZER_FILE, json.dumps(meta, indent=2) + "\n")  # written last: marks completion
+    return Tokenizer.load(out)
+
+
 def save_sentencepiece_vocab(out: str | Path, src_model: bytes, tgt_model: bytes, pieces: list[str]) -> Tokenizer:
     """Write a ``sentencepiece+vocab`` tokenizer in ``out`` (Hugging Face Marian's) and load it.
 
@@ -265,6 +286,8 @@ def _load_models(base: Path, meta: dict, meta_path: Path) -> tuple[PieceModel, P
         vocab = read_vocab(base / _model_name(meta, "vocab", meta_path))
         return _load_sides(base, meta, meta_path,
                            lambda p: VocabSentencePieceModel(load_sentencepiece(p, attnkit_ids=False), vocab))
+    if kind == CHARACTERS:
+        return load_characters(base / _model_name(meta, "src_model", meta_path)), None
     if kind == WORDPIECE:
         mask = meta.get("mask_piece")
         if mask is not None and not isinstance(mask, str):

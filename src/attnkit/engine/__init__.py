@@ -15,6 +15,8 @@ weights, grouped queries
 :class:`FusedSeq2SeqLoss`: output layer       :class:`~attnkit.tasks.objectives.Seq2SeqLoss`:  ``engine/loss.py``
 fused with label-smoothed cross-entropy,      then ``F.cross_entropy``
 ``index_select`` of scored positions
+:class:`FusedLMLoss`: a language model's     :class:`~attnkit.tasks.objectives.LanguageModelLoss`  ``engine/loss.py``
+output layer fused with its loss
 :class:`FusedMLMLoss`: the tied MLM output     :class:`attnkit.mlm.MLMLoss`                  ``engine/mlm.py``
 layer fused with the loss at the masked
 positions only
@@ -36,14 +38,14 @@ from ..transformer import Transformer
 from .attention import fast_attend
 from .decoding import SharedMemoryState
 from .dropout import ByteDropout
-from .loss import FusedSeq2SeqLoss
+from .loss import FusedLMLoss, FusedSeq2SeqLoss
 from .mlm import FusedMLMLoss
 
 Engine = Literal["fast", "reference"]
 ENGINES: tuple[Engine, ...] = ("fast", "reference")
 
-__all__ = ["ENGINES", "ByteDropout", "Engine", "FusedMLMLoss", "FusedSeq2SeqLoss", "SharedMemoryState", "accelerate",
-           "fast_attend"]
+__all__ = ["ENGINES", "ByteDropout", "Engine", "FusedLMLoss", "FusedMLMLoss", "FusedSeq2SeqLoss", "SharedMemoryState",
+           "accelerate", "fast_attend"]
 
 
 def accelerate(model: nn.Module) -> nn.Module:

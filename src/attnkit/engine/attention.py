@@ -133,14 +133,15 @@ def fast_attend(
         if causal and not is_causal:
             look_ahead = causal_mask(T_q, T_k, device=q.device)  # (T_q, T_k)
             attn_mask = look_ahead if mask is None else mask & look_ahead
+        keep = attn_mask  # boolean: who may be attended to
         if bias is not None:  # SDPA adds attn_mask after scaling: scale the bias by beta as the reference does
             b = bias * (1.0 if beta is None else beta)
             attn_mask = b if attn_mask is None else b.masked_fill(~attn_mask, float("-inf"))
         context = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=p, scale=scale,
                                                  is_causal=is_causal, enable_gqa=grouped_kv)
-        if mask is not None and not _fused_zeroes_empty_rows(q.device, q.dtype):
+        if keep is not None and not _fused_zeroes_empty_rows(q.device, q.dtype):
             # Older kernels return uniform weights or NaN for rows with nothing to attend to.
-            context = context.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)
+            context = context.masked_fill(~keep.any(dim=-1, keepdim=True), 0.0)
         return context, None
 
     if grouped_kv:

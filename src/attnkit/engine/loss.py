@@ -155,3 +155,21 @@ class FusedSeq2SeqLoss(nn.Module):
         hidden = select_positions(self.model.features(src, tgt_in), scored)  # (N, d)
         out = self.model.output_layer
         return linear_cross_entropy(hidden, out.weight, out.bias, targets, label_smoothing=label_smoothing)
+
+
+class FusedLMLoss(nn.Module):
+    """The engine's training objective for a language model: equals :class:`attnkit.tasks.objectives.LanguageModelLoss`.
+
+    Every position is scored (packed blocks have no padding), so the hidden states go to the output layer fused
+    with the loss (:func:`linear_cross_entropy`) as they are, without the ``(B, T, V)`` logits.
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, inputs: Tensor, targets: Tensor, label_smoothing: float = 0.0) -> Tensor:
+        hidden, _, _ = self.model.features(inputs)  # (B, T, d)
+        out = self.model.output_layer
+        return linear_cross_entropy(hidden.flatten(0, 1), out.weight, out.bias, targets.flatten(),
+                                    label_smoothing=label_smoothing)

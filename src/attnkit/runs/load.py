@@ -23,6 +23,7 @@ from ..config.loader import load_config
 from ..config.schema import RunConfig
 from ..data.tokenizer import BOS_ID, EOS_ID, UNK_ID, Tokenizer
 from ..engine import accelerate
+from ..lm import LanguageModel
 from ..mlm import MaskedLanguageModel, ReplacedTokenDetection
 from ..rnn import RNNSeq2Seq
 from ..transformer import Transformer
@@ -74,6 +75,8 @@ def build_classifier(cfg: RunConfig, tok: Tokenizer, classes: list[str] | None) 
     """The encoder-only :class:`TransformerClassifier` for the run's classes."""
     if cfg.model.arch != "transformer":
         raise UserError("task classify needs model.arch: transformer")
+    if classes is None:
+        raise UserError(f"a classifier needs its class names ({CLASSES_FILE}); is this a complete run?")
     return TransformerClassifier(cfg.model.transformer, tok.src_vocab_size, len(classes or []),
                                  pooling=cfg.model.pooling, pooler=cfg.model.pooler)
 
@@ -90,13 +93,19 @@ def build_encoder_lm(cfg: RunConfig, tok: Tokenizer, classes: list[str] | None =
     return MaskedLanguageModel(cfg.model.transformer, tok.src_vocab_size)
 
 
+def build_language_model(cfg: RunConfig, tok: Tokenizer, classes: list[str] | None = None) -> nn.Module:
+    """The decoder-only :class:`LanguageModel` over the tokenizer's vocabulary."""
+    return LanguageModel(cfg.model.transformer, tok.src_vocab_size)
+
+
 #: The model each task trains, by ``cfg.task``.
 MODELS: dict[str, Callable[[RunConfig, Tokenizer, list[str] | None], nn.Module]] = {
-    "translate": build_translation_model, "classify": build_classifier, "pretrain": build_encoder_lm}
+    "translate": build_translation_model, "classify": build_classifier, "pretrain": build_encoder_lm,
+    "lm": build_language_model}
 
 #: What to do with a run of each task when a command needs another kind.
 HINTS = {"translate": "use `attnkit translate`", "classify": "use `attnkit classify`",
-         "pretrain": "fine-tune it (model.init_from) first"}
+         "pretrain": "fine-tune it (model.init_from) first", "lm": "use `attnkit generate`"}
 
 
 def build_model(cfg: RunConfig, tok: Tokenizer, classes: list[str] | None = None) -> nn.Module:
@@ -109,7 +118,7 @@ def load_run(path: str | Path, device: torch.device | None = None) -> LoadedRun:
     run_dir, weights = find_weights(Path(path))
     cfg = load_config(RunConfig, run_dir / CONFIG_FILE)
     tok = Tokenizer.load(run_dir)
-    classes = read_classes(run_dir / CLASSES_FILE) if cfg.task == "classify" else None
+    classes = read_classes(run_dir / CLASSES_FILE) if (run_dir / CLASSES_FILE).exists() else None  # classifiers
     model = build_model(cfg, tok, classes)
     state, _ = load_weights(weights)
     check_compatible(model.state_dict(), state, weights)

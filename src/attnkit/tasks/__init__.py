@@ -9,6 +9,8 @@
                           accuracy (fine-tunes ``model.init_from``)
 ``pretrain``              masked-language model of an encoder;             ``tasks/pretraining.py``
                           masked accuracy
+``lm``                    decoder-only language model, next-token          ``tasks/language_model.py``
+                          cross-entropy; loss, perplexity, bits/char
 ========================  ===============================================  =========================
 
 Each module holds its data recipe (what ``prepare`` reads and writes), its :class:`~attnkit.tasks.base.Task`
@@ -23,12 +25,13 @@ from pathlib import Path
 
 from ..config.schema import RunConfig
 from ..data.prepare import Prepared, Recipe
-from . import classification, pretraining, translation
+from . import classification, language_model, pretraining, translation
 from .base import Log, Task, TaskSpec, prepare_recipe
 
 __all__ = ["TASKS", "Task", "TaskSpec", "make_task", "prepare", "recipe", "spec"]
 
-TASKS: dict[str, TaskSpec] = {s.name: s for s in (translation.SPEC, classification.SPEC, pretraining.SPEC)}
+TASKS: dict[str, TaskSpec] = {s.name: s for s in (translation.SPEC, classification.SPEC, pretraining.SPEC,
+                                                  language_model.SPEC)}
 
 
 def spec(task: str) -> TaskSpec:
@@ -37,8 +40,10 @@ def spec(task: str) -> TaskSpec:
 
 
 def recipe(cfg: RunConfig) -> Recipe:
-    """The data recipe of ``cfg``'s task."""
-    return spec(cfg.task).recipe(cfg)
+    """The data recipe of ``cfg``'s task (after the task's checks of ``cfg``)."""
+    s = spec(cfg.task)
+    s.check(cfg)
+    return s.recipe(cfg)
 
 
 def prepare(cfg: RunConfig, run_dir: str | Path, log: Log = print, *, resume: bool = False,
@@ -48,5 +53,7 @@ def prepare(cfg: RunConfig, run_dir: str | Path, log: Log = print, *, resume: bo
 
 
 def make_task(cfg: RunConfig, run_dir: Path, log: Log = print, *, resume: bool = False) -> Task:
-    """The task of ``cfg``, its training data prepared (or reused) in ``run_dir``."""
-    return spec(cfg.task).make(cfg, run_dir, log, resume=resume)
+    """The task of ``cfg`` (after its checks of ``cfg``), its training data prepared (or reused) in ``run_dir``."""
+    s = spec(cfg.task)
+    s.check(cfg)
+    return s.make(cfg, run_dir, log, resume=resume)

@@ -21,6 +21,7 @@ from typing import Any, ClassVar, Literal, Protocol
 import torch
 from torch import Tensor, nn
 
+from ..common.errors import UserError
 from ..common.files import atomic_write_text
 from ..config.schema import RunConfig
 from ..data.batching import Batches, EpochBatches
@@ -98,13 +99,22 @@ class TaskSpec:
     :param name: the config's ``task:`` value.
     :param make: builds the :class:`Task` for ``(cfg, run_dir, log, resume=...)``, its data prepared.
     :param recipe: the data recipe for a config.
-    :param serves: the route its trained runs answer (``/translate`` or ``/classify``), None if neither.
+    :param serves: the route its trained runs answer (``/translate``, ``/classify`` or ``/generate``), or None.
+    :param check: refuses a config this task cannot train (a :class:`UserError` naming the key); the
+        schema checks only what holds for every task.
     """
 
     name: str
     make: Callable[..., Task]
     recipe: Callable[[RunConfig], Recipe]
-    serves: Literal["translate", "classify"] | None
+    serves: Literal["translate", "classify", "generate"] | None
+    check: Callable[[RunConfig], None]
+
+
+def refuse_init_from(cfg: RunConfig) -> None:
+    """``model.init_from`` is for fine-tuning a classifier (:mod:`attnkit.tasks.init_from`)."""
+    if cfg.model.init_from:
+        raise UserError("model.init_from is for task: classify (fine-tuning a pretrained encoder)")
 
 
 def prepare_recipe(recipe: Recipe, run_dir: str | Path, log: Log = print, *, resume: bool = False,

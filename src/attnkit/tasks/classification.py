@@ -161,4 +161,9 @@ class ClassificationTask(EpochTask):
 
 
 
-SPEC = TaskSpec("classify", ClassificationTask, ClassificationRecipe, serves="classify")
+def check(cfg: RunConfig) -> None:
+    """A classifier reads windows of ``data.max_len`` subwords, which must fit its positions."""
+    cfg.check_lengths(ends=0)
+
+
+SPEC = TaskSpec("classify", ClassificationTask, ClassificationRecipe, serves="classify", check=check)

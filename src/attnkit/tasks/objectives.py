@@ -40,3 +40,17 @@ class ClassificationLoss(nn.Module):
         logits = self.model(tokens)  # (B, C)
         return F.cross_entropy(logits.float(), targets, label_smoothing=label_smoothing, reduction="sum")
 
+
+
+class LanguageModelLoss(nn.Module):
+    """Summed cross-entropy of every next token, ``loss = sum_t -log p(y_{t+1} | y_1..y_t)``, in float32
+    (optionally label-smoothed, as :class:`Seq2SeqLoss`)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, inputs: Tensor, targets: Tensor, label_smoothing: float = 0.0) -> Tensor:
+        logits = self.model(inputs)  # (B, T, V)
+        return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), label_smoothing=label_smoothing,
+                               reduction="sum")

@@ -46,7 +46,7 @@ from ..data.readers import ReadStats, base_suffix, iter_lines
 from ..data.tokenizer import BOS_ID, EOS_ID, PAD_ID, TOKENIZER_FILE, UNK_ID, Tokenizer
 from ..engine import FusedMLMLoss
 from ..mlm import MLMLoss, ReplacedTokenDetectionLoss, mask_tokens, replaced_labels
-from .base import BaseRecipe, EpochTask, TaskSpec
+from .base import BaseRecipe, EpochTask, TaskSpec, refuse_init_from
 
 #: Validation always corrupts the held-out texts with this seed, so every validation scores the same task.
 VALID_MASK_SEED = 12345
@@ -244,4 +244,10 @@ class PretrainTask(EpochTask):
 
 
 
-SPEC = TaskSpec("pretrain", PretrainTask, PretrainRecipe, serves=None)
+def check(cfg: RunConfig) -> None:
+    """Windows of ``data.max_len`` subwords fit the encoder's positions; ``model.init_from`` is not for pretraining."""
+    refuse_init_from(cfg)
+    cfg.check_lengths(ends=0)
+
+
+SPEC = TaskSpec("pretrain", PretrainTask, PretrainRecipe, serves=None, check=check)

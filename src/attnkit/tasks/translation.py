@@ -37,7 +37,7 @@ from ..data.readers import ReadStats, iter_kept_lines, iter_parallel, read_paral
 from ..data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 from ..engine import FusedSeq2SeqLoss
 from ..inference.translate import translate_texts
-from .base import BaseRecipe, EpochTask, TaskSpec
+from .base import BaseRecipe, EpochTask, TaskSpec, refuse_init_from
 from .objectives import Seq2SeqLoss
 
 
@@ -188,4 +188,12 @@ class TranslationTask(EpochTask):
 
 
 
-SPEC = TaskSpec("translate", TranslationTask, TranslationRecipe, serves="translate")
+def check(cfg: RunConfig) -> None:
+    """A translation side (with its ``</s>``) fits the positions; validation comes from ``data.valid``."""
+    if cfg.data.valid_fraction:
+        raise UserError("data.valid_fraction is for classification and pretraining; give data.valid")
+    refuse_init_from(cfg)
+    cfg.check_lengths(ends=1)
+
+
+SPEC = TaskSpec("translate", TranslationTask, TranslationRecipe, serves="translate", check=check)

@@ -12,7 +12,9 @@ Schedules (Vaswani et al. eq. 3 is ``noam``):
 ``linear``: linear warm-up, then linear decay to 0 at the end of the budget — ``max_updates``, or
 ``max_minutes`` of training when that comes first (so a run on a wall-clock budget ends annealed;
 its learning rates then depend on the clock, so such a run, like its stopping point, is not repeatable
-update for update).
+update for update);
+``cosine``: linear warm-up, then a half cosine from ``lr`` down to ``lr / 10`` at the end of the same budget
+(Loshchilov & Hutter 2017, without restarts; nanoGPT's and GPT-3's schedule).
 
 Checkpoints are taken every ``valid_every`` updates and at the end, atomically, into the run
 directory (:mod:`attnkit.runs.directory`). Each holds the weights and the trainer state (optimizer, step,
@@ -57,11 +59,13 @@ def learning_rate(step: int, cfg: TrainConfig, d_model: int | None, minutes: flo
     """The learning rate for update ``step`` (1-based) after ``minutes`` of training; see the module docstring."""
     step = max(step, 1)
     warmup = max(cfg.warmup, 1)
-    if cfg.schedule == "linear":
+    if cfg.schedule in ("linear", "cosine"):
         done = step / cfg.max_updates  # fraction of the budget spent
         if cfg.max_minutes > 0:
             done = max(done, minutes / cfg.max_minutes)
-        return cfg.lr * min(step / warmup, 1.0) * max(1.0 - done, 0.0)
+        done = min(done, 1.0)
+        decay = 1.0 - done if cfg.schedule == "linear" else 0.1 + 0.45 * (1.0 + math.cos(math.pi * done))
+        return cfg.lr * min(step / warmup, 1.0) * decay
     if cfg.schedule == "noam":
         if d_model is None:
             raise UserError("train.schedule: noam scales by the model width d_model, and this model has none; "

@@ -1,0 +1,72 @@
+"""Continue text with a trained language model (task: lm), streaming it to standard output as it is generated.
+
+Each prompt (--prompt, repeatable, or one per line of -i FILE or of standard input) is echoed, then continued
+--num-samples times. Temperature T samples from softmax(logits / T), the seeds' soft attention with beta = 1/T;
+--temperature 0 is greedy decoding (hard attention, argmax). --top-k and --top-p keep the sample off the long
+tail. A --seed gives the same text every time. Generation stops at the end of a document (</s>), at a --stop
+string (not printed), or after --max-new-tokens.
+
+A model whose positions are a table (learned or sinusoidal) cannot see past its max_len: a prompt plus
+--max-new-tokens longer than that is an error (rope, alibi and none have no such limit).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+
+from ..common.errors import UserError
+from ..inference.language_model import MAX_NEW_TOKENS, check_sampling, continue_text, prompt_ids
+from ..runs.load import load_run, require
+from .options import POSITIVE_INT, number, read_input
+
+HELP = "continue text with a language model, streamed"
+
+
+def add(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("generate", help=HELP, description=__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("model", help="language-model run directory (task: lm) or a .safetensors checkpoint inside one")
+    p.add_argument("--prompt", action="append", help="text to continue (repeat for several prompts)")
+    p.add_argument("-i", "--input", help="prompts, one per line (default with no --prompt: standard input)")
+    p.add_argument("--max-new-tokens", type=number(int), default=256,
+                   help=f"tokens to generate per sample, 1..{MAX_NEW_TOKENS} (default 256)")
+    p.add_argument("--temperature", type=number(float), default=0.8,
+                   help="softmax temperature T = 1/beta; 0 is greedy (default 0.8)")
+    p.add_argument("--top-k", type=number(int), default=0, help="sample among the k most likely tokens (0: all)")
+    p.add_argument("--top-p", type=number(float), default=1.0, help="nucleus: the most likely tokens whose "
+                                                                    "probabilities reach p, in (0, 1] (default 1)")
+    p.add_argument("--seed", type=number(int), default=1, help="random seed (default 1)")
+    p.add_argument("--num-samples", type=POSITIVE_INT, default=1, help="continuations per prompt (default 1)")
+    p.add_argument("--stop", action="append", default=[], help="stop at this string (repeatable)")
+    p.add_argument("--no-echo", action="store_true", help="print only the continuation, not the prompt")
+
+
+def run(args: argparse.Namespace) -> None:
+    check_sampling(args.temperature, args.top_k, args.top_p)
+    if not 0 < args.max_new_tokens <= MAX_NEW_TOKENS:
+        raise UserError(f"--max-new-tokens must be in 1..{MAX_NEW_TOKENS}, got {args.max_new_tokens}")
+    if any(s == "" for s in args.stop):
+        raise UserError("--stop needs a non-empty string")
+    if args.prompt is not None and args.input is not None:
+        raise UserError("give --prompt or -i FILE, not both")
+    lm = require(load_run(args.model), "lm", args.model)
+    prompts = args.prompt if args.prompt is not None else read_input(args.input)
+    checked = [prompt_ids(lm.tok, p, lm.model.context, args.max_new_tokens) for p in prompts]  # all, before any output
+    generator = torch.Generator(device=next(lm.model.parameters()).device).manual_seed(args.seed)
+    out = sys.stdout
+    first = True
+    for prompt, ids in zip(prompts, checked, strict=True):
+        for _ in range(args.num_samples):
+            if not first:
+                out.write("\n---\n")
+            first = False
+            if not args.no_echo:
+                out.write(prompt)
+            for piece in continue_text(lm.model, lm.tok, ids, args.max_new_tokens, temperature=args.temperature,
+                                       top_k=args.top_k, top_p=args.top_p, stop=args.stop, generator=generator):
+                out.write(piece)
+                out.flush()
+    out.write("\n")

@@ -1,0 +1,195 @@
+"""Using a trained language model: score a text (loss, perplexity, bits per character) and generate text.
+
+Scoring (:func:`score_stream`; the ``lm`` task's validation and ``attnkit evaluate RUN --data FILE``): the text's
+token ids are cut into non-overlapping windows of ``context`` tokens (the training block size unless
+``--context`` says otherwise); in each window every token is predicted from the tokens before it in that
+window, and the first token of each window from the last token of the window before. So every token but the
+very first is scored exactly once::
+
+    loss = (1 / N) sum_t -ln p(y_t | y_{t-c}..y_{t-1})          (nats per token, c < context)
+    perplexity = exp(loss);   bits per character = N * loss / (ln 2 * characters scored)
+
+Generation (:func:`continue_text`): the prompt's ids through :func:`attnkit.sampling.generate`, decoded as
+the tokens come so the text can be streamed, stopped at ``</s>``, a ``--stop`` string, or the token budget.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..common.errors import UserError
+from ..data.labelled import LabelledReader
+from ..data.readers import base_suffix, read_lines, read_text
+from ..data.tokenizer import EOS_ID, UNK_ID, Tokenizer
+from ..runs.load import LoadedRun
+from ..sampling import generate
+
+#: The most tokens one prompt may ask for (``--max-new-tokens``, the server's ``max_new_tokens``).
+MAX_NEW_TOKENS = 4096
+
+
+@dataclass
+class LMScore:
+    """How well a model predicts a text."""
+
+    loss: float  # mean cross-entropy per token, in nats
+    tokens: int  # tokens scored
+    characters: int  # characters those tokens spell
+
+    @property
+    def perplexity(self) -> float:
+        return math.exp(min(self.loss, 50.0))
+
+    @property
+    def bits_per_character(self) -> float:
+        return self.loss * self.tokens / (math.log(2) * max(self.characters, 1))
+
+    def __str__(self) -> str:
+        return (f"loss {self.loss:.4f} nats/token | perplexity {self.perplexity:.3f} | bits/char "
+                f"{self.bits_per_character:.4f} | {self.tokens} tokens, {self.characters} characters")
+
+
+def characters_per_id(tok: Tokenizer) -> np.ndarray:
+    """``(V,)`` how many characters each id spells: a piece's length (SentencePiece's ``▁`` is one space), 1 for
+    ``</s>`` (the line break between documents), 0 for the other special pieces."""
+    pieces = tok.src_pieces_from_ids(range(tok.src_vocab_size))
+    counts = np.array([len(p) for p in pieces], dtype=np.int64)
+    counts[:4] = 0
+    counts[EOS_ID] = 1
+    if tok.mask_id is not None:
+        counts[tok.mask_id] = 0
+    return counts
+
+
+def document_stream(tok: Tokenizer, documents: Sequence[str]) -> np.ndarray:
+    """The ids of ``documents`` joined by ``</s>``, as training packs them (no ``</s>`` after the last) -> ``(N,)``."""
+    ids: list[int] = []
+    for i, doc in enumerate(tok.encode_src(list(documents))):
+        ids += ([EOS_ID] if i else []) + doc
+    return np.asarray(ids, dtype=np.int64)
+
+
+@torch.inference_mode()
+def score_stream(model: nn.Module, ids: np.ndarray, context: int, max_tokens: int, chars: np.ndarray,
+                 device: torch.device | None = None) -> LMScore:
+    """Score every token of ``ids`` ``(N,)`` after the first in windows of ``context`` (module docstring).
+
+    :param max_tokens: tokens per forward pass (windows are batched).
+    :param chars: :func:`characters_per_id` of the tokenizer.
+    """
+    was_training = model.training
+    model.eval()
+    device = device or next(model.parameters()).device
+    starts = list(range(0, len(ids) - 1, context))  # window w predicts ids[s + 1 : s + context + 1]
+    per_batch = max(max_tokens // context, 1)
+    total, n, characters = 0.0, 0, 0
+    for b in range(0, len(starts), per_batch):
+        group = starts[b: b + per_batch]
+        lengths = [min(context, len(ids) - 1 - s) for s in group]
+        T = max(lengths)
+        inputs = torch.zeros(len(group), T, dtype=torch.long)
+        targets = torch.full((len(group), T), -100, dtype=torch.long)  # -100: not scored (the last window's tail)
+        for r, (s, L) in enumerate(zip(group, lengths, strict=True)):
+            inputs[r, :L] = torch.from_numpy(ids[s: s + L])
+            targets[r, :L] = torch.from_numpy(ids[s + 1: s + L + 1])
+            characters += int(chars[ids[s + 1: s + L + 1]].sum())
+        logits = model(inputs.to(device)).float()  # (B, T, V)
+        total += torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten().to(device),
+                                                   ignore_index=-100, reduction="sum").item()
+        n += sum(lengths)
+    model.train(was_training)
+    return LMScore(total / max(n, 1), n, characters)
+
+
+def read_documents(path: str, documents: str, text_column: str | None = None) -> list[str]:
+    """A text file's documents as a language-model run reads them: the whole file (``documents: text``), or one
+    per line (``lines``; the text column of a ``.tsv`` / ``.csv``)."""
+    if documents == "text":
+        return [read_text(path)]
+    if base_suffix(Path(path)) in (".tsv", ".csv"):
+        return [text for text, _, _ in LabelledReader(path, text_column=text_column, labelled=False).keyed()]
+    return [line for line in read_lines(path) if line.strip()]
+
+
+def score_text_file(run: LoadedRun, path: str, context: int | None = None) -> LMScore:
+    """:func:`score_stream` of a text file, read as the run's training data was (``data.documents``), in windows
+    of ``context`` tokens (default: the run's ``data.block_size``)."""
+    d = run.cfg.data
+    context = context or d.block_size
+    limit = run.model.context
+    if limit is not None and context > limit:
+        raise UserError(f"--context {context} exceeds the model's {limit} positions (a table of that length)")
+    ids = document_stream(run.tok, read_documents(path, d.documents, d.text_column))
+    if len(ids) < 2:
+        raise UserError(f"{path}: fewer than two tokens of text to score")
+    return score_stream(run.model, ids, context, run.cfg.train.max_tokens, characters_per_id(run.tok))
+
+
+def prompt_ids(tok: Tokenizer, prompt: str, context: int | None, max_new_tokens: int) -> list[int]:
+    """The prompt's ids, checked: it has some, every character is in a character vocabulary, and prompt plus
+    continuation fit a model with a table of positions (``context``; None: any length).
+
+    :raises UserError: what is wrong, with the numbers.
+    """
+    if not 0 < max_new_tokens <= MAX_NEW_TOKENS:
+        raise UserError(f"--max-new-tokens must be in 1..{MAX_NEW_TOKENS}, got {max_new_tokens}")
+    ids = tok.encode_src([prompt])[0]
+    if not ids:
+        raise UserError("the prompt is empty: give some text to continue")
+    if tok.kind == "characters" and UNK_ID in ids:
+        bad = prompt[ids.index(UNK_ID)]
+        raise UserError(f"the prompt has the character {bad!r}, which is not in this model's vocabulary of "
+                        f"{tok.src_vocab_size - 4} characters")
+    if context is not None and len(ids) + max_new_tokens > context:
+        raise UserError(f"the prompt ({len(ids)} tokens) and --max-new-tokens {max_new_tokens} exceed the model's "
+                        f"{context} positions (its positions are a table of that length); shorten the prompt or "
+                        f"ask for fewer tokens")
+    return ids
+
+
+def check_sampling(temperature: float, top_k: int, top_p: float) -> None:
+    """:raises UserError: a temperature below 0, a negative top-k, or a top-p outside (0, 1]."""
+    if not temperature >= 0 or math.isinf(temperature):
+        raise UserError(f"--temperature must be a finite number >= 0 (0 means greedy), got {temperature}")
+    if top_k < 0:
+        raise UserError(f"--top-k must be >= 0 (0 keeps every token), got {top_k}")
+    if not 0 < top_p <= 1:
+        raise UserError(f"--top-p must be in (0, 1], got {top_p}")
+
+
+def continue_text(model: nn.Module, tok: Tokenizer, ids: list[int], max_new_tokens: int, *,
+                  temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, stop: Sequence[str] = (),
+                  generator: torch.Generator | None = None) -> Iterator[str]:
+    """The continuation of one prompt, yielded as text pieces as it is generated (concatenated: the whole text).
+
+    Ends at ``</s>``, after ``max_new_tokens``, or at the first ``stop`` string (which is not yielded).
+    """
+    out: list[int] = []
+    shown = ""
+    hold = max((len(s) for s in stop), default=1) - 1  # characters kept back: they may begin a stop string
+    for token in generate(model, [ids], max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                          generator=generator):
+        t = int(token[0])
+        if t == EOS_ID:
+            break
+        out.append(t)
+        text = tok.decode_src([out])[0]
+        cut = min((i for i in (text.find(s) for s in stop) if i >= 0), default=-1)
+        if cut >= 0:
+            if cut > len(shown):
+                yield text[len(shown): cut]
+            return
+        safe = len(text) - hold
+        if safe > len(shown) and text.startswith(shown):
+            yield text[len(shown): safe]
+            shown = text[:safe]
+    text = tok.decode_src([out])[0]
+    if text.startswith(shown) and len(text) > len(shown):
+        yield text[len(shown):]

@@ -1,0 +1,90 @@
+"""Sampling from a language model: the seeds' soft attention over the vocabulary (SEEDS.md section 3).
+
+A language model's next-token logits ``z`` ``(V,)`` are scores of every token; choosing the next token is the
+seeds' normalize step with an inverse temperature ``beta = 1 / T``::
+
+    p = softmax(beta * z)                      # soft: sample y ~ p          (temperature T = 1 / beta)
+    y = onehot(argmax(z))                      # hard: greedy decoding       (T -> 0, beta -> infinity)
+
+and two ways to keep the sample off the long tail, applied to ``z`` before the softmax:
+
+* **top-k** (Fan et al. 2018): only the ``k`` largest logits keep their value, the rest get probability 0;
+* **top-p**, nucleus sampling (Holtzman et al. 2020): only the smallest set of most likely tokens whose
+  probabilities add up to at least ``p`` (the most likely token always stays).
+
+:func:`generate` feeds a prompt, then each chosen token, through the model's single-step interface
+(:meth:`attnkit.lm.LanguageModel.step`, with its key/value cache) and yields the tokens as they come. Special
+pieces other than ``</s>`` are never chosen; a row that chooses ``</s>`` (the end of a document) stops.
+Random numbers come from the ``torch.Generator`` passed in, so a seed gives the same text every time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Protocol
+
+import torch
+from torch import Tensor
+
+from .vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+
+#: Never chosen: they carry no text (``</s>`` may be chosen: it ends the document).
+NEVER_SAMPLED = (PAD_ID, UNK_ID, BOS_ID)
+
+
+class StepModel(Protocol):
+    """What :func:`generate` needs of a model (:class:`attnkit.lm.LanguageModel` has it)."""
+
+    def init_state(self): ...
+    def step(self, tokens: Tensor, state) -> tuple[Tensor, object]: ...
+
+
+def filter_logits(logits: Tensor, top_k: int = 0, top_p: float = 1.0) -> Tensor:
+    """``logits`` ``(B, V)`` with every token outside the top ``k`` and outside the nucleus ``p`` set to ``-inf``
+    (``top_k = 0`` and ``top_p = 1`` keep all)."""
+    if top_k and top_k < logits.size(-1):
+        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]  # (B, 1) the k-th largest
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)  # (B, V)
+        probs = torch.softmax(sorted_logits, dim=-1)
+        before = probs.cumsum(dim=-1) - probs  # probability of the tokens ranked above each
+        drop_sorted = before >= top_p  # already reached p without this one (the first is never dropped)
+        drop = drop_sorted.scatter(-1, order, drop_sorted)  # back to vocabulary order
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits
+
+
+def choose_next(logits: Tensor, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
+                generator: torch.Generator | None = None) -> Tensor:
+    """The next token of every row, ``(B,)``, from logits ``(B, V)``: ``argmax`` at ``temperature == 0`` (hard
+    attention), else a sample of ``softmax(filter_logits(z) / temperature)`` (soft attention, ``beta = 1 / T``)."""
+    logits = logits.float()
+    logits[:, list(NEVER_SAMPLED)] = float("-inf")
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    probs = torch.softmax(filter_logits(logits, top_k, top_p) / temperature, dim=-1)  # (B, V)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(1)
+
+
+@torch.inference_mode()
+def generate(model: StepModel, prompt: Sequence[Sequence[int]] | Tensor, max_new_tokens: int, *,
+             temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
+             generator: torch.Generator | None = None) -> Iterator[Tensor]:
+    """Continue each prompt row; yields the tokens chosen at each step ``(B,)`` (``PAD_ID`` for a row that ended).
+
+    :param prompt: ``(B, T)`` token ids, every row the same length (``T >= 1``).
+    :param max_new_tokens: the most steps; stops earlier once every row has chosen ``</s>``.
+    """
+    tokens = torch.as_tensor(prompt, dtype=torch.long)
+    device = next(model.parameters()).device  # type: ignore[attr-defined]
+    tokens = tokens.to(device)
+    logits, state = model.step(tokens, model.init_state())  # the whole prompt at once: (B, V)
+    done = torch.zeros(tokens.size(0), dtype=torch.bool, device=device)
+    for i in range(max_new_tokens):
+        nxt = choose_next(logits, temperature, top_k, top_p, generator).masked_fill(done, PAD_ID)  # (B,)
+        yield nxt
+        done |= nxt == EOS_ID
+        if bool(done.all()) or i == max_new_tokens - 1:
+            return
+        logits, state = model.step(nxt[:, None], state)
