@@ -26,7 +26,7 @@ from types import ModuleType
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = (ROOT / "README.md", ROOT / "benchmarks" / "README.md", ROOT / "docs" / "experiments.md",
-         ROOT / "docs" / "results.md")
+         ROOT / "docs" / "results.md", ROOT / "docs" / "language-models.md")
 SECTION = re.compile(r"(<!-- generated: (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /generated: (?P=name) -->)", re.S)
 
 
@@ -121,6 +121,8 @@ TABLES: dict[str, Table] = {
     "parallelism-layers": Table(f"{FIGURES}/parallelism.json", "experiments/parallelism.py", "markdown_layers"),
     "hard-soft": Table(f"{FIGURES}/hard_soft.json", "experiments/hard_soft.py"),
     "no-projection": Table(f"{FIGURES}/no_projection.json", "experiments/no_projection.py"),
+    "lm": Table(f"{RESULTS}/lm.json", "benchmarks/lm.py"),
+    "length-extrapolation": Table(f"{FIGURES}/length-extrapolation.json", "experiments/length_extrapolation.py"),
 }
 
 

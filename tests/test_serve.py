@@ -424,10 +424,10 @@ def test_serve_user_errors_are_one_line(runs, tmp_path, capsys):
         assert "cannot listen" in error(str(runs["dates"]), "--port", str(taken.getsockname()[1]))
 
 
-def test_readme_states_the_serving_defaults():
+def test_serving_docs_state_the_serving_defaults():
     from attnkit.serve.schemas import MAX_BEAM
 
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    readme = (ROOT / "docs" / "serving.md").read_text(encoding="utf-8")
     d = Limits()
     for claim in (f"`--max-texts` texts ({d.max_texts})", f"`--max-chars` characters ({d.max_chars:,})",
                   f"`--max-attention-texts` ({d.max_attention_texts})",

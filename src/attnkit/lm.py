@@ -156,10 +156,23 @@ class LanguageModel(nn.Module):
 
 
 def gpt2_init_(model: nn.Module, n_layers: int) -> None:
-    """GPT-2's initialisation: every linear map and embedding ``N(0, 0.02)``, biases 0, and the projections that
-    end a residual branch (attention's ``W^O``, the FFN's ``W_2``) ``N(0, 0.02 / sqrt(2 N))`` for ``N`` layers,
-    so the residual stream's variance does not grow with depth (Radford et al. 2019, section 2.3)."""
+    """GPT-2's initialisation: every linear map ``N(0, 0.02)``, biases 0, and the projections that end a residual
+    branch (attention's ``W^O``, the FFN's ``W_2``) ``N(0, 0.02 / sqrt(2 N))`` for ``N`` layers, so the residual
+    stream's variance does not grow with depth (Radford et al. 2019, section 2.3).
+
+    The embeddings follow ``scale_embeddings``: unscaled (GPT-2) they are ``N(0, 0.02)`` like the learned position
+    table; scaled by ``sqrt(d_model)`` (the paper) they keep :class:`~attnkit.layers.TokenEmbedding`'s
+    ``N(0, d^-1/2)``, so that ``Embed(y)`` has unit variance, as the sinusoids it is added to do. (Unscaled
+    ``N(0, 0.02)`` embeddings under unit sinusoids carry almost no token information, and such a model stays on
+    the unigram plateau.)"""
+    embed = getattr(model, "embed", None)
+    keep = set()
+    if isinstance(embed, TokenEmbedding) and embed.scale != 1.0:
+        positions = getattr(model, "positions", None)
+        keep = {id(embed.weight)} | ({id(p) for p in positions.parameters()} if positions is not None else set())
     for name, p in model.named_parameters():
+        if id(p) in keep:
+            continue
         if p.dim() < 2:
             if name.endswith("bias"):
                 nn.init.zeros_(p)
@@ -167,7 +180,6 @@ def gpt2_init_(model: nn.Module, n_layers: int) -> None:
         std = INIT_STD / math.sqrt(2 * n_layers) if name.endswith(("out_proj.weight", "ff.w2.weight")) and \
             name.startswith("layers.") else INIT_STD
         nn.init.normal_(p, 0.0, std)
-    embed = getattr(model, "embed", None)
     if isinstance(embed, TokenEmbedding) and embed.embedding.padding_idx is not None:
         with torch.no_grad():
             embed.weight[embed.embedding.padding_idx].zero_()

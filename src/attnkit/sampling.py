@@ -43,8 +43,9 @@ def filter_logits(logits: Tensor, top_k: int = 0, top_p: float = 1.0) -> Tensor:
     """``logits`` ``(B, V)`` with every token outside the top ``k`` and outside the nucleus ``p`` set to ``-inf``
     (``top_k = 0`` and ``top_p = 1`` keep all)."""
     if top_k and top_k < logits.size(-1):
-        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]  # (B, 1) the k-th largest
-        logits = logits.masked_fill(logits < kth, float("-inf"))
+        top = torch.topk(logits, top_k, dim=-1).indices  # (B, k): exactly k, ties broken by topk
+        keep = torch.zeros_like(logits, dtype=torch.bool).scatter(-1, top, True)
+        logits = logits.masked_fill(~keep, float("-inf"))
     if top_p < 1.0:
         sorted_logits, order = torch.sort(logits, dim=-1, descending=True)  # (B, V)
         probs = torch.softmax(sorted_logits, dim=-1)
@@ -59,7 +60,7 @@ def choose_next(logits: Tensor, temperature: float = 1.0, top_k: int = 0, top_p:
                 generator: torch.Generator | None = None) -> Tensor:
     """The next token of every row, ``(B,)``, from logits ``(B, V)``: ``argmax`` at ``temperature == 0`` (hard
     attention), else a sample of ``softmax(filter_logits(z) / temperature)`` (soft attention, ``beta = 1 / T``)."""
-    logits = logits.float()
+    logits = logits.float().clone()  # the caller's logits stay as they were
     logits[:, list(NEVER_SAMPLED)] = float("-inf")
     if temperature == 0:
         return logits.argmax(dim=-1)

@@ -25,6 +25,8 @@ import torch
 from torch import nn
 
 from ..common.errors import UserError
+from ..config.schema import LineBreakTags
+from ..data.documents import clean_text
 from ..data.labelled import LabelledReader
 from ..data.readers import base_suffix, read_lines, read_text
 from ..data.tokenizer import EOS_ID, UNK_ID, Tokenizer
@@ -58,11 +60,12 @@ class LMScore:
 
 def characters_per_id(tok: Tokenizer) -> np.ndarray:
     """``(V,)`` how many characters each id spells: a piece's length (SentencePiece's ``▁`` is one space), 1 for
-    ``</s>`` (the line break between documents), 0 for the other special pieces."""
+    ``</s>`` (the line break between documents) and for ``<unk>`` (a character the vocabulary lacks), 0 for the
+    other special pieces."""
     pieces = tok.src_pieces_from_ids(range(tok.src_vocab_size))
     counts = np.array([len(p) for p in pieces], dtype=np.int64)
     counts[:4] = 0
-    counts[EOS_ID] = 1
+    counts[EOS_ID] = counts[UNK_ID] = 1
     if tok.mask_id is not None:
         counts[tok.mask_id] = 0
     return counts
@@ -108,14 +111,17 @@ def score_stream(model: nn.Module, ids: np.ndarray, context: int, max_tokens: in
     return LMScore(total / max(n, 1), n, characters)
 
 
-def read_documents(path: str, documents: str, text_column: str | None = None) -> list[str]:
+def read_documents(path: str, documents: str, text_column: str | None = None,
+                   line_break_tags: LineBreakTags = "newline") -> list[str]:
     """A text file's documents as a language-model run reads them: the whole file (``documents: text``), or one
-    per line (``lines``; the text column of a ``.tsv`` / ``.csv``)."""
+    per line (``lines``; the text column of a ``.tsv`` / ``.csv``), its ``<br />`` tags read as configured."""
     if documents == "text":
         return [read_text(path)]
     if base_suffix(Path(path)) in (".tsv", ".csv"):
-        return [text for text, _, _ in LabelledReader(path, text_column=text_column, labelled=False).keyed()]
-    return [line for line in read_lines(path) if line.strip()]
+        texts = [text for text, _, _ in LabelledReader(path, text_column=text_column, labelled=False).keyed()]
+    else:
+        texts = [line for line in read_lines(path) if line.strip()]
+    return [clean_text(text, line_break_tags) for text in texts]  # <br /> as training read it
 
 
 def score_text_file(run: LoadedRun, path: str, context: int | None = None) -> LMScore:
@@ -126,7 +132,7 @@ def score_text_file(run: LoadedRun, path: str, context: int | None = None) -> LM
     limit = run.model.context
     if limit is not None and context > limit:
         raise UserError(f"--context {context} exceeds the model's {limit} positions (a table of that length)")
-    ids = document_stream(run.tok, read_documents(path, d.documents, d.text_column))
+    ids = document_stream(run.tok, read_documents(path, d.documents, d.text_column, d.line_break_tags))
     if len(ids) < 2:
         raise UserError(f"{path}: fewer than two tokens of text to score")
     return score_stream(run.model, ids, context, run.cfg.train.max_tokens, characters_per_id(run.tok))

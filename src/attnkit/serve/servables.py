@@ -110,6 +110,9 @@ class RunServable:
         if serves is None:
             raise UserError(f"{name} is a pretraining run: it neither translates nor classifies; serve a run "
                             f"fine-tuned from it (model.init_from)")
+        if serves not in _INFO:
+            raise UserError(f"{name} is a language model: `attnkit serve` answers /translate and /classify only "
+                            f"for now; use `attnkit generate`")
         if precision not in PRECISIONS:
             raise UserError(f"--precision {precision}: choose one of {', '.join(PRECISIONS)}")
         self.precision = precision

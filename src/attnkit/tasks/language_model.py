@@ -58,7 +58,7 @@ def lm_documents(cfg: RunConfig, *, held_out: bool = False, stats: ReadStats | N
         yield from pretraining_texts(cfg, paths, held_out=held_out, stats=stats, log=log)
         return
     first = read_text(paths[0])
-    cut = round(len(first) * (1.0 - d.valid_fraction))  # nanoGPT: data[:int(n * 0.9)], data[int(n * 0.9):]
+    cut = int(len(first) * (1.0 - d.valid_fraction))  # nanoGPT: data[:int(n * 0.9)], data[int(n * 0.9):]
     if held_out:
         yield first[cut:]
         return

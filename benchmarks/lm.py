@@ -1,0 +1,289 @@
+"""attnkit's language model against nanoGPT on tiny Shakespeare, characters, on this CPU: loss, speed, sampling.
+
+    git clone https://github.com/karpathy/nanoGPT /tmp/nanoGPT        # once: the peer, any recent commit
+    python benchmarks/lm.py --nanogpt /tmp/nanoGPT                    # every row (about 45 minutes)
+    python benchmarks/lm.py --nanogpt /tmp/nanoGPT --rows throughput sampling
+
+Both learn the same task: the 65 characters of ``../shared/data/shakespeare/input.txt``, trained on its first
+90% and validated on the last 10% (nanoGPT's ``data/shakespeare_char/prepare.py`` split, written here into
+``data/attnkit_shakespeare_char/`` of the nanoGPT checkout: its ``train.bin``, ``val.bin`` and ``meta.pkl``).
+nanoGPT runs its own ``train.py`` on the CPU in float32 with ``--compile=False``, with this project's Python
+and torch; attnkit runs ``attnkit train``. One contender at a time, on the same threads.
+
+Both are **scored the same way**: the mean cross-entropy of every character of the whole validation split, in
+non-overlapping windows of the model's block size (:func:`attnkit.inference.language_model.score_stream`;
+nanoGPT's checkpoint loaded with its own ``model.py``). nanoGPT's own estimate (``eval_iters`` random
+batches) is noisier and is not used.
+
+Rows (``--rows``):
+
+* ``documented``: nanoGPT's documented CPU command (4 layers, 4 heads, 128 wide, block 64, batch 12, 2,000
+  iterations), timed; then ``attnkit train configs/shakespeare-char.yaml`` for the same wall time.
+* ``budget``: both for ``--minutes`` (15) of training: attnkit with ``configs/shakespeare-char.yaml``; nanoGPT
+  with the same model shape, batch and schedule, its ``max_iters`` set from its measured time per iteration so
+  that it trains for about as long (nanoGPT has no time budget).
+* ``throughput``: training tokens/s at nanoGPT's ``train_shakespeare_char`` shape (6 layers, 6 heads, 384 wide,
+  block 256, batch 64), after warm-up iterations.
+* ``sampling``: tokens/s generating 256 new tokens after a one-token prompt at batch 1 and 32, the same shape
+  (block 512 so the 257 positions fit both models' tables), random weights: attnkit with its key/value cache,
+  nanoGPT's ``GPT.generate``, which runs the whole context again for every token.
+
+Writes ``benchmarks/results/lm.json`` with the CPU model, threads and precision.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import pickle
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+from attnkit.common.measure import stamp  # noqa: E402
+from attnkit.config.loader import load_config  # noqa: E402
+from attnkit.config.schema import RunConfig  # noqa: E402
+from attnkit.training.runtime import cpu_has_fast_bf16  # noqa: E402
+from nbsvm import cpu_model  # noqa: E402  (benchmarks/ is on sys.path when this script runs)
+from tables import markdown, measured, num  # noqa: E402
+
+DATA = ROOT.parent / "shared" / "data" / "shakespeare" / "input.txt"
+CONFIG = ROOT / "configs" / "shakespeare-char.yaml"
+OUT = ROOT / "benchmarks" / "results" / "lm.json"
+DATASET = "attnkit_shakespeare_char"
+#: nanoGPT's README, "I only have a macbook": the documented CPU command.
+DOCUMENTED = ["--device=cpu", "--compile=False", "--eval_iters=20", "--log_interval=1", "--block_size=64",
+              "--batch_size=12", "--n_layer=4", "--n_head=4", "--n_embd=128", "--max_iters=2000",
+              "--lr_decay_iters=2000", "--dropout=0.0"]
+THROUGHPUT_SHAPE = dict(n_layer=6, n_head=6, n_embd=384, block_size=256, batch_size=64)
+
+
+def prepare_nanogpt_data(nanogpt: Path) -> Path:
+    """nanoGPT's ``shakespeare_char/prepare.py``, on the shared file: returns the validation text's path."""
+    text = DATA.read_text(encoding="utf-8")
+    chars = sorted(set(text))
+    stoi = {c: i for i, c in enumerate(chars)}
+    n = len(text)
+    out = nanogpt / "data" / DATASET
+    out.mkdir(parents=True, exist_ok=True)
+    for name, part in (("train", text[: int(n * 0.9)]), ("val", text[int(n * 0.9):])):
+        np.array([stoi[c] for c in part], dtype=np.uint16).tofile(out / f"{name}.bin")
+    with open(out / "meta.pkl", "wb") as f:  # what nanoGPT's train.py reads for its vocabulary size
+        pickle.dump({"vocab_size": len(chars), "itos": dict(enumerate(chars)), "stoi": stoi}, f)
+    (out / "val.txt").write_text(text[int(n * 0.9):], encoding="utf-8")
+    return out / "val.txt"
+
+
+def run_timed(cmd: list[str], cwd: Path, log: Path) -> tuple[float, str]:
+    """Run ``cmd``; returns (wall seconds, its output), which is also written to ``log``."""
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    seconds = time.perf_counter() - start
+    log.write_text(proc.stdout + proc.stderr, encoding="utf-8")
+    if proc.returncode:
+        raise SystemExit(f"{' '.join(cmd)} failed (exit {proc.returncode}); see {log}")
+    return seconds, proc.stdout + proc.stderr
+
+
+def nanogpt_train(nanogpt: Path, out_dir: Path, args: list[str], logs: Path, name: str) -> dict:
+    """nanoGPT's ``train.py`` with ``args``; its last checkpoint scored on the whole validation split."""
+    cmd = [sys.executable, "train.py", "config/train_shakespeare_char.py", f"--dataset={DATASET}",
+           f"--out_dir={out_dir}", "--always_save_checkpoint=True", *args]
+    seconds, output = run_timed(cmd, nanogpt, logs / f"{name}.log")
+    iter_ms = [float(m) for m in re.findall(r"^iter \d+: loss [\d.]+, time ([\d.]+)ms", output, re.M)]
+    return {"command": " ".join(cmd[1:]), "wall_seconds": round(seconds, 1),
+            "train_seconds": round(sum(iter_ms) / 1000, 1), "iterations": len(iter_ms),
+            "valid_loss": score_nanogpt(nanogpt, out_dir / "ckpt.pt")}
+
+
+@torch.inference_mode()
+def score_nanogpt(nanogpt: Path, ckpt_path: Path) -> float:
+    """The mean cross-entropy of every validation character after the first, windows of its block size."""
+    sys.path.insert(0, str(nanogpt))
+    from model import GPT, GPTConfig  # nanoGPT's own model.py
+    ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=True)
+    model = GPT(GPTConfig(**ckpt["model_args"]))
+    model.load_state_dict({k.removeprefix("_orig_mod."): v for k, v in ckpt["model"].items()})
+    model.eval()
+    ids = torch.from_numpy(np.fromfile(nanogpt / "data" / DATASET / "val.bin", dtype=np.uint16).astype(np.int64))
+    block = ckpt["model_args"]["block_size"]
+    total, n = 0.0, 0
+    for s in range(0, len(ids) - 1, block):
+        x, y = ids[s: s + block], ids[s + 1: s + block + 1]
+        x = x[: len(y)]
+        logits, _ = model(x[None], y[None])  # with targets nanoGPT returns every position's logits
+        total += torch.nn.functional.cross_entropy(logits[0].float(), y, reduction="sum").item()
+        n += len(y)
+    return total / n
+
+
+def attnkit_train(run_dir: Path, overrides: list[str], val: Path, logs: Path, name: str) -> dict:
+    """``attnkit train`` of the shakespeare config with ``overrides``, then ``attnkit evaluate`` on the split."""
+    cmd = [sys.executable, "-m", "attnkit", "train", str(CONFIG), "--run-dir", str(run_dir), *overrides]
+    seconds, output = run_timed(cmd, ROOT, logs / f"{name}.log")
+    updates = re.findall(r"trained (\d+) updates in ([\d.]+) min", output)
+    _, scored = run_timed([sys.executable, "-m", "attnkit", "evaluate", str(run_dir), "--data", str(val)], ROOT,
+                          logs / f"{name}-evaluate.log")
+    loss = float(re.search(r"loss ([\d.]+) nats/token", scored).group(1))
+    return {"command": "attnkit " + " ".join(cmd[3:]).replace(str(ROOT) + "/", ""), "wall_seconds": round(seconds, 1),
+            "updates": int(updates[-1][0]) if updates else None,
+            "train_seconds": round(float(updates[-1][1]) * 60, 1) if updates else None, "valid_loss": loss}
+
+
+def nanogpt_args_like(cfg: RunConfig, iters: int) -> list[str]:
+    """nanoGPT's flags for attnkit's config: the same shape, batch, dropout, learning rates and schedule."""
+    t, m = cfg.train, cfg.model.transformer
+    return ["--device=cpu", "--compile=False", "--eval_iters=20", "--eval_interval=1000000", "--log_interval=1",
+            f"--n_layer={m.decoder_layers}", f"--n_head={m.n_heads}", f"--n_embd={m.d_model}",
+            f"--block_size={cfg.data.block_size}", f"--batch_size={t.max_tokens // cfg.data.block_size}",
+            f"--dropout={m.dropout}", f"--learning_rate={t.lr}", f"--min_lr={t.lr / 10}", f"--warmup_iters={t.warmup}",
+            f"--max_iters={iters}", f"--lr_decay_iters={iters}"]
+
+
+def row_documented(nanogpt: Path, val: Path, work: Path) -> list[dict]:
+    ng = nanogpt_train(nanogpt, work / "ng-documented", DOCUMENTED, work, "nanogpt-documented")
+    ak = attnkit_train(work / "ak-documented", [f"train.max_minutes={ng['train_seconds'] / 60:.3f}"], val, work,
+                       "attnkit-documented")
+    return [{"row": "documented", "contender": "nanoGPT", **ng}, {"row": "documented", "contender": "attnkit", **ak}]
+
+
+def row_budget(nanogpt: Path, val: Path, work: Path, minutes: float) -> list[dict]:
+    cfg = load_config(RunConfig, CONFIG)
+    probe = nanogpt_train(nanogpt, work / "ng-probe", nanogpt_args_like(cfg, 20), work, "nanogpt-probe")
+    per_iter = probe["train_seconds"] / probe["iterations"]
+    iters = max(int(minutes * 60 / per_iter), 1)
+    ng = nanogpt_train(nanogpt, work / "ng-budget", nanogpt_args_like(cfg, iters), work, "nanogpt-budget")
+    ak = attnkit_train(work / "ak-budget", [f"train.max_minutes={minutes}"], val, work, "attnkit-budget")
+    return [{"row": "budget", "contender": "nanoGPT", **ng}, {"row": "budget", "contender": "attnkit", **ak}]
+
+
+def row_throughput(nanogpt: Path, work: Path, iters: int = 8, warmup: int = 3) -> list[dict]:
+    """Training tokens/s at nanoGPT's train_shakespeare_char shape: the median iteration after ``warmup``."""
+    s = THROUGHPUT_SHAPE
+    tokens = s["batch_size"] * s["block_size"]
+    args = ["--device=cpu", "--compile=False", "--eval_iters=1", "--eval_interval=1000000", "--log_interval=1",
+            *[f"--{k}={v}" for k, v in s.items()], f"--max_iters={iters + warmup}", "--dropout=0.0"]
+    _, output = run_timed([sys.executable, "train.py", "config/train_shakespeare_char.py", f"--dataset={DATASET}",
+                           f"--out_dir={work / 'ng-throughput'}", *args], nanogpt, work / "nanogpt-throughput.log")
+    ms = [float(m) for m in re.findall(r"^iter \d+: loss [\d.]+, time ([\d.]+)ms", output, re.M)][warmup:]
+    ng = tokens / (float(np.median(ms)) / 1000)
+    overrides = [f"model.transformer.decoder_layers={s['n_layer']}", f"model.transformer.n_heads={s['n_head']}",
+                 f"model.transformer.d_model={s['n_embd']}", f"model.transformer.d_ff={4 * s['n_embd']}",
+                 f"data.block_size={s['block_size']}", f"model.transformer.max_len={s['block_size']}",
+                 f"train.max_tokens={tokens}", "train.max_minutes=0", "train.valid_every=1000000",
+                 "model.transformer.dropout=0.0"]
+    times = []
+    for n in (warmup, warmup + iters):  # the difference of two runs: startup and validation cancel out
+        cmd = [sys.executable, "-m", "attnkit", "train", str(CONFIG), "--run-dir", str(work / f"ak-throughput-{n}"),
+               *overrides, f"train.max_updates={n}"]
+        times.append(run_timed(cmd, ROOT, work / f"attnkit-throughput-{n}.log")[0])
+    ak = tokens * iters / (times[1] - times[0])
+    return [{"row": "throughput", "contender": "nanoGPT", "tok_s": round(ng), "shape": s},
+            {"row": "throughput", "contender": "attnkit", "tok_s": round(ak), "shape": s}]
+
+
+@torch.inference_mode()
+def row_sampling(nanogpt: Path, new_tokens: int = 256) -> list[dict]:
+    """Tokens/s generating ``new_tokens`` after a one-token prompt, batch 1 and 32, random weights of one shape."""
+    sys.path.insert(0, str(nanogpt))
+    from model import GPT, GPTConfig
+
+    from attnkit.lm import LanguageModel
+    from attnkit.sampling import generate
+    from attnkit.transformer import TransformerConfig
+    s = THROUGHPUT_SHAPE
+    torch.manual_seed(0)
+    ng = GPT(GPTConfig(block_size=512, vocab_size=65, n_layer=s["n_layer"], n_head=s["n_head"], n_embd=s["n_embd"],
+                       dropout=0.0, bias=False)).eval()
+    ours = LanguageModel(TransformerConfig(d_model=s["n_embd"], n_heads=s["n_head"], d_ff=4 * s["n_embd"],
+                                           decoder_layers=s["n_layer"], dropout=0.0, max_len=512, bias=False,
+                                           activation="gelu", scale_embeddings=False), 69)
+    from attnkit.engine import accelerate
+    accelerate(ours).eval()
+    rows = []
+    for batch in (1, 32):
+        prompt = torch.full((batch, 1), 10, dtype=torch.long)
+        start = time.perf_counter()
+        ng.generate(prompt, new_tokens, temperature=1.0)
+        ng_s = time.perf_counter() - start
+        start = time.perf_counter()
+        steps = sum(1 for _ in generate(ours, prompt, new_tokens, temperature=1.0))
+        ak_s = time.perf_counter() - start
+        assert steps == new_tokens
+        rows += [{"row": "sampling", "contender": "nanoGPT", "batch": batch, "tok_s": round(batch * new_tokens / ng_s)},
+                 {"row": "sampling", "contender": "attnkit", "batch": batch, "tok_s": round(batch * new_tokens / ak_s)}]
+    return rows
+
+
+def markdown_table(results: dict) -> str:
+    """Every row of every run in ``lm.json``, the measured-at line under each."""
+    parts = []
+    for run in results["runs"]:
+        rows = []
+        for r in run["rows"]:
+            what = {"documented": "nanoGPT's documented CPU command; attnkit for the same time",
+                    "budget": f"{run['minutes']:g} minutes of training each",
+                    "throughput": "training tokens/s, 6 layers x 384, block 256, batch 64",
+                    "sampling": f"sampling tokens/s, batch {r.get('batch')}"}[r["row"]]
+            if r["row"] in ("documented", "budget"):
+                steps = r.get("iterations") or r.get("updates")
+                value = f"valid loss **{r['valid_loss']:.4f}** ({steps:,} updates, {r['train_seconds'] / 60:.1f} min)"
+            else:
+                value = f"{num(r['tok_s'])} tok/s"
+            rows.append([what, r["contender"], value])
+        parts.append(markdown(["row", "contender", "result"], rows) + f"\n\n{run['cpu']}, {run['threads']} threads, "
+                     f"{run['precision']}; measured {measured(run)} by `{run['command']}`.")
+    return "\n\n".join(parts)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--nanogpt", type=Path, required=True, help="a nanoGPT checkout (see the module docstring)")
+    p.add_argument("--rows", nargs="+", default=["documented", "budget", "throughput", "sampling"],
+                   choices=["documented", "budget", "throughput", "sampling"])
+    p.add_argument("--minutes", type=float, default=15.0, help="the budget row's training minutes")
+    p.add_argument("--work", type=Path, default=None, help="where runs and logs go (default: a temporary folder)")
+    args = p.parse_args(argv)
+    if not (args.nanogpt / "model.py").exists() or not (args.nanogpt / "train.py").exists():
+        raise SystemExit(f"{args.nanogpt}: not a nanoGPT checkout (no model.py / train.py)")
+    work = args.work or Path(tempfile.mkdtemp(prefix="attnkit-lm-bench-"))
+    work.mkdir(parents=True, exist_ok=True)
+    val = prepare_nanogpt_data(args.nanogpt)
+    started = time.time()
+    rows: list[dict] = []
+    for name in args.rows:
+        print(f"row {name} ...", flush=True)
+        rows += {"documented": lambda: row_documented(args.nanogpt, val, work),
+                 "budget": lambda: row_budget(args.nanogpt, val, work, args.minutes),
+                 "throughput": lambda: row_throughput(args.nanogpt, work),
+                 "sampling": lambda: row_sampling(args.nanogpt)}[name]()
+        print(json.dumps(rows[-2:], indent=1), flush=True)
+    nanogpt_commit = subprocess.run(["git", "-C", str(args.nanogpt), "rev-parse", "--short", "HEAD"],
+                                    capture_output=True, text=True).stdout.strip() or None
+    result = {**stamp(), "cpu": cpu_model(), "threads": torch.get_num_threads(),
+              "precision": "nanoGPT float32 (its CPU path); attnkit "
+                           + ("bf16" if cpu_has_fast_bf16() else "float32") + " (precision: auto)",
+              "command": "python benchmarks/lm.py --nanogpt NANOGPT " + " ".join(
+                  (["--rows", *args.rows] if args.rows != p.get_default("rows") else [])
+                  + ([f"--minutes {args.minutes:g}"] if args.minutes != 15 else [])),
+              "nanogpt_commit": nanogpt_commit, "minutes": args.minutes, "run_seconds": round(time.time() - started),
+              "rows": rows}
+    runs = json.loads(OUT.read_text(encoding="utf-8"))["runs"] if OUT.exists() else []
+    OUT.write_text(json.dumps({**{k: result[k] for k in ("date", "commit")}, "runs": [*runs, result]}, indent=2)
+                   + "\n", encoding="utf-8")
+    print(markdown_table({"runs": [result]}))
+    return 0 if all(math.isfinite(r.get("valid_loss", 0.0)) for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

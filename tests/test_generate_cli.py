@@ -1,0 +1,318 @@
+"""``attnkit generate`` and the sampling under it (attnkit.sampling, attnkit.inference.language_model).
+
+References are computed here independently: greedy decoding by hand with a full forward pass over the whole
+sequence at every step, sampling by recomputing full forward passes instead of the key/value cache, top-k and
+the nucleus on hand-made logits. The command is run in-process on a tiny character model trained once.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from attnkit.common.errors import UserError
+from attnkit.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, save_characters
+from attnkit.inference.language_model import MAX_NEW_TOKENS, continue_text, prompt_ids, score_text_file
+from attnkit.runs.load import LoadedRun, load_run
+from attnkit.sampling import choose_next, filter_logits, generate
+from test_lm_task import assert_one_line_error, cli, corpus, lm_config, train_lm
+
+PROMPT = "ROMEO:\n"  # 7 tokens; with 40 new ones the model's 48 positions are nearly full
+
+
+@pytest.fixture(scope="module")
+def lm_run(tmp_path_factory) -> Path:
+    """A tiny character model (learned positions, max_len 48) trained enough to prefer some characters."""
+    tmp = tmp_path_factory.mktemp("generate")
+    (tmp / "train.txt").write_text(corpus(300), encoding="utf-8")
+    options = {"max_updates": 100, "valid_every": 100, "lr": 1e-2, "warmup": 10}
+    train_lm(lm_config(tmp / "train.txt", train_options=options), tmp / "run")
+    return tmp / "run"
+
+
+@pytest.fixture(scope="module")
+def lm(lm_run) -> LoadedRun:
+    return load_run(lm_run)
+
+
+def greedy_by_hand(run: LoadedRun, prompt: str, n: int) -> str:
+    """Greedy decoding with a full forward pass over prompt + continuation at every step (no cache)."""
+    ids = run.tok.encode_src([prompt])[0]
+    new: list[int] = []
+    with torch.no_grad():
+        for _ in range(n):
+            logits = run.model(torch.tensor([ids + new]))[0, -1].double()  # (V,)
+            logits[[PAD_ID, UNK_ID, BOS_ID]] = -math.inf
+            token = int(logits.argmax())
+            if token == EOS_ID:
+                break
+            new.append(token)
+    return run.tok.decode_src([new])[0]
+
+
+def generated(capsys, run: Path, *options: str, prompt: str = PROMPT) -> str:
+    code, out, err = cli(capsys, "generate", run, "--prompt", prompt, *options)
+    assert code == 0, err
+    return out
+
+
+# -- the same seed, the same text -------------------------------------------------------------
+
+
+def test_a_seed_gives_the_same_text_every_time(lm_run, capsys):
+    options = ("--max-new-tokens", "40", "--temperature", "1")
+    first = generated(capsys, lm_run, *options, "--seed", "1")
+    assert first.startswith(PROMPT) and first.endswith("\n")
+    assert generated(capsys, lm_run, *options, "--seed", "1") == first
+    others = [generated(capsys, lm_run, *options, "--seed", str(s)) for s in (2, 3)]
+    assert len({first, *others}) == 3
+
+
+# -- greedy decoding ----------------------------------------------------------------------------
+
+
+def test_temperature_zero_is_greedy_decoding_by_hand(lm_run, lm, capsys):
+    greedy = greedy_by_hand(lm, PROMPT, 40)
+    assert len(greedy) >= 12 and len(set(greedy)) >= 4  # a real continuation: not </s> at once, not one character
+    assert generated(capsys, lm_run, "--max-new-tokens", "40", "--temperature", "0") == PROMPT + greedy + "\n"
+    assert generated(capsys, lm_run, "--max-new-tokens", "40", "--temperature", "0", "--no-echo") == greedy + "\n"
+
+
+@pytest.mark.parametrize("options", [("--top-k", "1"), ("--top-p", "1e-6"), ("--top-k", "1", "--top-p", "0.5")])
+def test_one_candidate_left_is_greedy_at_any_temperature(lm_run, lm, capsys, options):
+    greedy = greedy_by_hand(lm, PROMPT, 40)
+    for seed, temperature in (("1", "1"), ("7", "2.5")):
+        out = generated(capsys, lm_run, "--max-new-tokens", "40", "--temperature", temperature, "--seed", seed,
+                        *options)
+        assert out == PROMPT + greedy + "\n"
+
+
+# -- the key/value cache -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("temperature", "top_k", "top_p"), [(1.0, 0, 1.0), (0.7, 5, 1.0), (1.3, 0, 0.9)])
+def test_cached_generation_equals_full_forwards(lm, temperature, top_k, top_p):
+    ids = lm.tok.encode_src([PROMPT])[0]
+    for seed in (1, 2):
+        cached = [int(t[0]) for t in generate(lm.model, [ids], 40, temperature=temperature, top_k=top_k,
+                                              top_p=top_p, generator=torch.Generator().manual_seed(seed))]
+        generator = torch.Generator().manual_seed(seed)
+        full: list[int] = []
+        with torch.no_grad():
+            while len(full) < 40 and EOS_ID not in full:
+                logits = lm.model(torch.tensor([ids + full]))[:, -1]  # (1, V): the whole sequence again
+                full.append(int(choose_next(logits, temperature, top_k, top_p, generator)[0]))
+        assert cached == full
+
+
+def test_greedy_rows_of_a_batch_are_independent(lm):
+    prompts = ["ROMEO:\n", "NURSE:\n", "the kin"]
+    rows = [lm.tok.encode_src([p])[0] for p in prompts]
+    steps = torch.stack(list(generate(lm.model, rows, 30, temperature=0)), dim=1)  # (B, steps)
+    for prompt, row in zip(prompts, steps.tolist(), strict=True):
+        ended = row.index(EOS_ID) if EOS_ID in row else len(row)
+        assert all(t == PAD_ID for t in row[ended + 1:])  # a row that chose </s> is padded after it
+        assert lm.tok.decode_src([row[:ended]])[0] == greedy_by_hand(lm, prompt, 30)
+
+
+class Scripted(nn.Module):
+    """A step model that always makes the next token of ``script`` (a list of ids) the most likely."""
+
+    def __init__(self, script: list[int], vocab: int) -> None:
+        super().__init__()
+        self.script, self.vocab = script, vocab
+        self.unused = nn.Parameter(torch.zeros(1))  # generate reads the device from the parameters
+
+    def init_state(self) -> int:
+        return 0
+
+    def step(self, tokens: torch.Tensor, state: int) -> tuple[torch.Tensor, int]:
+        logits = torch.zeros(tokens.size(0), self.vocab)
+        logits[:, self.script[min(state, len(self.script) - 1)]] = 10.0
+        return logits, state + 1
+
+
+def test_continue_text_stops_at_eos_and_at_stop_strings(tmp_path):
+    tok = save_characters(tmp_path, ["ab cdef"])
+    script = [*tok.encode_src(["ab cd ef"])[0], EOS_ID, *tok.encode_src(["ab"])[0]]
+    model = Scripted(script, tok.src_vocab_size)
+
+    def text(max_new: int = 50, stop: tuple[str, ...] = ()) -> str:
+        return "".join(continue_text(model, tok, [4], max_new, temperature=0, stop=stop))
+
+    assert text() == "ab cd ef"  # ends at </s>, not at the budget
+    assert text(max_new=4) == "ab c"
+    assert text(stop=("cd",)) == "ab "  # the stop string is not shown, nor anything after it
+    assert text(stop=("zz", " e", "b c")) == "a"  # the earliest of several
+    assert text(stop=("ab cd ef!",)) == "ab cd ef"  # a stop string never completed holds nothing back at the end
+    assert [int(t[0]) for t in generate(model, [[4]], 50, temperature=0)] == script[:9]
+
+
+# -- top-k, top-p, the special pieces --------------------------------------------------------
+
+
+def kept(logits: torch.Tensor) -> list[set[int]]:
+    return [set(torch.nonzero(torch.isfinite(row)).flatten().tolist()) for row in logits]
+
+
+def test_filter_logits_keeps_the_top_k_and_the_nucleus():
+    probs = torch.tensor([[0.05, 0.40, 0.10, 0.25, 0.20],
+                          [0.30, 0.02, 0.08, 0.50, 0.10]], dtype=torch.float64)
+    logits = probs.log()
+    assert kept(filter_logits(logits)) == [set(range(5))] * 2
+    assert kept(filter_logits(logits, top_k=2)) == [{1, 3}, {0, 3}]
+    assert kept(filter_logits(logits, top_k=1)) == [{1}, {3}]
+    assert kept(filter_logits(logits, top_k=5)) == kept(filter_logits(logits, top_k=9)) == [set(range(5))] * 2
+    # the nucleus: the fewest most likely tokens whose probabilities reach p
+    assert kept(filter_logits(logits, top_p=0.3)) == [{1}, {3}]
+    # (sorted, the rows add up to .40 .65 .85 .95 1 and .50 .80 .90 .98 1: no p below is near a boundary)
+    assert kept(filter_logits(logits, top_p=0.6)) == [{1, 3}, {0, 3}]
+    assert kept(filter_logits(logits, top_p=0.7)) == [{1, 3, 4}, {0, 3}]
+    assert kept(filter_logits(logits, top_p=0.88)) == [{1, 3, 4, 2}, {0, 3, 4}]
+    assert kept(filter_logits(logits, top_p=1.0)) == [set(range(5))] * 2
+    # with both, the nucleus of what top-k kept (renormalised): row 1 .47 .76 1, row 2 .56 .89 1
+    assert kept(filter_logits(logits, top_k=3, top_p=0.6)) == [{1, 3}, {0, 3}]
+    assert kept(filter_logits(logits, top_k=2, top_p=0.7)) == [{1, 3}, {0, 3}]
+    out = filter_logits(logits, top_k=2, top_p=0.7)
+    assert torch.equal(out[torch.isfinite(out)], logits[torch.isfinite(out)])  # kept logits are unchanged
+
+
+def test_specials_other_than_eos_are_never_chosen():
+    logits = torch.tensor([[9.0, 9.0, 9.0, 0.0, 1.0, 2.0]]).repeat(500, 1)
+    assert choose_next(logits.clone(), temperature=0).unique().tolist() == [5]
+    sampled = choose_next(logits.clone(), temperature=1.0, generator=torch.Generator().manual_seed(0))
+    assert set(sampled.tolist()) == {3, 4, 5}  # </s> may be chosen; pad, unk and bos never
+    eos = torch.tensor([[9.0, 9.0, 9.0, 8.0, 1.0]])
+    assert choose_next(eos, temperature=0).tolist() == [EOS_ID]
+
+
+# -- stop strings ---------------------------------------------------------------------------
+
+
+def test_stop_cuts_the_greedy_text_before_the_stop_string(lm_run, lm, capsys):
+    greedy = greedy_by_hand(lm, PROMPT, 40)
+    stop = greedy[10:12]
+    cut = greedy.find(stop)
+    out = generated(capsys, lm_run, "--max-new-tokens", "40", "--temperature", "0", "--stop", stop)
+    assert out == PROMPT + greedy[:cut] + "\n"
+    assert stop not in out[len(PROMPT):]
+    other = greedy[3:5]
+    earliest = min(cut, greedy.find(other))
+    out = generated(capsys, lm_run, "--max-new-tokens", "40", "--temperature", "0", "--stop", stop, "--stop", other)
+    assert out == PROMPT + greedy[:earliest] + "\n"
+
+
+@pytest.mark.parametrize("seed", ["1", "2", "3"])
+def test_stop_cuts_a_sample_where_the_stop_string_first_appears(lm_run, capsys, seed):
+    options = ("--max-new-tokens", "40", "--temperature", "1", "--seed", seed, "--no-echo")
+    whole = generated(capsys, lm_run, *options)[:-1]
+    assert len(whole) > 10
+    middle = whole[len(whole) // 2]  # a character the sample has, so this stop string cuts something
+    for stop in (middle, whole[5:7], "e", " t"):
+        out = generated(capsys, lm_run, *options, "--stop", stop)
+        assert stop not in out[:-1]  # (the CLI ends its output with a line break of its own)
+        assert out == (whole[:whole.find(stop)] if stop in whole else whole) + "\n"
+
+
+# -- several samples, several prompts -------------------------------------------------------
+
+
+def test_num_samples_prints_each_sample_separated(lm_run, lm, capsys):
+    options = ("--max-new-tokens", "30", "--temperature", "1", "--seed", "4")
+    out = generated(capsys, lm_run, *options, "--num-samples", "3")
+    assert out.endswith("\n")
+    samples = out[:-1].split("\n---\n")
+    assert len(samples) == 3 and all(s.startswith(PROMPT) for s in samples)
+    assert len(set(samples)) == 3
+    assert samples[0] + "\n" == generated(capsys, lm_run, *options)  # the first sample: the seed's one sample
+    greedy = generated(capsys, lm_run, "--max-new-tokens", "30", "--temperature", "0", "--num-samples", "3",
+                       "--no-echo")
+    one = greedy_by_hand(lm, PROMPT, 30)
+    assert greedy == "\n---\n".join([one] * 3) + "\n"
+
+
+def test_prompts_from_a_file_and_from_standard_input(lm_run, lm, capsys, monkeypatch, tmp_path):
+    prompts = ["JULIET:", "the king"]
+    expected = "\n---\n".join(p + greedy_by_hand(lm, p, 20) for p in prompts) + "\n"
+    options = ("--max-new-tokens", "20", "--temperature", "0")
+    (tmp_path / "prompts.txt").write_text("".join(p + "\n" for p in prompts), encoding="utf-8")
+    code, out, err = cli(capsys, "generate", lm_run, "-i", tmp_path / "prompts.txt", *options)
+    assert code == 0 and out == expected, err
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO("".join(p + "\n" for p in prompts).encode())))
+    code, out, err = cli(capsys, "generate", lm_run, *options)
+    assert code == 0 and out == expected, err
+
+
+# -- hostile input: one line, exit 2, nothing printed ------------------------------------------
+
+
+LONG = ("the king " * 20)[:41]  # 41 tokens: with 8 new ones, past the model's 48 positions
+
+HOSTILE = {
+    "prompt past the positions": (["--prompt", LONG, "--max-new-tokens", "8"], "48 positions"),
+    "character not in the vocabulary": (["--prompt", "the Zebra", "--max-new-tokens", "5"], "'Z'"),
+    "later prompt bad": (["--prompt", "the", "--prompt", "kingZ", "--max-new-tokens", "5"], "'Z'"),
+    "empty prompt": (["--prompt", "", "--max-new-tokens", "5"], "empty"),
+    "negative temperature": (["--prompt", "the", "--temperature", "-1"], "--temperature"),
+    "nan temperature": (["--prompt", "the", "--temperature", "nan"], "--temperature"),
+    "top-p 0": (["--prompt", "the", "--top-p", "0"], "--top-p"),
+    "top-p 1.5": (["--prompt", "the", "--top-p", "1.5"], "--top-p"),
+    "max-new-tokens 0": (["--prompt", "the", "--max-new-tokens", "0"], "--max-new-tokens"),
+    "max-new-tokens -5": (["--prompt", "the", "--max-new-tokens", "-5"], "--max-new-tokens"),
+    "max-new-tokens too many": (["--prompt", "the", "--max-new-tokens", str(MAX_NEW_TOKENS + 1)],
+                                "--max-new-tokens"),
+    "top-k -1": (["--prompt", "the", "--top-k", "-1"], "--top-k"),
+    "empty stop": (["--prompt", "the", "--max-new-tokens", "5", "--stop", ""], "--stop"),
+    "num-samples 0": (["--prompt", "the", "--num-samples", "0"], "--num-samples"),
+    "prompt and input": (["--prompt", "the", "-i", "prompts.txt", "--max-new-tokens", "5"], "not both"),
+    "missing input": (["-i", "no-such-prompts.txt", "--max-new-tokens", "5"], "no-such-prompts.txt"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE))
+def test_hostile_input_is_a_one_line_error(lm_run, capsys, case):
+    argv, needle = HOSTILE[case]
+    code, out, err = cli(capsys, "generate", lm_run, *argv)
+    assert_one_line_error(code, err, needle)
+    assert out == ""  # every prompt is checked before anything is printed
+
+
+def test_the_prompt_may_fill_the_positions_exactly(lm_run, capsys):
+    out = generated(capsys, lm_run, "--max-new-tokens", "7", "--temperature", "0", prompt=LONG)  # 41 + 7 = 48
+    assert out.startswith(LONG) and len(out) <= len(LONG) + 7 + 1
+
+
+def test_generate_needs_a_language_model_run(translation_run, tmp_path, capsys):
+    code, out, err = cli(capsys, "generate", translation_run, "--prompt", "the", "--max-new-tokens", "5")
+    assert_one_line_error(code, err, "translate")
+    code, out, err = cli(capsys, "generate", tmp_path / "no-such-run", "--prompt", "the", "--max-new-tokens", "5")
+    assert_one_line_error(code, err, "no-such-run")
+    assert out == ""
+
+
+def test_prompt_ids_explains_the_limit(lm):
+    with pytest.raises(UserError, match=r"the prompt \(41 tokens\) and --max-new-tokens 8 exceed the model's 48"):
+        prompt_ids(lm.tok, LONG, lm.model.context, 8)
+    assert prompt_ids(lm.tok, LONG, lm.model.context, 7) == lm.tok.encode_src([LONG])[0]
+
+
+# -- no table of positions: no length limit ------------------------------------------------------
+
+
+@pytest.mark.parametrize("positions", ["rope", "alibi"])
+def test_a_model_without_a_position_table_takes_long_prompts(tmp_path, capsys, positions):
+    (tmp_path / "train.txt").write_text(corpus(150), encoding="utf-8")
+    raw = lm_config(tmp_path / "train.txt", model={"positions": positions},
+                    train_options={"max_updates": 2, "valid_every": 2})
+    train_lm(raw, tmp_path / "run")
+    prompt = ("the king shall speak " * 6)[:120]  # 120 + 20 tokens, far past max_len 48
+    out = generated(capsys, tmp_path / "run", "--max-new-tokens", "20", "--temperature", "0", prompt=prompt)
+    assert out.startswith(prompt) and len(out) <= len(prompt) + 20 + 1
+    (tmp_path / "long.txt").write_text(corpus(40, seed=3), encoding="utf-8")
+    assert score_text_file(load_run(tmp_path / "run"), str(tmp_path / "long.txt"), context=100).tokens > 100
