@@ -1,6 +1,7 @@
 """Tests for attnkit.inference.attention_maps, attnkit.viz.explorer and `attnkit attention`: the weights of every
 kind (shapes, rows summing to 1, the look-ahead triangle, equal to step-by-step decoding, outputs
-unchanged), the heatmap files, the self-contained HTML page and one-line errors."""
+unchanged), a language model's causal self-attention over prompt and continuation with its head scores,
+the heatmap files, the self-contained HTML page and one-line errors."""
 
 from __future__ import annotations
 
@@ -13,17 +14,20 @@ import pytest
 import torch
 
 from attnkit.cli import main
+from attnkit.common.errors import UserError
 from attnkit.config.loader import load_config
 from attnkit.config.schema import RunConfig
 from attnkit.data.documents import classifier_inputs
 from attnkit.data.tokenizer import BOS_ID, EOS_ID
-from attnkit.inference.attention_maps import AttentionMaps, attention_maps
+from attnkit.inference.attention_maps import NEW_TOKENS, VISIBLE_SPACE, AttentionMaps, attention_maps
+from attnkit.inference.head_scores import previous_token_score, sink_score
+from attnkit.inference.language_model import continue_text
 from attnkit.runs.load import LoadedRun, load_run
 from attnkit.search import greedy_search
 from attnkit.training.trainer import Trainer
-from attnkit.viz.explorer import explorer_html, write_explorer
+from attnkit.viz.explorer import explorer_data, explorer_html, write_explorer
 from attnkit.viz.figures import attention_figures, summary_figure
-from attnkit.viz.plot import attention_grid, attention_heatmap
+from attnkit.viz.plot import attention_grid, attention_heatmap, score_grid
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 DPI = 120
@@ -70,6 +74,19 @@ def classifier_run(tmp_path_factory) -> LoadedRun:
     model = {"transformer": {"d_model": 16, "n_heads": 2, "d_ff": 32, "encoder_layers": 2, "dropout": 0.0},
              "pooling": "mean"}
     return train_run(tmp / "run", model, data, task="classify")
+
+
+@pytest.fixture(scope="module")
+def lm_run(tmp_path_factory) -> LoadedRun:
+    """A character-level language model with learned positions (a context of 48), trained for 8 updates."""
+    tmp = tmp_path_factory.mktemp("lm")
+    (tmp / "text.txt").write_text("".join(f"the cat sat on the mat {i % 7}. a dog ran to the park.\n"
+                                          for i in range(200)), encoding="utf-8")
+    data = {"train": str(tmp / "text.txt"), "documents": "text", "valid_fraction": 0.1, "block_size": 32,
+            "tokenizer": {"model_type": "characters"}}
+    model = {"transformer": {"d_model": 32, "n_heads": 2, "d_ff": 64, "decoder_layers": 2, "dropout": 0.0,
+                             "max_len": 48, "positions": "learned"}}
+    return train_run(tmp / "run", model, data, task="lm")
 
 
 def rows_sum_to_one(weights: torch.Tensor) -> None:
@@ -157,6 +174,123 @@ def test_classifier_self_attention_and_pooling(classifier_run):
     x = torch.tensor([classifier_run.tok.encode_src(["a good plot"])[0]])
     torch.testing.assert_close(maps.pooling, classifier_run.model.token_importance(x)[0])
     assert [v.kind for v in maps.views()] == ["encoder_self", "pooling"]
+
+
+PROMPT = "the cat"
+
+
+def test_language_model_maps_cover_prompt_and_greedy_continuation(lm_run):
+    maps = attention_maps(lm_run, PROMPT)
+    model, tok = lm_run.model, lm_run.tok
+    ids = tok.encode_src([PROMPT])[0]
+    assert maps.arch == "lm" and not maps.forced and maps.source == PROMPT
+    assert maps.output == "".join(continue_text(model, tok, ids, NEW_TOKENS, temperature=0))  # greedy
+    assert maps.src_tokens == [p.translate(VISIBLE_SPACE) for p in tok.src_pieces_from_ids(ids)] == list("the\u2423cat")
+    assert 0 < len(maps.tgt_tokens) <= NEW_TOKENS and maps.tgt_in_tokens == maps.src_tokens + maps.tgt_tokens
+    T = len(maps.tgt_in_tokens)
+    assert len(maps.decoder_self) == 2 and maps.encoder_self == [] and maps.cross == []
+    for w in maps.decoder_self:
+        assert w.shape == (2, T, T) and w.dtype == torch.float32
+        rows_sum_to_one(w)
+        assert torch.all(w.triu(diagonal=1) == 0)  # causal: nothing from a later token
+    (view,) = maps.views()
+    assert (view.kind, view.title, view.generated_from) == ("decoder_self", "causal self-attention", len(ids))
+    scores = maps.head_scores
+    assert scores is not None and scores.text_length == T and scores.repeat_length == 24  # half the 48 positions
+    torch.testing.assert_close(scores.previous_token, previous_token_score(torch.stack(maps.decoder_self)))
+    torch.testing.assert_close(scores.sink, sink_score(torch.stack(maps.decoder_self)))
+    assert all(v.shape == (2, 2) for v in scores.named().values())
+
+
+def test_language_model_weights_equal_the_cached_decoding(lm_run):
+    """The one-pass weights of the continuation are those of the model's own cached decoding: the last row
+    of every layer, recomputed by feeding the tokens one at a time through the key/value cache."""
+    maps = attention_maps(lm_run, PROMPT, new_tokens=5)
+    model, tok = lm_run.model, lm_run.tok
+    ids = torch.tensor([tok.encode_src([PROMPT])[0] + tok.encode_src([maps.output])[0]])  # (1, T)
+    state, rows = model.init_state(), []
+    with torch.inference_mode():
+        for t in range(ids.size(1)):
+            _, weights, state = model.features(ids[:, t:t + 1], state, need_weights=True)  # per layer (1, H, 1, t+1)
+            rows.append(weights)
+    for layer, w in enumerate(maps.decoder_self):
+        for t, step in enumerate(rows):
+            torch.testing.assert_close(w[:, t, : t + 1], step[layer][0, :, 0], atol=1e-5, rtol=1e-4)
+
+
+def test_language_model_given_continuation_and_context(lm_run):
+    forced = attention_maps(lm_run, PROMPT, " sat on")
+    assert forced.forced and forced.output == " sat on" and forced.tgt_tokens == list("\u2423sat\u2423on")
+    assert forced.heading() == "the cat ->  sat on (given)"
+    only_prompt = attention_maps(lm_run, PROMPT, new_tokens=0)
+    assert only_prompt.tgt_tokens == [] and only_prompt.decoder_self[0].shape == (2, 7, 7)
+    near_the_end = attention_maps(lm_run, "the cat sat " * 3 + "on the ma")  # 45 of the 48 positions
+    assert len(near_the_end.tgt_in_tokens) <= 48 and len(near_the_end.tgt_tokens) <= 3
+    for prompt, target, match in (("the cat sat " * 5, None, "at most 48"), (PROMPT, "on the mat " * 4, "at most 48"),
+                                  ("", None, "empty"), ("the c@t", None, "'@'")):
+        with pytest.raises(UserError, match=match):
+            attention_maps(lm_run, prompt, target)
+    with pytest.raises(UserError, match="--beam"):
+        attention_maps(lm_run, PROMPT, beam=2)
+
+
+def test_cli_language_model_prints_head_scores_and_writes_files(lm_run, tmp_path, capsys):
+    out = tmp_path / "attn"
+    code = main(["attention", str(lm_run.weights_path.parent), "--src", PROMPT, "-o", str(out), "--html",
+                 "--max-new-tokens", "10", "--local-window", "4"])
+    printed = capsys.readouterr().out.splitlines()
+    assert code == 0
+    maps = attention_maps(lm_run, PROMPT, new_tokens=10, window=4)
+    assert printed[0] == maps.heading() and printed[1:6] == maps.head_scores.table().splitlines()
+    assert printed[1].split() == ["layer", "head", "previous", "sink", "local-4", "induction"]
+    figures = attention_figures(maps)
+    assert set(figures) == {"decoder-self-mean", "decoder-self-layer0", "decoder-self-layer0-heads",
+                            "decoder-self-layer1", "decoder-self-layer1-heads", "head-scores"}
+    assert sorted(Path(p).name for p in printed[6:]) == sorted([f"{n}.png" for n in figures] + ["attention.html"])
+    png_size(out / "head-scores.png")
+    panels = [ax for ax in figures["head-scores"].axes if ax.get_images()]
+    assert [ax.get_title() for ax in panels] == list(maps.head_scores.named())
+    for ax, value in zip(panels, maps.head_scores.named().values(), strict=True):
+        torch.testing.assert_close(torch.tensor(ax.get_images()[0].get_array(), dtype=torch.float32), value)
+    data = json.loads(re.search(r'<script id="attention-data" type="application/json">(.*?)</script>',
+                                (out / "attention.html").read_text(encoding="utf-8"), flags=re.S)[1])
+    assert data["views"][0]["generated_from"] == len(maps.src_tokens) and data["scores"]["view"] == 0
+    assert data["scores"]["names"] == list(maps.head_scores.named())
+    torch.testing.assert_close(torch.tensor(data["scores"]["values"]),
+                               torch.stack(list(maps.head_scores.named().values())), atol=6e-5, rtol=0)
+
+
+def test_cli_language_model_errors_are_one_line(lm_run, tmp_path, capsys):
+    run = str(lm_run.weights_path.parent)
+    assert "--beam" in one_line_error(capsys, "attention", run, "--src", "the", "--beam", "2", "-o", str(tmp_path))
+    assert "at most 48" in one_line_error(capsys, "attention", run, "--src", "the cat " * 7, "-o", str(tmp_path))
+    assert "'@'" in one_line_error(capsys, "attention", run, "--src", "@", "-o", str(tmp_path))
+
+
+def test_undefined_head_scores_are_null_in_the_page(lm_run):
+    """A text of at most ``window`` tokens has no local-window score (NaN): the page's JSON says null, as JSON can
+    (the server sends it with allow_nan=False)."""
+    maps = attention_maps(lm_run, "the", new_tokens=1)
+    assert maps.head_scores.local_window.isnan().all()
+    data = explorer_data(maps)
+    json.dumps(data, allow_nan=False)
+    assert data["scores"]["values"][2] == [[None, None], [None, None]]
+    assert explorer_data(attention_maps(lm_run, PROMPT))["scores"]["values"][2][0][0] is not None
+
+
+def test_score_grid_draws_every_score_on_a_fixed_scale():
+    scores = {"previous token": torch.tensor([[1.0, 0.2, 0.0]]), "sink": [[0.5, float("nan"), 0.25]]}
+    fig = score_grid(scores, title="what each head does")
+    panels = [ax for ax in fig.axes if ax.get_images()]
+    assert [ax.get_title() for ax in panels] == ["previous token", "sink"]
+    assert panels[0].get_images()[0].get_clim() == (0.0, 1.0)
+    assert [t.get_text() for t in panels[1].texts] == ["0.50", "0.25"]  # the NaN cell stays blank
+    with pytest.raises(ValueError, match="same"):
+        score_grid({"a": [[0.1, 0.2]], "b": [[0.1], [0.2]]})
+    with pytest.raises(ValueError, match="outside"):
+        score_grid({"a": [[1.5]]})
+    with pytest.raises(ValueError, match=r"\(L, H\)"):
+        score_grid({"a": [0.5]})
 
 
 # -- figures and the command -----------------------------------------------------------------
@@ -255,7 +389,8 @@ def test_cli_help_is_complete(capsys):
     assert exit_info.value.code == 0
     out = capsys.readouterr().out
     for needle in ("--src", "--tgt", "--out-dir", "--html", "--no-png", "--beam", "--lenpen", "cross-layerL.png",
-                   "alignment.png", "attention.html", "decoder inputs"):
+                   "alignment.png", "attention.html", "decoder inputs", "--max-new-tokens", "--local-window",
+                   "head-scores.png", "induction"):
         assert needle in out, needle
 
 
@@ -303,8 +438,7 @@ def test_readme_python_api_example_runs(transformer_run, tmp_path, monkeypatch, 
     exec(compile(block.replace('"runs/de-en"', repr(str(transformer_run.weights_path.parent))), "README.md", "exec"),
          {})
     assert capsys.readouterr().out.startswith(attention_maps(transformer_run, "Ein Hund rennt.").output)
-    for name in ("cross.png", "cross-heads.png"):
-        png_size(tmp_path / name)
+    png_size(tmp_path / "cross.png")
     assert (tmp_path / "attention.html").stat().st_size > 1000
 
 

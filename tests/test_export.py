@@ -216,12 +216,12 @@ def test_corrupt_foreign_and_existing_exports(exported, tmp_path, capsys):
                                          str(tmp_path / "a"))
 
 
-def test_readme_export_example_runs(exported, capsys):
-    """The README's ExportedTranslator example (a ```python3 block: test_readme.py runs only ```python ones)."""
+def test_serving_docs_export_example_runs(exported, capsys):
+    """docs/serving.md's ExportedTranslator example (its one ```python3 block)."""
     _, out = exported
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
-    (block,) = re.findall(r"```python3\n(.*?)```", readme, flags=re.S)
-    exec(compile(block.replace('"runs/de-en-int8"', repr(str(out))), "README.md", "exec"), {})
+    page = (Path(__file__).resolve().parents[1] / "docs" / "serving.md").read_text(encoding="utf-8")
+    (block,) = re.findall(r"```python3\n(.*?)```", page, flags=re.S)
+    exec(compile(block.replace('"runs/de-en-int8"', repr(str(out))), "docs/serving.md", "exec"), {})
     printed = capsys.readouterr().out
     assert printed == f"{ExportedTranslator(out).translate(['Ein Hund rennt über die Wiese.'], beam=4, lenpen=0.6)}\n"
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import cast
 
 import torch
 from torch import Tensor, nn
@@ -150,9 +151,8 @@ class LanguageModel(nn.Module):
     def step(self, tokens: Tensor, state: LMState) -> tuple[Tensor, LMState]:
         """Feed ``tokens`` ``(B, T)`` (a prompt, then one token at a time) -> ``(logits of the last position (B, V),
         new state)``; the same logits as :meth:`forward` on the whole sequence."""
-        hidden, _, state = self.features(tokens, state)
-        assert state is not None
-        return self.out_proj(hidden[:, -1]), state
+        hidden, _, new_state = self.features(tokens, state)
+        return self.out_proj(hidden[:, -1]), cast(LMState, new_state)  # a state in, a state out
 
 
 def gpt2_init_(model: nn.Module, n_layers: int) -> None:

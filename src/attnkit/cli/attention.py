@@ -3,7 +3,10 @@ cross-attention (mean over heads per layer, one panel per head, mean over layers
 encoder self-attention and decoder self-attention for Transformers; the alignment for
 RNN models; self-attention and the pooled representation's token importance for
 classifiers, and for a text longer than the classifier's window the windows it was read as and
-how much each argued for and against the prediction. Axes show the tokenizer's subword pieces (▁ marks a word start).
+how much each argued for and against the prediction. A language model continues the prompt (greedily)
+and shows its causal self-attention over prompt and continuation, per layer and head, with what each
+head does: its previous-token, attention-sink, local-window and induction scores (printed as a table and
+drawn as head-scores.png). Axes show the tokenizer's subword pieces (▁ marks a word start).
 """
 
 from __future__ import annotations
@@ -12,11 +15,12 @@ import argparse
 from pathlib import Path
 
 from ..common.errors import UserError
-from ..inference.attention_maps import attention_maps
+from ..inference.attention_maps import NEW_TOKENS, attention_maps
+from ..inference.head_scores import LOCAL_WINDOW
 from ..runs.load import load_run
 from ..tasks import spec
 from ..viz.explorer import write_explorer
-from .options import FINITE, POSITIVE_INT, add_reading_argument
+from .options import FINITE, POSITIVE_INT, add_reading_argument, number
 
 HELP = "draw what attention learned: heatmaps and an interactive HTML explorer"
 EPILOG = """\
@@ -26,18 +30,28 @@ there is no -mean):
   encoder-self-layerL.png, encoder-self-layerL-heads.png, encoder-self-mean.png
   decoder-self-layerL.png, decoder-self-layerL-heads.png, decoder-self-mean.png
   alignment.png (RNN); pooling.png, windows.png (classifier; windows for a long text);
-  attention.html (--html)
+  head-scores.png (language model: what each head does, layer x head); attention.html (--html)
 
 rows are queries, columns keys: cross-attention rows are the output pieces (what each decoder
-position produced), decoder self-attention rows and columns the decoder inputs (<s> first)."""
+position produced), decoder self-attention rows and columns the decoder inputs (<s> first); a
+language model's rows and columns are the prompt's pieces, then the continuation's.
+
+head scores (language model), each a mean over rows of one head's weights a[t, u], in [0, 1]:
+  previous   a[t, t-1], on the token before
+  sink       a[t, 0], on the first token (the "attention sink")
+  local-W    the share on the last W tokens, t-W+1 .. t (--local-window)
+  induction  on n random tokens given twice, a[t, t-n+1] on the second copy: on the token that
+             followed the previous occurrence of the current one (Olsson et al. 2022)"""
 
 
 def add(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("attention", help=HELP, formatter_class=argparse.RawDescriptionHelpFormatter,
                        description=__doc__, epilog=EPILOG)
     p.add_argument("model", help="run directory or a .safetensors checkpoint inside one")
-    p.add_argument("--src", required=True, help="the source sentence (translation) or text (classification)")
-    p.add_argument("--tgt", help="translation: force-decode this target instead of the model's own translation")
+    p.add_argument("--src", required=True,
+                   help="the source sentence (translation), text (classification) or prompt (language model)")
+    p.add_argument("--tgt", help="translation: force-decode this target instead of the model's own translation; "
+                                 "language model: show this continuation instead of the model's own")
     p.add_argument("-o", "--out-dir", default="attention", help="where the PNGs (and HTML) go (default: attention)")
     p.add_argument("--html", action="store_true",
                    help="also write OUT_DIR/attention.html: one self-contained page (no network) to pick the "
@@ -47,6 +61,11 @@ def add(sub: argparse._SubParsersAction) -> None:
                    help="beam size for the model's own translation (default: 1, greedy)")
     p.add_argument("--lenpen", type=FINITE, default=None,
                    help="length penalty alpha with --beam > 1 (default: the run's decode_lenpen)")
+    p.add_argument("--max-new-tokens", type=number(int, 0), default=NEW_TOKENS,
+                   help=f"language model: continue the prompt by at most this many tokens, greedily, as the "
+                        f"model's positions allow (default: {NEW_TOKENS}; 0: the prompt only)")
+    p.add_argument("--local-window", type=POSITIVE_INT, default=LOCAL_WINDOW,
+                   help=f"language model: W of the local-window head score (default: {LOCAL_WINDOW})")
     add_reading_argument(p)
 
 
@@ -60,13 +79,16 @@ def run(args: argparse.Namespace) -> None:
     if spec(run.task).serves is None:
         raise UserError(f"{args.model} is a pretraining run; look at the attention of a model fine-tuned from it")
     lenpen = run.cfg.decode_lenpen if args.lenpen is None else args.lenpen
-    maps = attention_maps(run, args.src, args.tgt, beam=args.beam, lenpen=lenpen, reading=args.read)
+    maps = attention_maps(run, args.src, args.tgt, beam=args.beam, lenpen=lenpen, reading=args.read,
+                          new_tokens=args.max_new_tokens, window=args.local_window)
     out = Path(args.out_dir)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise UserError(f"{out}: cannot create the output directory ({e.strerror})") from None
     print(maps.heading())
+    if maps.head_scores is not None:
+        print(maps.head_scores.table())
     written = []
     if not args.no_png:
         written += [save_figure(fig, out / f"{stem}.png") for stem, fig in attention_figures(maps).items()]

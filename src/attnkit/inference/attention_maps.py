@@ -1,8 +1,8 @@
 """What attention learned: every attention map of one sentence, as tensors per kind, layer and head.
 
 :func:`attention_maps` runs a trained model (a run from :func:`attnkit.runs.load.load_run`) on one
-source text and returns :class:`AttentionMaps`; :mod:`attnkit.viz.figures` draws them as
-heatmaps, :mod:`attnkit.viz.explorer` as an interactive HTML page.
+source text (a language model: a prompt and its continuation) and returns :class:`AttentionMaps`;
+:mod:`attnkit.viz.figures` draws them as heatmaps, :mod:`attnkit.viz.explorer` as an interactive HTML page.
 
 Each kind is a list over layers of ``(H, T_q, T_k)`` tensors whose rows sum to 1 (softmax
 over the keys, Vaswani et al. 2017 Eq. 1; Bahdanau et al. 2015 Eq. 6):
@@ -12,6 +12,7 @@ kind                   queries (rows)                       keys (columns)
 =====================  ===================================  ======================================
 ``encoder_self``       source pieces ``x_1 .. x_S </s>``    source pieces
 ``decoder_self``       decoder inputs ``<s> y_1 .. y_T-1``  decoder inputs (look-ahead mask: u <= t)
+``decoder_self`` (LM)  prompt + continuation ``y_1 .. y_T``  the same tokens (causal: u <= t)
 ``cross``              outputs ``y_1 .. y_T </s>``          source pieces
 ``alignment`` (RNN)    outputs                              source pieces (``alpha^t``: 1 layer, 1 head)
 ``pooling``            the predicted class                  input pieces (classifier token importance)
@@ -30,6 +31,11 @@ word come from"), self-attention with what it read (the question "what does this
 The target is the given one (forced decoding) or the model's own translation (greedy, or beam
 search), fed back under teacher forcing: one pass gives every layer's weights, the same ones
 step-by-step decoding computes.
+
+A decoder-only language model (:class:`~attnkit.lm.LanguageModel`) has one kind, its causal self-attention,
+over the prompt and its continuation: the model's own, greedy (temperature 0) for ``new_tokens`` tokens or
+until ``</s>``, or a given one. Position ``t`` reads ``y_t`` and predicts ``y_{t+1}``, so rows and columns are
+the same tokens. Its maps also carry :class:`~attnkit.inference.head_scores.HeadScores`: what each head does.
 """
 
 from __future__ import annotations
@@ -43,14 +49,23 @@ from torch import Tensor
 from ..classifier import TransformerClassifier
 from ..common.errors import UserError
 from ..data.tokenizer import BOS_ID, EOS_ID
+from ..lm import LanguageModel
 from ..rnn import RNNSeq2Seq
 from ..runs.load import LoadedRun
+from ..sampling import generate
 from ..search import LENPEN, MAX_LEN_A, MAX_LEN_B, beam_search, greedy_search
 from ..transformer import Transformer
 from .classify import Reading, explain
+from .head_scores import LOCAL_WINDOW, REPEAT_LENGTH, HeadScores, head_scores
+from .language_model import MAX_NEW_TOKENS, prompt_ids
 from .translate import check_source_lengths, output_budget
 
-__all__ = ["AttentionMaps", "AttentionView", "attention_maps"]
+__all__ = ["NEW_TOKENS", "AttentionMaps", "AttentionView", "attention_maps"]
+
+#: How many tokens a language model continues the prompt by (greedily), unless told otherwise.
+NEW_TOKENS = 32
+#: A character vocabulary's white space, shown as visible marks on the axes (SentencePiece's pieces have ``▁``).
+VISIBLE_SPACE = str.maketrans({" ": "\u2423", "\n": "\u21b5", "\t": "\u21e5"})  # ␣ ↵ ⇥
 
 
 @dataclass(frozen=True)
@@ -62,6 +77,7 @@ class AttentionView:
     :param layers: one ``(H, T_q, T_k)`` tensor per layer.
     :param queries: ``T_q`` row labels; ``keys``: ``T_k`` column labels.
     :param query_name: what the queries are (``"output"``); ``key_name``: what the keys are (``"source"``).
+    :param generated_from: a language model's: the index of the first continuation token on both axes.
     """
 
     kind: str
@@ -71,18 +87,20 @@ class AttentionView:
     keys: list[str]
     query_name: str
     key_name: str
+    generated_from: int | None = None
 
 
 @dataclass
 class AttentionMaps:
     """Every attention weight of one sentence (batch dimension removed, float32 on the CPU).
 
-    :param arch: ``"transformer"``, ``"rnn"`` or ``"classifier"``.
-    :param source: the input text; ``output``: the translation, or ``"label (p=0.93)"``.
-    :param forced: True when the target was given rather than generated.
-    :param src_tokens: source pieces ``x_1 .. x_S`` (``</s>`` included for translation).
-    :param tgt_tokens: output pieces ``y_1 .. y_T </s>`` (rows of ``cross``).
-    :param tgt_in_tokens: decoder inputs ``<s> y_1 .. y_{T-1}`` (both axes of ``decoder_self``).
+    :param arch: ``"transformer"``, ``"rnn"``, ``"classifier"`` or ``"lm"`` (a decoder-only language model).
+    :param source: the input text (a prompt); ``output``: the translation, ``"label (p=0.93)"``, or the continuation.
+    :param forced: True when the target (continuation) was given rather than generated.
+    :param src_tokens: source pieces ``x_1 .. x_S`` (``</s>`` included for translation; the prompt's pieces).
+    :param tgt_tokens: output pieces ``y_1 .. y_T </s>`` (rows of ``cross``; the continuation's pieces).
+    :param tgt_in_tokens: decoder inputs ``<s> y_1 .. y_{T-1}`` (both axes of ``decoder_self``; a language model:
+        the prompt's pieces, then the continuation's).
     :param encoder_self: per layer ``(H, S, S)``.
     :param decoder_self: per layer ``(H, T, T)``, zero above the diagonal.
     :param cross: per layer ``(H, T, S)``; an RNN's alignment is one layer with one head ``(1, T, S)``.
@@ -93,9 +111,10 @@ class AttentionMaps:
         (``"for pos"``, ``"against"``).
     :param encoder_tokens: the axes of ``encoder_self`` when they are not ``src_tokens`` (one window of a
         long text); ``encoder_note``: what its title adds (which window).
+    :param head_scores: a language model's: what each head does (:mod:`attnkit.inference.head_scores`).
     """
 
-    arch: Literal["transformer", "rnn", "classifier"]
+    arch: Literal["transformer", "rnn", "classifier", "lm"]
     source: str
     output: str
     forced: bool
@@ -111,6 +130,7 @@ class AttentionMaps:
     window_rows: list[str] = field(default_factory=list)
     encoder_tokens: list[str] = field(default_factory=list)
     encoder_note: str = ""
+    head_scores: HeadScores | None = None
 
     def heading(self, max_chars: int | None = None) -> str:
         """``"source -> output"`` (``" (given)"`` when the target was forced): the title of every
@@ -133,7 +153,10 @@ class AttentionMaps:
             tokens = self.encoder_tokens or self.src_tokens
             views.append(AttentionView("encoder_self", "encoder self-attention" + self.encoder_note, self.encoder_self,
                                        tokens, tokens, "source", "source"))
-        if self.decoder_self:
+        if self.decoder_self and self.arch == "lm":
+            views.append(AttentionView("decoder_self", "causal self-attention", self.decoder_self, self.tgt_in_tokens,
+                                       self.tgt_in_tokens, "token", "token", generated_from=len(self.src_tokens)))
+        elif self.decoder_self:
             views.append(AttentionView("decoder_self", "decoder self-attention", self.decoder_self,
                                        self.tgt_in_tokens, self.tgt_in_tokens, "decoder input", "decoder input"))
         if self.pooling is not None:
@@ -219,23 +242,72 @@ def _classifier_maps(run: LoadedRun, source: str, reading: Reading, top: int = T
         encoder_note=f", window {w + 1} of {n} (the strongest for {label})")
 
 
+def _continuation(model: LanguageModel, ids: list[int], new_tokens: int) -> list[int]:
+    """The greedy continuation of ``ids``: at most ``new_tokens`` ids, ending with ``</s>`` if the model chose it."""
+    out: list[int] = []
+    if new_tokens > 0:
+        for token in generate(model, [ids], new_tokens, temperature=0.0):  # (1,) per step
+            out.append(int(token[0]))
+            if out[-1] == EOS_ID:
+                break
+    return out
+
+
+def _lm_maps(run: LoadedRun, prompt: str, continuation: str | None, new_tokens: int, window: int) -> AttentionMaps:
+    """A language model's causal self-attention over ``prompt`` and its continuation (greedy, or the given one;
+    as much of ``new_tokens`` as the model's positions leave room for), with every head's scores."""
+    model = run.model
+    if not isinstance(model, LanguageModel):
+        raise TypeError(f"expected a LanguageModel run, got {type(model).__name__}")
+    if not 0 <= new_tokens <= MAX_NEW_TOKENS:
+        raise UserError(f"--max-new-tokens must be in 0..{MAX_NEW_TOKENS} (0 shows the prompt only), got {new_tokens}")
+    ids = prompt_ids(run.tok, prompt, None, 1)  # not empty, every character in a character vocabulary
+    context = model.context  # None: any length
+    room = new_tokens if context is None else min(new_tokens, context - len(ids))
+    if room < 0:
+        raise UserError(f"the prompt is {len(ids)} tokens long but the model reads at most {context} "
+                        f"(model.transformer.max_len); shorten it")
+    model.eval()
+    out = _continuation(model, ids, room) if continuation is None else run.tok.encode_src([continuation])[0]
+    if context is not None and len(ids) + len(out) > context:
+        raise UserError(f"the prompt and the continuation are {len(ids) + len(out)} tokens long but the model "
+                        f"reads at most {context} (model.transformer.max_len); shorten them")
+    with torch.inference_mode():
+        weights = _first(model.attention_weights(torch.tensor([ids + out], device=next(model.parameters()).device)))
+    repeat = REPEAT_LENGTH if context is None else min(REPEAT_LENGTH, context // 2)
+    low = EOS_ID + 1 + (run.tok.mask_id == EOS_ID + 1)  # the first id that is an ordinary token
+    scores = head_scores(model, weights, run.tok.src_vocab_size, low=low, window=window, n=repeat)
+    pieces = [p.translate(VISIBLE_SPACE) for p in run.tok.src_pieces_from_ids(ids + out)]  # (T,)
+    text = run.tok.decode_src([[i for i in out if i != EOS_ID]])[0]
+    return AttentionMaps("lm", prompt, text, continuation is not None, pieces[: len(ids)], pieces[len(ids):],
+                         pieces, decoder_self=weights, head_scores=scores)
+
+
 def attention_maps(run: LoadedRun, source: str, target: str | None = None, *, beam: int = 1,
-                   lenpen: float = LENPEN, reading: Reading = "whole") -> AttentionMaps:
+                   lenpen: float = LENPEN, reading: Reading = "whole", new_tokens: int = NEW_TOKENS,
+                   window: int = LOCAL_WINDOW) -> AttentionMaps:
     """Every attention weight the model computes for ``source`` (see the module docstring).
 
     :param run: a trained run, :func:`attnkit.runs.load.load_run`.
-    :param source: one sentence (translation) or text (classification).
-    :param target: translation only: force-decode this target instead of the model's own output.
+    :param source: one sentence (translation), text (classification) or prompt (language model).
+    :param target: translation: force-decode this target instead of the model's own output; a language model:
+        show this continuation instead of the model's own.
     :param beam: beam size for the model's own translation (1 = greedy); ``lenpen``: GNMT alpha.
     :param reading: classification: how a text longer than the window is read (:mod:`attnkit.inference.classify`).
-    :raises UserError: a target for a classifier, an RNN without attention, a text longer than
-        the model's positions.
+    :param new_tokens: a language model: how many tokens to continue the prompt by (greedily; 0: the prompt only).
+    :param window: a language model: ``w`` of the local-window head score.
+    :raises UserError: a target for a classifier, a beam for a language model, an RNN without attention, a text
+        longer than the model's positions.
     """
     if run.classes is not None:  # a classifier
         if target is not None:
             raise UserError("a classifier reads only the source text; drop the target (--tgt)")
         return _classifier_maps(run, source, reading)
     model = run.model
+    if isinstance(model, LanguageModel):
+        if beam != 1:
+            raise UserError("a language model's continuation is greedy: drop --beam (it is for translation)")
+        return _lm_maps(run, source, target, new_tokens, window)
     if isinstance(model, RNNSeq2Seq) and model.scorer is None:
         raise UserError(f"{run.weights_path}: this model has no attention to show (model.rnn.attention: none)")
     if beam < 1:
@@ -261,14 +333,3 @@ def attention_maps(run: LoadedRun, source: str, target: str | None = None, *, be
         "transformer" if isinstance(model, Transformer) else "rnn", source, run.tok.decode_tgt([out_ids])[0],
         target is not None, run.tok.src_pieces_from_ids(src_ids), run.tok.tgt_pieces_from_ids(out_ids),
         run.tok.tgt_pieces_from_ids(tgt_in_ids), _first(encoder_self), _first(decoder_self), _first(cross))
-
-
-# --------------------------------------------------------------------------------------
-# Figures
-# --------------------------------------------------------------------------------------
-
-
-
-
-
-

@@ -123,7 +123,7 @@ def block_batches(n_tokens: int, block: int, per_batch: int, seed: int, epoch: i
     offset in ``[0, block)`` drawn for ``(seed, epoch)``, shuffled by the same generator, ``per_batch`` a batch."""
     rng = np.random.default_rng([seed, epoch])
     shift = int(rng.integers(block)) if n_tokens > 2 * block + 1 else 0
-    starts = np.arange(shift, n_tokens - block - 1 + 1, block, dtype=np.int64)
+    starts = np.arange(shift, n_tokens - block, block, dtype=np.int64)  # a block needs tokens s .. s + block
     if not len(starts):
         raise UserError(f"the training text has {n_tokens} tokens, fewer than data.block_size + 1 = {block + 1}; "
                         f"lower data.block_size or give more text")

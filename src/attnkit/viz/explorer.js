@@ -3,9 +3,12 @@
 // page (attnkit.serve), which both inline it. mountExplorer(root, data) draws one sentence's attention
 // inside the element `root` (replacing its content; one explorer per page, its elements have ids):
 //   data = {title, views: [{kind, title, queries, keys, queries_label, keys_label,
-//                           layers: [layer][head][query][key]}]}
+//                           layers: [layer][head][query][key], generated_from}],
+//           scores: null or {names, notes, values: [score][layer][head] (null: undefined), view}}
 // Queries are drawn in a column on the left, keys on the right; hover or click a token to draw its
-// weights as lines and shading. Tokens are inserted as text, never as HTML.
+// weights as lines and shading. Tokens are inserted as text, never as HTML. A language model's tokens
+// from generated_from on (its continuation) are italic, and its head scores are tables below, one per
+// score, layer x head: clicking a cell shows that layer and head of the view `scores.view`.
 
 const EXPLORER_MARKUP = `
 <h1 id="title"></h1>
@@ -26,7 +29,8 @@ const EXPLORER_MARKUP = `
     <div id="info"></div>
     <canvas id="matrix"></canvas>
   </div>
-</div>`;
+</div>
+<div id="scores"></div>`;
 
 function mountExplorer(root, DATA) {
   root.innerHTML = EXPLORER_MARKUP;  // a constant: no data goes through innerHTML
@@ -73,6 +77,8 @@ function mountExplorer(root, DATA) {
     container.replaceChildren(...tokens.map((t, i) => {
       const d = document.createElement("div");
       d.className = "tok"; d.textContent = t; d.dataset.index = String(i); d.dataset.side = side;
+      const from = view().generated_from;
+      if (from !== null && from !== undefined && i >= from) d.classList.add("generated");
       d.addEventListener("mouseenter", () => { if (!state.pinned) { state.focus = { side, index: i }; render(); } });
       d.addEventListener("mouseleave", () => { if (!state.pinned) { state.focus = null; render(); } });
       d.addEventListener("click", () => {
@@ -175,13 +181,62 @@ function mountExplorer(root, DATA) {
     }
   }
 
-  function refresh() { state.focus = null; state.pinned = false; setupControls(); setupTokens(); render(); }
+  // A language model's head scores: one table per score, rows layers, columns heads, shaded by the score.
+  function setupScores() {
+    const S = DATA.scores, box = $("scores");
+    if (!S) { box.replaceChildren(); return; }
+    const heading = document.createElement("h2");
+    heading.textContent = "what each head does (click a cell to show that head; italic tokens: the continuation)";
+    const tables = S.names.map((name, s) => {
+      const table = document.createElement("table");
+      table.className = "score";
+      const caption = table.createCaption(); caption.textContent = name; caption.title = S.notes[s];
+      const head = table.insertRow();
+      head.appendChild(document.createElement("th")).textContent = "layer \\ head";
+      S.values[s][0].forEach((_, h) => { head.appendChild(document.createElement("th")).textContent = String(h); });
+      S.values[s].forEach((row, l) => {
+        const tr = table.insertRow();
+        tr.appendChild(document.createElement("th")).textContent = String(l);
+        row.forEach((value, h) => {
+          const td = tr.insertCell();
+          td.textContent = value === null ? "\u2013" : value.toFixed(2);
+          td.title = `${name}, layer ${l}, head ${h}: ${S.notes[s]}`;
+          td.dataset.layer = String(l); td.dataset.head = String(h);
+          if (value !== null) shade(td, SINGLE, value);
+          if (value !== null && value > 0.6) td.style.color = "#fff";  // legible on the dark shading
+          td.addEventListener("click", () => {
+            state.view = S.view; state.layer = l;
+            state.head = view().layers[l].length > 1 ? h : "all"; refresh();
+          });
+        });
+      });
+      return table;
+    });
+    const row = document.createElement("div"); row.className = "score-tables"; row.replaceChildren(...tables);
+    box.replaceChildren(heading, row);
+  }
+
+  // The cells of the head shown now are outlined.
+  function markScores() {
+    const S = DATA.scores;
+    if (!S) return;
+    const single = view().layers[state.layer].length === 1 ? 0 : state.head;
+    for (const td of $("scores").querySelectorAll("td")) {
+      td.classList.toggle("current", state.view === S.view && Number(td.dataset.layer) === state.layer
+                                     && Number(td.dataset.head) === single);
+    }
+  }
+
+  function refresh() {
+    state.focus = null; state.pinned = false; setupControls(); setupTokens(); render(); markScores();
+  }
 
   $("kind").addEventListener("change", (e) => { state.view = Number(e.target.value); refresh(); });
   $("layer").addEventListener("change", (e) => { state.layer = Number(e.target.value); refresh(); });
   $("head").addEventListener("change", (e) => {
-    state.head = e.target.value === "all" ? "all" : Number(e.target.value); setupControls(); render();
+    state.head = e.target.value === "all" ? "all" : Number(e.target.value); setupControls(); render(); markScores();
   });
   $("title").textContent = DATA.title;
+  setupScores();
   refresh();
 }

@@ -7,6 +7,8 @@ encoder-only and decoder-only models, here for every kind :class:`~attnkit.infer
 holds: encoder and decoder self-attention, cross-attention, an RNN's alignment and a
 classifier's token importance. Pick the kind, layer and head (or all heads: one colour per
 head, shading by their mean); hover or click a token to draw its weights as lines and shading.
+A language model's page marks the continuation (italic) and adds a table per head score
+(:mod:`attnkit.inference.head_scores`), layer x head; clicking a cell shows that head.
 
 Everything is inlined (the weights as JSON, the script and the style): the file opens
 offline, from a mail attachment or a CI artifact, and loads nothing from the network.
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import html
 import json
+import math
 import re
 from importlib.resources import files
 from pathlib import Path
@@ -45,14 +48,33 @@ def _view_json(view: AttentionView) -> dict:
         # per layer (H, T_q, T_k) -> nested lists [layer][head][query][key]
         "layers": [[[[round(float(w), DECIMALS) for w in row] for row in head] for head in layer.tolist()]
                    for layer in view.layers],
+        "generated_from": view.generated_from,  # a language model's first continuation token, else None
+    }
+
+
+def _scores_json(maps: AttentionMaps, views: list[AttentionView]) -> dict | None:
+    """A language model's head scores for the page: names, one-line notes, values ``[score][layer][head]`` (None
+    where a score had no row to average), and the index of the view a clicked cell selects."""
+    scores = maps.head_scores
+    if scores is None:
+        return None
+    named, notes = scores.named(), scores.notes()
+    return {
+        "names": list(named),
+        "notes": [notes[name] for name in named],
+        # per score (L, H) -> nested lists [layer][head]; NaN (no row to average) -> null, which JSON has
+        "values": [[[None if math.isnan(v) else round(v, DECIMALS) for v in row] for row in value.tolist()]
+                   for value in named.values()],
+        "view": next(i for i, v in enumerate(views) if v.kind == "decoder_self"),
     }
 
 
 def explorer_data(maps: AttentionMaps) -> dict:
-    """What the explorer's script draws (``mountExplorer(root, data)`` in ``explorer.js``): the title and
-    every view of ``maps``, weights as nested lists ``[layer][head][query][key]``, plain JSON types."""
-    title = f"{maps.source} -> {maps.output}" + (" (given)" if maps.forced else "")
-    return {"title": title, "views": [_view_json(v) for v in maps.views()]}
+    """What the explorer's script draws (``mountExplorer(root, data)`` in ``explorer.js``): the title,
+    every view of ``maps``, weights as nested lists ``[layer][head][query][key]``, and a language model's head
+    scores (``scores``, else None); plain JSON types, no NaN."""
+    views = maps.views()
+    return {"title": maps.heading(), "views": [_view_json(v) for v in views], "scores": _scores_json(maps, views)}
 
 
 def script_json(data: object) -> str:

@@ -11,7 +11,7 @@ from matplotlib.figure import Figure
 
 from ..inference.attention_maps import AttentionMaps, attention_maps
 from ..runs.load import LoadedRun
-from .plot import attention_grid, attention_heatmap
+from .plot import attention_grid, attention_heatmap, score_grid
 
 #: Longest source text shown in a figure title; longer ones end in "...".
 _TITLE_CHARS = 80
@@ -26,7 +26,8 @@ def attention_figures(maps: AttentionMaps) -> dict[str, Figure]:
 
     Per kind: the mean over heads of each layer (``cross-layer0``), one panel per head
     (``cross-layer0-heads``, when H > 1) and the mean over layers and heads (``cross-mean``,
-    when there are several layers). A kind with one layer drops the ``-layer0`` (``alignment``).
+    when there are several layers). A kind with one layer drops the ``-layer0`` (``alignment``). A language
+    model's maps add ``head-scores``: its head scores, one panel per score, layer x head.
     """
     figures: dict[str, Figure] = {}
     heading = maps.heading(_TITLE_CHARS)
@@ -47,6 +48,8 @@ def attention_figures(maps: AttentionMaps) -> dict[str, Figure]:
             if weights.size(0) > 1:
                 figures[f"{name}-heads"] = attention_grid(weights, view.keys, view.queries, **axes,
                                                           title=f"{heading}\n{view.title}{where}, per head")
+    if maps.head_scores is not None:
+        figures["head-scores"] = score_grid(maps.head_scores.named(), title=f"{heading}\nwhat each head does")
     return figures
 
 

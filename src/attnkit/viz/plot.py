@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import textwrap
+from collections.abc import Mapping
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.image import AxesImage
 
-__all__ = ["attention_grid", "attention_heatmap", "save_figure"]
+__all__ = ["attention_grid", "attention_heatmap", "save_figure", "score_grid"]
 
 #: Inches per token along either axis (at most), and the fixed margin for labels and colorbar.
 _CELL_INCHES = 0.35
@@ -244,6 +245,71 @@ def attention_grid(weights_per_head: Any, src_tokens: list[str], tgt_tokens: lis
     fig.supxlabel(axis_names[0])
     fig.supylabel(axis_names[1])
     fig.colorbar(image, ax=used, label="attention weight", fraction=0.02, pad=0.01)
+    if title is not None:
+        fig.suptitle(title)
+    return fig
+
+
+#: Inches per cell of a score grid, and the most cells in which the value is written.
+_SCORE_CELL_INCHES, _SCORE_MAX_LABELLED = 0.45, 400
+
+
+def _scores(scores: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    """``scores`` as float64 arrays of one shape ``(L, H)``, checked: values in [0, 1] or NaN (no row to average).
+
+    :raises ValueError: naming the score: no scores, not 2-D, shapes that differ, values outside [0, 1].
+    """
+    if not scores:
+        raise ValueError("score_grid needs at least one score")
+    arrays = {}
+    for name, value in scores.items():
+        if hasattr(value, "detach"):  # torch.Tensor, without importing torch here
+            value = value.detach().to("cpu").float().numpy()
+        a = np.asarray(value, dtype=np.float64)
+        if a.ndim != 2 or 0 in a.shape:
+            raise ValueError(f"score {name!r} must have shape (L, H) with L, H >= 1, got {tuple(a.shape)}")
+        known = a[~np.isnan(a)]
+        if known.size and (not np.isfinite(known).all() or known.min() < -_RANGE_TOLERANCE
+                           or known.max() > 1 + _RANGE_TOLERANCE):
+            raise ValueError(f"score {name!r} ranges over [{known.min():.4g}, {known.max():.4g}], outside [0, 1]")
+        arrays[name] = a
+    shapes = {a.shape for a in arrays.values()}
+    if len(shapes) > 1:
+        raise ValueError(f"every score must have the same (L, H) shape, got {sorted(shapes)}")
+    return arrays
+
+
+def score_grid(scores: Mapping[str, Any], *, title: str | None = None,
+               axis_names: tuple[str, str] = ("head", "layer")) -> Figure:
+    """One heatmap per score of every attention head, side by side: panel ``name`` shows ``scores[name]``
+    ``(L, H)``, cell ``(l, h)`` the score of head ``h`` in layer ``l`` (written in the cell when there are at most
+    400). The colour scale is fixed to [0, 1], as in :func:`attention_heatmap`; a NaN cell is left blank.
+
+    :param scores: score name -> ``(L, H)`` values in [0, 1] (a torch tensor or array-like), e.g.
+        :meth:`attnkit.inference.head_scores.HeadScores.named`.
+    :param axis_names: ``(x axis, y axis)`` names.
+    :raises ValueError: as :func:`_scores`.
+    """
+    arrays = _scores(scores)
+    L, H = next(iter(arrays.values())).shape
+    panel = (max(_MIN_AXES_INCHES, _SCORE_CELL_INCHES * H), max(_MIN_AXES_INCHES, _SCORE_CELL_INCHES * L))
+    width = min(_MAX_FIGURE_INCHES, len(arrays) * (panel[0] + 0.8) + 1.5)
+    fig = Figure(figsize=(width, min(_MAX_FIGURE_INCHES, panel[1] + 1.6)), layout="constrained")
+    axes = fig.subplots(1, len(arrays), squeeze=False)[0]  # (n_scores,) array of Axes
+    image = None
+    for i, (ax, (name, a)) in enumerate(zip(axes, arrays.items(), strict=True)):
+        image = ax.imshow(a, cmap=_CMAP, vmin=0.0, vmax=1.0, aspect="auto", interpolation="nearest")
+        ax.set_xticks(range(H), labels=[str(h) for h in range(H)])
+        ax.set_yticks(range(L), labels=[str(layer) for layer in range(L)] if i == 0 else [])
+        ax.set_title(name)
+        if L * H <= _SCORE_MAX_LABELLED:
+            for (layer, h), value in np.ndenumerate(a):
+                if not np.isnan(value):  # dark cells (low values in viridis) get white text
+                    ax.text(h, layer, f"{value:.2f}", ha="center", va="center", fontsize=7,
+                            color="white" if value < 0.5 else "black")
+    fig.supxlabel(axis_names[0])
+    fig.supylabel(axis_names[1])
+    fig.colorbar(image, ax=list(axes), label="score", fraction=0.03, pad=0.02)
     if title is not None:
         fig.suptitle(title)
     return fig
