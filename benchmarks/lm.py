@@ -18,7 +18,8 @@ batches) is noisier and is not used.
 Rows (``--rows``):
 
 * ``documented``: nanoGPT's documented CPU command (4 layers, 4 heads, 128 wide, block 64, batch 12, 2,000
-  iterations), timed; then ``attnkit train configs/shakespeare-char.yaml`` for the same wall time.
+  iterations), timed; then ``attnkit train configs/shakespeare-char.yaml`` for the same training time, once with
+  the config's model (sized for 15 minutes) and once with the documented command's model, batch and rates.
 * ``budget``: both for ``--minutes`` (15) of training: attnkit with ``configs/shakespeare-char.yaml``; nanoGPT
   with the same model shape, batch and schedule, its ``max_iters`` set from its measured time per iteration so
   that it trains for about as long (nanoGPT has no time budget).
@@ -95,15 +96,17 @@ def run_timed(cmd: list[str], cwd: Path, log: Path) -> tuple[float, str]:
     return seconds, proc.stdout + proc.stderr
 
 
-def nanogpt_train(nanogpt: Path, out_dir: Path, args: list[str], logs: Path, name: str) -> dict:
-    """nanoGPT's ``train.py`` with ``args``; its last checkpoint scored on the whole validation split."""
+def nanogpt_train(nanogpt: Path, out_dir: Path, args: list[str], logs: Path, name: str, score: bool = True) -> dict:
+    """nanoGPT's ``train.py`` with ``args``; its last checkpoint (saved at its last evaluation, which ``args`` must
+    put at the last iteration) scored on the whole validation split."""
     cmd = [sys.executable, "train.py", "config/train_shakespeare_char.py", f"--dataset={DATASET}",
            f"--out_dir={out_dir}", "--always_save_checkpoint=True", *args]
     seconds, output = run_timed(cmd, nanogpt, logs / f"{name}.log")
     iter_ms = [float(m) for m in re.findall(r"^iter \d+: loss [\d.]+, time ([\d.]+)ms", output, re.M)]
     return {"command": " ".join(cmd[1:]), "wall_seconds": round(seconds, 1),
             "train_seconds": round(sum(iter_ms) / 1000, 1), "iterations": len(iter_ms),
-            "valid_loss": score_nanogpt(nanogpt, out_dir / "ckpt.pt")}
+            "median_iteration_ms": round(float(np.median(iter_ms[len(iter_ms) // 2:])), 1),
+            "valid_loss": score_nanogpt(nanogpt, out_dir / "ckpt.pt") if score else None}
 
 
 @torch.inference_mode()
@@ -143,24 +146,36 @@ def attnkit_train(run_dir: Path, overrides: list[str], val: Path, logs: Path, na
 def nanogpt_args_like(cfg: RunConfig, iters: int) -> list[str]:
     """nanoGPT's flags for attnkit's config: the same shape, batch, dropout, learning rates and schedule."""
     t, m = cfg.train, cfg.model.transformer
-    return ["--device=cpu", "--compile=False", "--eval_iters=20", "--eval_interval=1000000", "--log_interval=1",
+    return ["--device=cpu", "--compile=False", "--eval_iters=20", f"--eval_interval={iters}", "--log_interval=1",
             f"--n_layer={m.decoder_layers}", f"--n_head={m.n_heads}", f"--n_embd={m.d_model}",
             f"--block_size={cfg.data.block_size}", f"--batch_size={t.max_tokens // cfg.data.block_size}",
             f"--dropout={m.dropout}", f"--learning_rate={t.lr}", f"--min_lr={t.lr / 10}", f"--warmup_iters={t.warmup}",
             f"--max_iters={iters}", f"--lr_decay_iters={iters}"]
 
 
+#: attnkit with the documented command's model and batch: 4 layers, 4 heads, 128 wide, block 64, 12 blocks a batch,
+#: nanoGPT's learning rates and schedule.
+DOCUMENTED_SHAPE = ["model.transformer.decoder_layers=4", "model.transformer.n_heads=4",
+                    "model.transformer.d_model=128", "model.transformer.d_ff=512", "data.block_size=64",
+                    "model.transformer.max_len=64", "train.max_tokens=768", "model.transformer.dropout=0.0",
+                    "train.lr=1e-3", "train.warmup=100"]
+
+
 def row_documented(nanogpt: Path, val: Path, work: Path) -> list[dict]:
+    """nanoGPT's documented CPU command; attnkit for as long, with the config's model and with nanoGPT's."""
     ng = nanogpt_train(nanogpt, work / "ng-documented", DOCUMENTED, work, "nanogpt-documented")
-    ak = attnkit_train(work / "ak-documented", [f"train.max_minutes={ng['train_seconds'] / 60:.3f}"], val, work,
-                       "attnkit-documented")
-    return [{"row": "documented", "contender": "nanoGPT", **ng}, {"row": "documented", "contender": "attnkit", **ak}]
+    budget = f"train.max_minutes={ng['train_seconds'] / 60:.3f}"
+    ak = attnkit_train(work / "ak-documented", [budget], val, work, "attnkit-documented")
+    same = attnkit_train(work / "ak-documented-shape", [budget, *DOCUMENTED_SHAPE], val, work,
+                         "attnkit-documented-shape")
+    return [{"row": "documented", "contender": "nanoGPT", **ng}, {"row": "documented", "contender": "attnkit", **ak},
+            {"row": "documented", "contender": "attnkit, nanoGPT's model and batch", **same}]
 
 
 def row_budget(nanogpt: Path, val: Path, work: Path, minutes: float) -> list[dict]:
     cfg = load_config(RunConfig, CONFIG)
-    probe = nanogpt_train(nanogpt, work / "ng-probe", nanogpt_args_like(cfg, 20), work, "nanogpt-probe")
-    per_iter = probe["train_seconds"] / probe["iterations"]
+    probe = nanogpt_train(nanogpt, work / "ng-probe", nanogpt_args_like(cfg, 20), work, "nanogpt-probe", score=False)
+    per_iter = probe["median_iteration_ms"] / 1000  # the second half's median: past the slow first iterations
     iters = max(int(minutes * 60 / per_iter), 1)
     ng = nanogpt_train(nanogpt, work / "ng-budget", nanogpt_args_like(cfg, iters), work, "nanogpt-budget")
     ak = attnkit_train(work / "ak-budget", [f"train.max_minutes={minutes}"], val, work, "attnkit-budget")
@@ -238,6 +253,9 @@ def markdown_table(results: dict) -> str:
             if r["row"] in ("documented", "budget"):
                 steps = r.get("iterations") or r.get("updates")
                 value = f"valid loss **{r['valid_loss']:.4f}** ({steps:,} updates, {r['train_seconds'] / 60:.1f} min)"
+                if r["contender"] != "nanoGPT":  # its command without the run directory, so the row can be rerun
+                    words = r["command"].split(" ")
+                    value += f"; `{' '.join(words[:3] + words[5:])}`"
             else:
                 value = f"{num(r['tok_s'])} tok/s"
             rows.append([what, r["contender"], value])
@@ -261,26 +279,26 @@ def main(argv: list[str] | None = None) -> int:
     val = prepare_nanogpt_data(args.nanogpt)
     started = time.time()
     rows: list[dict] = []
+    runs = json.loads(OUT.read_text(encoding="utf-8"))["runs"] if OUT.exists() else []
+    nanogpt_commit = subprocess.run(["git", "-C", str(args.nanogpt), "rev-parse", "--short", "HEAD"],
+                                    capture_output=True, text=True).stdout.strip() or None
     for name in args.rows:
         print(f"row {name} ...", flush=True)
         rows += {"documented": lambda: row_documented(args.nanogpt, val, work),
                  "budget": lambda: row_budget(args.nanogpt, val, work, args.minutes),
                  "throughput": lambda: row_throughput(args.nanogpt, work),
                  "sampling": lambda: row_sampling(args.nanogpt)}[name]()
-        print(json.dumps(rows[-2:], indent=1), flush=True)
-    nanogpt_commit = subprocess.run(["git", "-C", str(args.nanogpt), "rev-parse", "--short", "HEAD"],
-                                    capture_output=True, text=True).stdout.strip() or None
-    result = {**stamp(), "cpu": cpu_model(), "threads": torch.get_num_threads(),
-              "precision": "nanoGPT float32 (its CPU path); attnkit "
-                           + ("bf16" if cpu_has_fast_bf16() else "float32") + " (precision: auto)",
-              "command": "python benchmarks/lm.py --nanogpt NANOGPT " + " ".join(
-                  (["--rows", *args.rows] if args.rows != p.get_default("rows") else [])
-                  + ([f"--minutes {args.minutes:g}"] if args.minutes != 15 else [])),
-              "nanogpt_commit": nanogpt_commit, "minutes": args.minutes, "run_seconds": round(time.time() - started),
-              "rows": rows}
-    runs = json.loads(OUT.read_text(encoding="utf-8"))["runs"] if OUT.exists() else []
-    OUT.write_text(json.dumps({**{k: result[k] for k in ("date", "commit")}, "runs": [*runs, result]}, indent=2)
-                   + "\n", encoding="utf-8")
+        print(json.dumps([r for r in rows if r["row"] == name], indent=1), flush=True)
+        result = {**stamp(), "cpu": cpu_model(), "threads": torch.get_num_threads(),
+                  "precision": "nanoGPT float32 (its CPU path); attnkit "
+                               + ("bf16" if cpu_has_fast_bf16() else "float32") + " (precision: auto)",
+                  "command": "python benchmarks/lm.py --nanogpt NANOGPT " + " ".join(
+                      (["--rows", *args.rows] if args.rows != p.get_default("rows") else [])
+                      + ([f"--minutes {args.minutes:g}"] if args.minutes != 15 else [])),
+                  "nanogpt_commit": nanogpt_commit, "minutes": args.minutes,
+                  "run_seconds": round(time.time() - started), "rows": rows}
+        OUT.write_text(json.dumps({**{k: result[k] for k in ("date", "commit")}, "runs": [*runs, result]}, indent=2)
+                       + "\n", encoding="utf-8")  # after every row: a failure later loses nothing measured
     print(markdown_table({"runs": [result]}))
     return 0 if all(math.isfinite(r.get("valid_loss", 0.0)) for r in rows) else 1
 
