@@ -208,7 +208,7 @@ def row_throughput(nanogpt: Path, work: Path, iters: int = 8, warmup: int = 3) -
 
 
 @torch.inference_mode()
-def row_sampling(nanogpt: Path, new_tokens: int = 256) -> list[dict]:
+def row_sampling(nanogpt: Path, batches: tuple[int, ...] = (1, 32), new_tokens: int = 256) -> list[dict]:
     """Tokens/s generating ``new_tokens`` after a one-token prompt, batch 1 and 32, random weights of one shape."""
     sys.path.insert(0, str(nanogpt))
     from model import GPT, GPTConfig
@@ -226,15 +226,16 @@ def row_sampling(nanogpt: Path, new_tokens: int = 256) -> list[dict]:
     from attnkit.engine import accelerate
     accelerate(ours).eval()
     rows = []
-    for batch in (1, 32):
+    for batch in batches:
         prompt = torch.full((batch, 1), 10, dtype=torch.long)
         start = time.perf_counter()
         ng.generate(prompt, new_tokens, temperature=1.0)
         ng_s = time.perf_counter() - start
         start = time.perf_counter()
-        steps = sum(1 for _ in generate(ours, prompt, new_tokens, temperature=1.0))
+        steps = sum(1 for _ in generate(ours, prompt, new_tokens, temperature=1.0, ignore_eos=True))
         ak_s = time.perf_counter() - start
-        assert steps == new_tokens
+        if steps != new_tokens:
+            raise SystemExit(f"attnkit generated {steps} tokens, not {new_tokens}")
         rows += [{"row": "sampling", "contender": "nanoGPT", "batch": batch, "tok_s": round(batch * new_tokens / ng_s)},
                  {"row": "sampling", "contender": "attnkit", "batch": batch, "tok_s": round(batch * new_tokens / ak_s)}]
     return rows
@@ -270,6 +271,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rows", nargs="+", default=["documented", "budget", "throughput", "sampling"],
                    choices=["documented", "budget", "throughput", "sampling"])
     p.add_argument("--minutes", type=float, default=15.0, help="the budget row's training minutes")
+    p.add_argument("--sampling-batches", type=int, nargs="+", default=[1, 32],
+                   help="the sampling row's batch sizes (default 1 32)")
     p.add_argument("--work", type=Path, default=None, help="where runs and logs go (default: a temporary folder)")
     args = p.parse_args(argv)
     if not (args.nanogpt / "model.py").exists() or not (args.nanogpt / "train.py").exists():
@@ -287,14 +290,16 @@ def main(argv: list[str] | None = None) -> int:
         rows += {"documented": lambda: row_documented(args.nanogpt, val, work),
                  "budget": lambda: row_budget(args.nanogpt, val, work, args.minutes),
                  "throughput": lambda: row_throughput(args.nanogpt, work),
-                 "sampling": lambda: row_sampling(args.nanogpt)}[name]()
+                 "sampling": lambda: row_sampling(args.nanogpt, tuple(args.sampling_batches))}[name]()
         print(json.dumps([r for r in rows if r["row"] == name], indent=1), flush=True)
         result = {**stamp(), "cpu": cpu_model(), "threads": torch.get_num_threads(),
                   "precision": "nanoGPT float32 (its CPU path); attnkit "
                                + ("bf16" if cpu_has_fast_bf16() else "float32") + " (precision: auto)",
                   "command": "python benchmarks/lm.py --nanogpt NANOGPT " + " ".join(
                       (["--rows", *args.rows] if args.rows != p.get_default("rows") else [])
-                      + ([f"--minutes {args.minutes:g}"] if args.minutes != 15 else [])),
+                      + ([f"--minutes {args.minutes:g}"] if args.minutes != 15 else [])
+                      + (["--sampling-batches", *map(str, args.sampling_batches)]
+                         if args.sampling_batches != [1, 32] else [])),
                   "nanogpt_commit": nanogpt_commit, "minutes": args.minutes,
                   "run_seconds": round(time.time() - started), "rows": rows}
         OUT.write_text(json.dumps({**{k: result[k] for k in ("date", "commit")}, "runs": [*runs, result]}, indent=2)

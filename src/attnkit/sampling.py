@@ -71,11 +71,12 @@ def choose_next(logits: Tensor, temperature: float = 1.0, top_k: int = 0, top_p:
 @torch.inference_mode()
 def generate(model: StepModel, prompt: Sequence[Sequence[int]] | Tensor, max_new_tokens: int, *,
              temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
-             generator: torch.Generator | None = None) -> Iterator[Tensor]:
+             generator: torch.Generator | None = None, ignore_eos: bool = False) -> Iterator[Tensor]:
     """Continue each prompt row; yields the tokens chosen at each step ``(B,)`` (``PAD_ID`` for a row that ended).
 
     :param prompt: ``(B, T)`` token ids, every row the same length (``T >= 1``).
     :param max_new_tokens: the most steps; stops earlier once every row has chosen ``</s>``.
+    :param ignore_eos: no row ends at ``</s>``: exactly ``max_new_tokens`` steps (for speed measurements).
     """
     tokens = torch.as_tensor(prompt, dtype=torch.long)
     device = next(model.parameters()).device  # type: ignore[attr-defined]
@@ -85,7 +86,8 @@ def generate(model: StepModel, prompt: Sequence[Sequence[int]] | Tensor, max_new
     for i in range(max_new_tokens):
         nxt = choose_next(logits, temperature, top_k, top_p, generator).masked_fill(done, PAD_ID)  # (B,)
         yield nxt
-        done |= nxt == EOS_ID
+        if not ignore_eos:
+            done |= nxt == EOS_ID
         if bool(done.all()) or i == max_new_tokens - 1:
             return
         logits, state = model.step(nxt[:, None], state)
