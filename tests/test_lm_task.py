@@ -33,13 +33,13 @@ from attnkit.inference.language_model import (
     score_text_file,
 )
 from attnkit.lm import LanguageModel
-from attnkit.runs.checkpoint import load_training_state, load_weights
 from attnkit.runs.load import load_run
 from attnkit.tasks import make_task
 from attnkit.tasks.language_model import block_batches, lm_documents
 from attnkit.tasks.pretraining import pretraining_texts
 from attnkit.training.trainer import Trainer
 from attnkit.transformer import TransformerConfig
+from test_train import assert_same_checkpoint
 from tiny_runs import write_tsv, write_yaml
 
 # -- helpers (shared with test_generate_cli.py) -------------------------------------------
@@ -430,10 +430,6 @@ def test_evaluate_reads_lines_as_the_run_reads_its_validation_file(tmp_path):
 # -- exact resume -------------------------------------------------------------------------
 
 
-def weights(run: Path, step: int) -> dict[str, torch.Tensor]:
-    return load_weights(run / "checkpoints" / f"step-{step:08d}" / "model.safetensors")[0]
-
-
 def test_resume_is_bitwise_identical(tmp_path, capsys):
     """N updates straight equal n updates, then --resume to N: the same weights, optimizer state and
     validations (resumed mid-epoch, after an epoch with its own block offset and order)."""
@@ -451,15 +447,7 @@ def test_resume_is_bitwise_identical(tmp_path, capsys):
     assert main(["train", str(config), "--run-dir", str(resumed), "--resume", f"train.max_updates={total}"]) == 0
     capsys.readouterr()
 
-    a, b = weights(straight, total), weights(resumed, total)
-    assert a.keys() == b.keys()
-    for key in a:
-        assert torch.equal(a[key], b[key]), key
-    sa = load_training_state(straight / "checkpoints" / f"step-{total:08d}" / "trainer.pt")
-    sb = load_training_state(resumed / "checkpoints" / f"step-{total:08d}" / "trainer.pt")
-    assert (sa["step"], sa["epoch"], sa["batch_pos"]) == (sb["step"], sb["epoch"], sb["batch_pos"])
-    for key, state in sa["optimizer"]["state"].items():
-        assert torch.equal(state["exp_avg_sq"], sb["optimizer"]["state"][key]["exp_avg_sq"])
+    assert_same_checkpoint(straight, resumed, total)
 
     def logged(run: Path) -> dict[int, dict]:
         lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]

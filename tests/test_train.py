@@ -131,6 +131,21 @@ def weights(run: Path, step: int) -> dict[str, torch.Tensor]:
     return load_weights(run / "checkpoints" / f"step-{step:08d}" / "model.safetensors")[0]
 
 
+def assert_same_checkpoint(straight: Path, resumed: Path, step: int) -> tuple[dict, dict]:
+    """Two runs' checkpoints at ``step`` hold the same weights, position and Adam state, bit for bit; returns
+    their training states for further checks."""
+    a, b = weights(straight, step), weights(resumed, step)
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+    sa = load_training_state(straight / "checkpoints" / f"step-{step:08d}" / "trainer.pt")
+    sb = load_training_state(resumed / "checkpoints" / f"step-{step:08d}" / "trainer.pt")
+    assert (sa["step"], sa["epoch"], sa["batch_pos"]) == (sb["step"], sb["epoch"], sb["batch_pos"])
+    for key, state in sa["optimizer"]["state"].items():
+        assert torch.equal(state["exp_avg_sq"], sb["optimizer"]["state"][key]["exp_avg_sq"])
+    return sa, sb
+
+
 @pytest.mark.parametrize(("engine", "dropout"), [("fast", 0.0), ("fast", 0.1), ("reference", 0.1)])
 def test_resume_is_bitwise_identical(tmp_path, capsys, engine, dropout):
     raw = raw_config(dropout=dropout, engine=engine)
@@ -154,16 +169,8 @@ def test_resume_is_bitwise_identical(tmp_path, capsys, engine, dropout):
                  f"train.max_updates={total}"]) == 0
     capsys.readouterr()
 
-    a, b = weights(straight, total), weights(resumed, total)
-    assert a.keys() == b.keys()
-    for key in a:
-        assert torch.equal(a[key], b[key]), key
-    sa = load_training_state(straight / "checkpoints" / f"step-{total:08d}" / "trainer.pt")
-    sb = load_training_state(resumed / "checkpoints" / f"step-{total:08d}" / "trainer.pt")
-    assert (sa["step"], sa["epoch"], sa["batch_pos"]) == (sb["step"], sb["epoch"], sb["batch_pos"])
+    sa, sb = assert_same_checkpoint(straight, resumed, total)
     assert torch.equal(sa["rng"]["torch"], sb["rng"]["torch"])
-    for key, state in sa["optimizer"]["state"].items():
-        assert torch.equal(state["exp_avg_sq"], sb["optimizer"]["state"][key]["exp_avg_sq"])
     # the resumed log holds the straight run's validations plus the one that ended the first session, each once
     # and with the same values (only the clock differs)
     def logged(run: Path) -> dict[int, dict]:

@@ -45,9 +45,7 @@ def add(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    check_sampling(args.temperature, args.top_k, args.top_p)
-    if not 0 < args.max_new_tokens <= MAX_NEW_TOKENS:
-        raise UserError(f"--max-new-tokens must be in 1..{MAX_NEW_TOKENS}, got {args.max_new_tokens}")
+    check_sampling(args.temperature, args.top_k, args.top_p)  # --max-new-tokens: prompt_ids checks it
     if any(s == "" for s in args.stop):
         raise UserError("--stop needs a non-empty string")
     if args.prompt is not None and args.input is not None:

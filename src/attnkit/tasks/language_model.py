@@ -89,13 +89,15 @@ class LMRecipe(BaseRecipe):
         """For ``model_type: characters``, the training text's characters (written only when they changed)."""
         if self.cfg.data.tokenizer.model_type != "characters":
             return None
-        texts = [text for text, _ in self.examples()]
-        characters = sorted(set().union(*map(set, texts)))
+        seen: set[str] = set()
+        for text, _ in self.examples():  # streamed: the corpus is never held whole
+            seen.update(text)
+        characters = sorted(seen)
         if (run_dir / TOKENIZER_FILE).exists():
             tok = Tokenizer.load(run_dir)
             if tok.kind == "characters" and tok.src_pieces_from_ids(range(4, tok.src_vocab_size)) == characters:
                 return tok
-        tok = save_characters(run_dir, texts, where=", ".join(self.sources()))
+        tok = save_characters(run_dir, characters, where=", ".join(self.sources()))
         log(f"the tokenizer: {tok.src_vocab_size - 4} characters of the training text, each its own id")
         return tok
 
