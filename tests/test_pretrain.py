@@ -207,6 +207,22 @@ def test_init_from_with_another_shape_lists_the_mismatched_keys(tmp_path: Path, 
                   tmp_path / "fine2", quiet).build_model()
 
 
+def test_init_from_reads_longer_windows_when_the_positions_have_no_weights(tmp_path: Path, pretrained: Path, text: Path,
+                                                                          capsys) -> None:
+    """Sinusoidal positions: a classifier may read longer texts than the pretraining windows (imdb-finetune.yaml);
+    a learned table has rows for max_len positions only, so there max_len must stay the pretraining run's."""
+    longer = write_yaml(tmp_path / "f.yaml", classify_raw(tmp_path, pretrained, max_len=128))
+    assert main(["train", str(longer), "--run-dir", str(tmp_path / "fine")]) == 0
+    capsys.readouterr()
+    learned = tmp_path / "learned"
+    pre = pretrain_raw(text)
+    pre["model"]["transformer"]["positions"] = "learned"
+    Trainer(load_config(RunConfig, pre), learned, log=quiet).run()
+    config = write_yaml(tmp_path / "g.yaml", classify_raw(tmp_path, learned, positions="learned", max_len=128))
+    assert main(["train", str(config), "--run-dir", str(tmp_path / "fine2")]) == 2
+    assert "model.transformer.max_len is 128 here but 64 in" in capsys.readouterr().err
+
+
 def test_init_from_a_missing_or_non_pretraining_run_is_an_error(tmp_path: Path, pretrained: Path, capsys) -> None:
     config = write_yaml(tmp_path / "f.yaml", classify_raw(tmp_path, tmp_path / "nowhere"))
     assert main(["train", str(config), "--run-dir", str(tmp_path / "fine")]) == 2

@@ -29,13 +29,19 @@ REGULARISATION = ("dropout", "attention_dropout", "activation_dropout")
 def check_same_encoder(cfg: RunConfig, path: str) -> None:
     """A one-line error naming the first ``model.transformer`` key (dropout aside) in which ``cfg`` differs from
     the pretraining run ``path``: the same weights read with another activation or scale would compute something
-    else without any error."""
+    else without any error.
+
+    ``max_len`` may differ unless the positions are ``learned``: a sinusoidal table has no weights, so a
+    classifier may read longer windows than the pretraining did (configs/imdb-finetune.yaml does).
+    """
     run_dir, _ = pretrained_run(path)
     theirs = load_config(RunConfig, run_dir / CONFIG_FILE).model.transformer
     ours = cfg.model.transformer
+    free = set(REGULARISATION) | {"decoder_layers", "share_embeddings", "tie_output"}
+    if ours.positions != "learned":
+        free.add("max_len")
     for f in fields(ours):
-        if f.name not in REGULARISATION and f.name not in ("decoder_layers", "share_embeddings", "tie_output") \
-                and getattr(ours, f.name) != getattr(theirs, f.name):
+        if f.name not in free and getattr(ours, f.name) != getattr(theirs, f.name):
             raise UserError(f"model.transformer.{f.name} is {getattr(ours, f.name)!r} here but "
                             f"{getattr(theirs, f.name)!r} in {run_dir} (model.init_from); copy that run's "
                             f"model.transformer (dropout may differ)")

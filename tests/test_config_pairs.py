@@ -1,0 +1,86 @@
+"""Every pretrain -> fine-tune pair of committed configs runs, as the README tells a new user to run it.
+
+A fine-tuning config names its pretraining run with ``model.init_from: runs/NAME``; when
+``configs/NAME.yaml`` exists, the two are a pair. Each pair is trained here from the committed files
+themselves, with overrides that shrink only the data (the first rows of each file) and the time (a
+few updates), so a check or a setting that stops the documented commands fails CI instead of a user
+(issue 38: ``imdb-finetune.yaml`` once stopped at its ``max_len`` after 40 minutes of pretraining).
+"""
+
+from __future__ import annotations
+
+import gzip
+from pathlib import Path
+
+import pytest
+import yaml
+
+from attnkit.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = ROOT / "configs"
+SHARED = ROOT.parent / "shared"
+ROWS = 300  # lines kept of each data file (a header included)
+#: the data keys that name files, and how many files each holds
+FILE_KEYS = ("train", "train_tgt", "valid", "valid_tgt", "extra_text")
+#: the time a pair may take here: a few updates, and a validation at the last one
+FEW_UPDATES = ["train.max_updates=4", "train.valid_every=4", "train.warmup=2", "train.progress=false",
+               "train.threads=1"]
+
+
+def pairs() -> list[tuple[str, str]]:
+    """``(pretraining config, fine-tuning config)`` names: every ``model.init_from: runs/NAME`` with a
+    ``configs/NAME.yaml``."""
+    found = []
+    for path in sorted(CONFIGS.glob("*.yaml")):
+        init_from = (yaml.safe_load(path.read_text()).get("model") or {}).get("init_from")
+        if init_from and (CONFIGS / f"{Path(init_from).name}.yaml").exists():
+            found.append((Path(init_from).name, path.stem))
+    return found
+
+
+def test_the_committed_pairs_are_found() -> None:
+    """The discovery itself can fail: the three pairs committed when this test was written are among them."""
+    assert {("imdb-pretrain", "imdb-finetune"), ("sst2-pretrain", "sst2-finetune"),
+            ("imdb-electra-pretrain", "imdb-electra-finetune")} <= set(pairs())
+
+
+def head(source: Path, out_dir: Path) -> Path:
+    """The first :data:`ROWS` lines of ``source``, written beside the others under the same name."""
+    out = out_dir / source.name
+    if not out.exists():
+        opener = gzip.open if source.suffix == ".gz" else open
+        with opener(source, "rt", encoding="utf-8") as f:
+            lines = [line for _, line in zip(range(ROWS), f, strict=False)]
+        with opener(out, "wt", encoding="utf-8") as f:
+            f.writelines(lines)
+    return out
+
+
+def shrunk_data(config: str, out_dir: Path) -> list[str]:
+    """Overrides that point every data file of ``configs/CONFIG.yaml`` at its first rows."""
+    data = yaml.safe_load((CONFIGS / f"{config}.yaml").read_text())["data"]
+    overrides = []
+    for key in FILE_KEYS:
+        value = data.get(key)
+        if isinstance(value, str):
+            overrides.append(f"data.{key}={head(ROOT / value, out_dir)}")
+        elif isinstance(value, list):
+            overrides.append(f"data.{key}=[{', '.join(str(head(ROOT / v, out_dir)) for v in value)}]")
+    return overrides
+
+
+@pytest.mark.parametrize(("pretrain", "finetune"), pairs())
+def test_a_config_pair_trains_as_documented(pretrain: str, finetune: str, tmp_path: Path, monkeypatch) -> None:
+    if not (SHARED / "data").is_dir():
+        pytest.skip("../shared/data is not beside this checkout: the configs read their data there")
+    monkeypatch.chdir(ROOT)  # the configs' paths are relative to the repository root, as the README runs them
+    data = tmp_path / "data"
+    data.mkdir()
+    first, second = tmp_path / pretrain, tmp_path / finetune
+    assert main(["train", f"configs/{pretrain}.yaml", "--run-dir", str(first),
+                 *shrunk_data(pretrain, data), *FEW_UPDATES]) == 0
+    assert main(["train", f"configs/{finetune}.yaml", "--run-dir", str(second), f"model.init_from={first}",
+                 *shrunk_data(finetune, data), *FEW_UPDATES]) == 0
+    train = yaml.safe_load((CONFIGS / f"{finetune}.yaml").read_text())["data"]["train"]
+    assert main(["evaluate", str(second), "--data", str(data / Path(train).name)]) == 0  # the fine-tuned classifier
