@@ -24,8 +24,8 @@ ROWS = 300  # lines kept of each data file (a header included)
 #: the data keys that name files, and how many files each holds
 FILE_KEYS = ("train", "train_tgt", "valid", "valid_tgt", "extra_text")
 #: the time a pair may take here: a few updates, and a validation at the last one
-FEW_UPDATES = ["train.max_updates=4", "train.valid_every=4", "train.warmup=2", "train.progress=false",
-               "train.threads=1"]
+FEW_UPDATES = ["train.max_updates=3", "train.valid_every=3", "train.warmup=2", "train.max_tokens=2048",
+               "train.progress=false", "train.threads=1"]
 
 
 def pairs() -> list[tuple[str, str]]:
@@ -45,13 +45,13 @@ def test_the_committed_pairs_are_found() -> None:
             ("imdb-electra-pretrain", "imdb-electra-finetune")} <= set(pairs())
 
 
-def head(source: Path, out_dir: Path) -> Path:
-    """The first :data:`ROWS` lines of ``source``, written beside the others under the same name."""
+def head(source: Path, out_dir: Path, rows: int = ROWS) -> Path:
+    """The first ``rows`` lines of ``source``, written into ``out_dir`` under the same name."""
     out = out_dir / source.name
     if not out.exists():
         opener = gzip.open if source.suffix == ".gz" else open
         with opener(source, "rt", encoding="utf-8") as f:
-            lines = [line for _, line in zip(range(ROWS), f, strict=False)]
+            lines = [line for _, line in zip(range(rows), f, strict=False)]
         with opener(out, "wt", encoding="utf-8") as f:
             f.writelines(lines)
     return out
@@ -83,4 +83,5 @@ def test_a_config_pair_trains_as_documented(pretrain: str, finetune: str, tmp_pa
     assert main(["train", f"configs/{finetune}.yaml", "--run-dir", str(second), f"model.init_from={first}",
                  *shrunk_data(finetune, data), *FEW_UPDATES]) == 0
     train = yaml.safe_load((CONFIGS / f"{finetune}.yaml").read_text())["data"]["train"]
-    assert main(["evaluate", str(second), "--data", str(data / Path(train).name)]) == 0  # the fine-tuned classifier
+    (tmp_path / "few").mkdir()
+    assert main(["evaluate", str(second), "--data", str(head(ROOT / train, tmp_path / "few", 40))]) == 0

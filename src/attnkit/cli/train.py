@@ -10,6 +10,7 @@ import argparse
 from ..config.loader import load_config
 from ..config.schema import RunConfig
 from ..runs.layout import CONFIG_FILE
+from ..tasks import spec
 from ..tasks.init_from import check_init_from
 from ..training.trainer import Trainer
 from .options import add_config_arguments, config_run_dir
@@ -30,8 +31,9 @@ def run(args: argparse.Namespace) -> None:
         cfg = load_config(RunConfig, run_dir / CONFIG_FILE, args.overrides)  # the run's own config
     else:
         cfg = load_config(RunConfig, args.config, args.overrides)
-    if cfg.model.init_from:  # a missing or mismatched pretraining run: an error before the run directory is touched
-        check_init_from(cfg.model.init_from, run_dir, cfg)
+    spec(cfg.task).check(cfg)  # what the task cannot train, and
+    if cfg.model.init_from:  # a missing or mismatched pretraining run: errors before the run directory is touched
+        check_init_from(cfg, run_dir)
     trainer = Trainer(cfg, run_dir, resume=args.resume)
     metrics = trainer.run()
     if trainer.workers.is_main:  # under torchrun, one of several processes (see attnkit.training.distributed)

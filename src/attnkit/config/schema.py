@@ -95,9 +95,12 @@ class ModelConfig:
     arch: Literal["transformer", "rnn"] = "transformer"
     transformer: TransformerConfig = field(default_factory=TransformerConfig)
     rnn: RNNConfig = field(default_factory=RNNConfig)
-    pooling: Literal["max", "mean", "first"] = "max"  # classification only
+    # classification: an encoder reads the text (BERT's route), or a causal language model's layers do
+    # (decoder: GPT's and ULMFiT's route; model.init_from then names a `task: lm` run)
+    classifier: Literal["encoder", "decoder"] = "encoder"
+    pooling: Literal["max", "mean", "first", "last"] = "max"  # classification only; last: the last real token
     pooler: bool = False  # classification: tanh(W z + b) on the pooled vector before the head (BERT's pooler)
-    init_from: str | None = None  # classification: start from the encoder of this `task: pretrain` run
+    init_from: str | None = None  # classification: start from this `task: pretrain` (or, decoder: `task: lm`) run
 
 
 @dataclass

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..classifier import TransformerClassifier
+from ..classifier import DecoderClassifier, TransformerClassifier
 from ..common.errors import UserError
 from ..config.loader import load_config
 from ..config.schema import RunConfig
@@ -72,11 +72,14 @@ def build_translation_model(cfg: RunConfig, tok: Tokenizer, classes: list[str] |
 
 
 def build_classifier(cfg: RunConfig, tok: Tokenizer, classes: list[str] | None) -> nn.Module:
-    """The encoder-only :class:`TransformerClassifier` for the run's classes."""
+    """The classifier for the run's classes: the encoder-only :class:`TransformerClassifier`, or the
+    :class:`DecoderClassifier` over a causal language model's layers (``model.classifier: decoder``)."""
     if cfg.model.arch != "transformer":
         raise UserError("task classify needs model.arch: transformer")
     if classes is None:
         raise UserError(f"a classifier needs its class names ({CLASSES_FILE}); is this a complete run?")
+    if cfg.model.classifier == "decoder":
+        return DecoderClassifier(cfg.model.transformer, tok.src_vocab_size, len(classes), pooling=cfg.model.pooling)
     return TransformerClassifier(cfg.model.transformer, tok.src_vocab_size, len(classes or []),
                                  pooling=cfg.model.pooling, pooler=cfg.model.pooler)
 

@@ -4,7 +4,8 @@ Data: one labelled ``.tsv``/``.csv`` file (text and label columns, detected or c
 tags and truncation as ``data:`` says (:mod:`attnkit.data.documents`); validation rows from
 ``data.valid`` or held out of the training file (``data.valid_fraction``, by ``data.group_column``).
 Objective: summed (label-smoothed) cross-entropy. Validation: accuracy. With ``model.init_from`` the
-run starts from a pretraining run's tokenizer and encoder (:mod:`attnkit.tasks.init_from`).
+run starts from a pretraining run's tokenizer and encoder, or (``model.classifier: decoder``) from a
+language model's tokenizer and layers (:mod:`attnkit.tasks.init_from`).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from ..data.prepare import Encoded, flat
 from ..data.readers import ReadStats
 from ..data.tokenizer import PAD_ID, Tokenizer
 from .base import BaseRecipe, EpochTask, TaskSpec
-from .init_from import copy_pretrained_tokenizer, load_pretrained_encoder
+from .init_from import copy_pretrained_tokenizer, load_pretrained_body
 from .objectives import ClassificationLoss
 
 
@@ -63,7 +64,7 @@ class ClassificationRecipe(BaseRecipe):
     def given_tokenizer(self, run_dir: Path, log: Callable[[str], None]) -> Tokenizer | None:
         """The pretraining run's tokenizer when fine-tuning (``model.init_from``)."""
         init_from = self.cfg.model.init_from
-        return copy_pretrained_tokenizer(init_from, run_dir, log) if init_from else None
+        return copy_pretrained_tokenizer(self.cfg, run_dir, log) if init_from else None
 
     def encode(self, tok: Tokenizer, chunk: list[tuple[str, str]], dtype: str) -> Encoded:
         ids = classifier_inputs(tok, [text for text, _ in chunk], self.cfg.data, threads=1)
@@ -130,7 +131,7 @@ class ClassificationTask(EpochTask):
     def build_model(self) -> nn.Module:
         model = super().build_model()
         if self.cfg.model.init_from:
-            load_pretrained_encoder(model, self.cfg.model.init_from)
+            load_pretrained_body(model, self.cfg)
         return model
 
     def objective(self, model: nn.Module) -> nn.Module:
@@ -162,8 +163,14 @@ class ClassificationTask(EpochTask):
 
 
 def check(cfg: RunConfig) -> None:
-    """A classifier reads windows of ``data.max_len`` subwords, which must fit its positions."""
+    """A classifier reads windows of ``data.max_len`` subwords, which must fit its positions; a decoder-only
+    classifier pools a state that has read the whole text."""
     cfg.check_lengths(ends=0)
+    if cfg.model.classifier == "decoder" and cfg.model.pooling == "first":
+        raise UserError("model.pooling: first reads one token in a decoder-only classifier (model.classifier: "
+                        "decoder); choose last, mean or max")
+    if cfg.model.classifier == "decoder" and cfg.model.pooler:
+        raise UserError("model.pooler is BERT's, for model.classifier: encoder")
 
 
 SPEC = TaskSpec("classify", ClassificationTask, ClassificationRecipe, serves="classify", check=check)

@@ -1,9 +1,20 @@
-"""Fine-tuning from a pretraining run (``model.init_from``): its tokenizer, then its encoder.
+"""Fine-tuning from an earlier run (``model.init_from``): its tokenizer, then its weights.
 
-A classification run with ``model.init_from: RUN`` checks that RUN is a ``task: pretrain`` run before
-anything is written (:func:`check_init_from`), copies its tokenizer files into the new run
-(:func:`copy_pretrained_tokenizer`, from the classification recipe) and starts from its ``encoder.*``
-weights (:func:`load_pretrained_encoder`); the classification head is new.
+A classification run with ``model.init_from: RUN`` starts from a pretrained body and adds a new head:
+
+=============================  ====================  ===================================================
+ ``model.classifier``           RUN must be            weights copied
+=============================  ====================  ===================================================
+ ``encoder`` (default)          a ``task: pretrain``   ``encoder.*`` (embeddings included)
+ ``decoder``                    a ``task: lm`` run     the whole language model, as ``lm.*``
+=============================  ====================  ===================================================
+
+A language-model run (``task: lm``) with ``model.init_from: RUN`` continues training a ``task: lm`` run (one
+trained here, or a Hugging Face model made one by ``attnkit import``): its tokenizer and every weight.
+
+:func:`check_init_from` checks RUN before anything is written (its task, its ``model.transformer``), the
+classification recipe copies its tokenizer files into the new run (:func:`copy_pretrained_tokenizer`) and
+the task loads its weights (:func:`load_pretrained_body`).
 """
 
 from __future__ import annotations
@@ -26,18 +37,25 @@ from ..runs.layout import CONFIG_FILE, TOKENIZER_FILE, find_weights, tokenizer_f
 REGULARISATION = ("dropout", "attention_dropout", "activation_dropout")
 
 
-def check_same_encoder(cfg: RunConfig, path: str) -> None:
-    """A one-line error naming the first ``model.transformer`` key (dropout aside) in which ``cfg`` differs from
-    the pretraining run ``path``: the same weights read with another activation or scale would compute something
-    else without any error.
+def source_task(cfg: RunConfig) -> str:
+    """The task of the run ``cfg.model.init_from`` must name: ``lm`` for a language model or a decoder-only
+    classifier, else ``pretrain``."""
+    return "lm" if cfg.task == "lm" or cfg.model.classifier == "decoder" else "pretrain"
 
-    ``max_len`` may differ unless the positions are ``learned``: a sinusoidal table has no weights, so a
-    classifier may read longer windows than the pretraining did (configs/imdb-finetune.yaml does).
+
+def check_same_body(cfg: RunConfig, run_dir: Path) -> None:
+    """A one-line error naming the first ``model.transformer`` key (dropout aside) in which ``cfg`` differs from
+    the run ``run_dir`` it starts from: the same weights read with another activation or scale would compute
+    something else without any error.
+
+    ``max_len`` may differ unless the positions are ``learned``: a sinusoidal table has no weights (and RoPE
+    and ALiBi none either), so a classifier may read longer windows than the pretraining did
+    (configs/imdb-finetune.yaml does).
     """
-    run_dir, _ = pretrained_run(path)
     theirs = load_config(RunConfig, run_dir / CONFIG_FILE).model.transformer
     ours = cfg.model.transformer
-    free = set(REGULARISATION) | {"decoder_layers", "share_embeddings", "tie_output"}
+    unused = "encoder_layers" if source_task(cfg) == "lm" else "decoder_layers"  # the depth the body does not read
+    free = set(REGULARISATION) | {unused, "share_embeddings"} | ({"tie_output"} if cfg.task != "lm" else set())
     if ours.positions != "learned":
         free.add("max_len")
     for f in fields(ours):
@@ -47,30 +65,32 @@ def check_same_encoder(cfg: RunConfig, path: str) -> None:
                             f"model.transformer (dropout may differ)")
 
 
-def pretrained_run(path: str) -> tuple[Path, Path]:
-    """``(run directory, weights file)`` of the pretraining run ``model.init_from`` names."""
+def pretrained_run(path: str, task: str = "pretrain") -> tuple[Path, Path]:
+    """``(run directory, weights file)`` of the ``task`` run ``model.init_from`` names."""
     if not Path(path).exists():
         raise UserError(f"model.init_from: {path} does not exist; train it first with `attnkit train` and a "
-                        f"`task: pretrain` config")
+                        f"`task: {task}` config")
     try:
         run_dir, weights = find_weights(Path(path))
     except UserError as e:
         raise UserError(f"model.init_from: {e}") from None
     cfg = load_config(RunConfig, run_dir / CONFIG_FILE)
-    if cfg.task != "pretrain":
-        raise UserError(f"model.init_from: {run_dir} is a {cfg.task} run; give a `task: pretrain` run")
+    if cfg.task != task:
+        hint = " (model.classifier: decoder starts from a `task: lm` run)" if cfg.task == "lm" else ""
+        raise UserError(f"model.init_from: {run_dir} is a {cfg.task} run; give a `task: {task}` run{hint}")
     return run_dir, weights
 
 
-def check_init_from(path: str, run_dir: Path, cfg: RunConfig | None = None) -> tuple[Path, list[str]]:
-    """``(pretraining run, its tokenizer files)`` after checking that ``run_dir`` holds no other tokenizer
-    (and, given ``cfg``, that its encoder is the pretraining run's: :func:`check_same_encoder`).
+def check_init_from(cfg: RunConfig, run_dir: Path) -> tuple[Path, list[str]]:
+    """``(the run model.init_from names, its tokenizer files)`` after checking its task, that its body is the one
+    ``cfg`` describes (:func:`check_same_body`) and that ``run_dir`` holds no other tokenizer.
 
     ``attnkit train`` calls it before it writes anything into ``run_dir``.
     """
-    source, _ = pretrained_run(path)
-    if cfg is not None:
-        check_same_encoder(cfg, path)
+    if cfg.model.init_from is None:
+        raise ValueError("check_init_from needs a config with model.init_from")
+    source, _ = pretrained_run(cfg.model.init_from, source_task(cfg))
+    check_same_body(cfg, source)
     names = tokenizer_files(source)  # tokenizer.json first
     if (run_dir / TOKENIZER_FILE).exists():
         differ = [n for n in names if not (run_dir / n).exists() or not filecmp.cmp(source / n, run_dir / n, False)]
@@ -80,9 +100,10 @@ def check_init_from(path: str, run_dir: Path, cfg: RunConfig | None = None) -> t
     return source, names
 
 
-def copy_pretrained_tokenizer(path: str, run_dir: Path, log=print) -> Tokenizer:
-    """Copy the pretraining run's tokenizer into ``run_dir`` (or check that the one there is the same)."""
-    source, names = check_init_from(path, run_dir)
+def copy_pretrained_tokenizer(cfg: RunConfig, run_dir: Path, log=print) -> Tokenizer:
+    """Copy the tokenizer of the run ``model.init_from`` names into ``run_dir`` (or check that the one there is
+    the same)."""
+    source, names = check_init_from(cfg, run_dir)
     if not (run_dir / TOKENIZER_FILE).exists():
         log(f"tokenizer: {source}'s (model.init_from; data.tokenizer is not used)")
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -92,21 +113,28 @@ def copy_pretrained_tokenizer(path: str, run_dir: Path, log=print) -> Tokenizer:
     return Tokenizer.load(run_dir)
 
 
-def load_pretrained_encoder(model: nn.Module, path: str) -> list[str]:
-    """Copy the ``encoder.*`` weights (embeddings included) of pretraining run ``path`` into ``model``.
+def load_pretrained_body(model: nn.Module, cfg: RunConfig) -> list[str]:
+    """Copy the weights of the run ``model.init_from`` names into ``model``: a pretraining run's ``encoder.*``
+    (embeddings included), or a language model's every weight under ``lm.*`` (a :class:`DecoderClassifier`).
 
     :return: the names of the copied tensors.
     :raises UserError: one line listing the missing, unexpected and mis-shaped keys (another architecture or
         vocabulary).
     """
-    _, weights = pretrained_run(path)
+    assert cfg.model.init_from is not None
+    task = source_task(cfg)
+    _, weights = pretrained_run(cfg.model.init_from, task)
     state, _ = load_weights(weights)
-    pretrained = {k: v for k, v in state.items() if k.startswith("encoder.")}
-    own = {k: v for k, v in model.state_dict().items() if k.startswith("encoder.")}
+    if cfg.task == "lm":  # the same language model, trained on
+        prefix, pretrained = "", state
+    elif task == "lm":
+        prefix, pretrained = "lm.", {f"lm.{k}": v for k, v in state.items()}
+    else:
+        prefix, pretrained = "encoder.", {k: v for k, v in state.items() if k.startswith("encoder.")}
+    own = {k: v for k, v in model.state_dict().items() if k.startswith(prefix)}
     try:
         check_compatible(own, pretrained, weights)
     except UserError as e:  # names the missing, unexpected and mis-shaped keys
         raise UserError(f"model.init_from: {e}") from None
     model.load_state_dict(pretrained, strict=False)
     return sorted(pretrained)
-
