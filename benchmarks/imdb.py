@@ -45,6 +45,8 @@ TARGETS: dict[str, tuple[str, float | None, float]] = {
     "imdb-finetune": ("fine-tuned from imdb-pretrain", 91.5, 60),
     "imdb-electra-pretrain": ("replaced-token detection on IMDB + the 50k unlabelled reviews", None, 60),
     "imdb-electra-finetune": ("fine-tuned from imdb-electra-pretrain", 91.5, 60),
+    "imdb-lm": ("a causal language model of the IMDB text: training reviews and the 50k unlabelled ones", None, 60),
+    "imdb-lm-finetune": ("fine-tuned from imdb-lm as a decoder-only classifier", 91.5, 60),
     "sst2-pretrain": ("MLM on IMDB + SST-2 training text", None, 0),
     "sst2-finetune": ("fine-tuned from sst2-pretrain, on SST-2", 85.0, 15),
 }
@@ -80,6 +82,10 @@ def measure(config: str, record_only: bool, overrides: list[str]) -> dict:
         if "valid_rtd_acc" in best:  # ELECTRA: the discriminator's score; the MLM figures are its generator's
             result.update(valid_rtd_accuracy=best["valid_rtd_acc"], valid_rtd_loss=best["valid_rtd_loss"])
         return result
+    if cfg.task == "lm":
+        best = max(metrics, key=lambda m: m["score"])
+        result.update(valid_loss=best["valid_loss"], valid_ppl=best["valid_ppl"], best_step=best["step"])
+        return result
     valid = read_validation(cfg, log=lambda msg: None)
     run = load_run(run_dir / "best.safetensors")
     scores, predictions = evaluate_classifier(run, valid)
@@ -95,7 +101,9 @@ def measure(config: str, record_only: bool, overrides: list[str]) -> dict:
 
 def held_out_text(r: dict) -> str:
     """A result's held-out score: replaced-token detection accuracy (ELECTRA) or masked-subword accuracy for a
-    pretraining run, else classification accuracy."""
+    pretraining run, perplexity for a language model, else classification accuracy."""
+    if r["task"] == "lm":
+        return f"perplexity {r['valid_ppl']:.1f}"
     if r["task"] != "pretrain":
         return f"{r['valid_accuracy']:.2f}"
     return f"RTD {r['valid_rtd_accuracy']:.1f}" if "valid_rtd_accuracy" in r else f"MLM {r['valid_mlm_accuracy']:.1f}"

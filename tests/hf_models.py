@@ -120,3 +120,103 @@ def imported(tmp: Path, make_dir: Callable[[Path], Path]) -> tuple[Path, Path]:
     hf = make_dir(tmp / "hf")
     assert main(["import", str(hf), "-o", str(tmp / "run")]) == 0
     return hf, tmp / "run"
+
+
+# -- causal language models: GPT-2, Llama, Mistral ------------------------------------------------------------
+
+#: Text that trips tokenizers: accents, emoji and other scripts, digits, runs of whitespace, newlines, tabs, and
+#: special pieces written in the text.
+TRICKY = ["", " ", "  leading and trailing  ", "tabs\tand\nnewlines\n\n", "emoji 🙂🚀 and ☃ 𝄞", "北京 東京 서울",
+          "x" * 40, "1234567890 3.14159 1e-5 0x1F", "mixed CASE Words AND  double  spaces", "don't stop—ever…",
+          "<s> and </s> and <|endoftext|> in text", "ﬁne ligature and Ω ohm", "a\u00a0non-breaking space"]
+
+
+def causal_texts(n: int = 300, seed: int = 7) -> list[str]:
+    """A few hundred varied texts: :func:`sentences` and :data:`TRICKY`."""
+    return sentences(n // 2, seed=seed)[:n - len(TRICKY)] + TRICKY
+
+
+def gpt2_tokenizer(out: Path, texts: list[str]):
+    """GPT-2's kind of tokenizer, trained here: byte-level BPE, ``<|endoftext|>`` the last id, no BOS added."""
+    import tokenizers
+    from tokenizers import decoders, pre_tokenizers, processors, trainers
+    from tokenizers.models import BPE
+
+    tk = tokenizers.Tokenizer(BPE())
+    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tk.decoder = decoders.ByteLevel()
+    tk.post_processor = processors.ByteLevel(trim_offsets=False)
+    tk.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=420, show_progress=False,
+                                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tk.add_special_tokens([tokenizers.AddedToken("<|endoftext|>", special=True, normalized=False)])
+    tk.save(str(out / "tokenizer.json"))
+    settings = {"tokenizer_class": "GPT2Tokenizer", "bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>",
+                "unk_token": "<|endoftext|>", "add_prefix_space": False, "model_max_length": 64}
+    (out / "tokenizer_config.json").write_text(json.dumps(settings), encoding="utf-8")
+    return tk
+
+
+def llama_tokenizer(out: Path, texts: list[str]):
+    """Llama's kind of tokenizer, trained here: BPE over ``▁``-prefixed words with byte fallback (a small alphabet,
+    so accents and emoji fall back to ``<0xNN>`` pieces), ``<unk> <s> </s>`` at 0..2, ``<s>`` added in front."""
+    import tokenizers
+    from tokenizers import decoders, pre_tokenizers, processors, trainers
+    from tokenizers.models import BPE
+
+    specials = ["<unk>", "<s>", "</s>"]
+    trainee = tokenizers.Tokenizer(BPE(unk_token="<unk>"))
+    trainee.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first", split=True)
+    trainee.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=360, special_tokens=specials, limit_alphabet=60,
+                                                           show_progress=False))
+    model = json.loads(trainee.to_str())["model"]
+    learned = sorted((i, p) for p, i in model["vocab"].items() if p not in specials)
+    vocab = {p: i for i, p in enumerate(specials + [f"<0x{b:02X}>" for b in range(256)] + [p for _, p in learned])}
+    merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model["merges"]]
+    tk = tokenizers.Tokenizer(BPE(vocab, merges, unk_token="<unk>", byte_fallback=True, fuse_unk=True))
+    tk.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first", split=False)
+    tk.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                    decoders.Strip(" ", 1, 0)])
+    tk.post_processor = processors.TemplateProcessing(single="<s> $A", pair="<s> $A <s> $B",
+                                                      special_tokens=[("<s>", 1)])
+    tk.add_special_tokens([tokenizers.AddedToken(p, special=True, normalized=False) for p in specials])
+    tk.save(str(out / "tokenizer.json"))
+    settings = {"tokenizer_class": "LlamaTokenizer", "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>",
+                "add_bos_token": True, "add_eos_token": False, "legacy": False, "model_max_length": 128}
+    (out / "tokenizer_config.json").write_text(json.dumps(settings), encoding="utf-8")
+    return tk
+
+
+def gpt2_dir(out: Path, *, seed: int = 0, **config) -> Path:
+    """A tiny GPT2LMHeadModel directory (tied output, gelu_new) with a byte-level BPE tokenizer."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    out.mkdir(parents=True, exist_ok=True)
+    tk = gpt2_tokenizer(out, causal_texts())
+    eot = tk.token_to_id("<|endoftext|>")
+    cfg = GPT2Config(vocab_size=tk.get_vocab_size(), n_embd=32, n_layer=2, n_head=4, n_positions=64,
+                     bos_token_id=eot, eos_token_id=eot, **config)
+    torch.manual_seed(seed)
+    model = GPT2LMHeadModel(cfg).eval()
+    perturb(model, seed)
+    model.save_pretrained(out)
+    return out
+
+
+def llama_dir(out: Path, *, seed: int = 0, model_type: str = "llama", tie: bool = False, kv_heads: int = 2,
+              **config) -> Path:
+    """A tiny LlamaForCausalLM (or MistralForCausalLM) directory: grouped-query attention, RoPE with another
+    base, three model rows past the tokenizer's vocabulary, a Llama-like tokenizer."""
+    import transformers
+
+    out.mkdir(parents=True, exist_ok=True)
+    tk = llama_tokenizer(out, causal_texts())
+    Config, Model = {"llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
+                     "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM)}[model_type]
+    cfg = Config(vocab_size=tk.get_vocab_size() + 3, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=kv_heads, max_position_embeddings=128, rms_norm_eps=1e-5,
+                 rope_theta=500.0, tie_word_embeddings=tie, bos_token_id=1, eos_token_id=2, **config)
+    torch.manual_seed(seed)
+    model = Model(cfg).eval()
+    perturb(model, seed)
+    model.save_pretrained(out)
+    return out

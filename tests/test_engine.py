@@ -208,3 +208,33 @@ def test_fused_mlm_loss_equals_the_reference_loss_and_gradients() -> None:
     tokens[2, 25:] = 0
     inputs, selected = mask_tokens(tokens, mask_id=4, special_ids=(1, 2, 3), vocab_size=300, generator=g)
     assert_same_loss_and_gradients(model, FusedMLMLoss(model), MLMLoss(model), inputs, selected, tokens[selected], 0.1)
+
+
+def test_a_growing_cache_holds_what_concatenation_holds_through_every_growth_and_reorder() -> None:
+    """GrowingKVCache == KVCache.append's concatenation: prompts, single steps and chunks across the buffer's
+    growth (FIRST_ROOM, then doubling), a reorder (beam search's select), and earlier caches left as they were."""
+    from attnkit.engine.decoding import FIRST_ROOM, GrowingKVCache
+    from attnkit.multihead import KVCache
+
+    g = torch.Generator().manual_seed(0)
+    reference, growing = KVCache(), GrowingKVCache()
+    earlier = []
+    for step, T in enumerate([5] + [1] * (FIRST_ROOM + 3) + [40, 1, 1, 70]):
+        k, v = torch.randn(3, 2, T, 4, generator=g), torch.randn(3, 2, T, 6, generator=g)
+        with torch.no_grad():
+            reference, growing = reference.append(k, v), growing.append(k, v)
+        assert isinstance(growing, GrowingKVCache)
+        assert torch.equal(growing.k, reference.k) and torch.equal(growing.v, reference.v)
+        earlier.append((growing, reference.k.clone()))
+        if step == 30:
+            index = torch.tensor([2, 0, 0])
+            reference, growing = reference.select(index), growing.select(index)
+            assert torch.equal(growing.k, reference.k)
+    for cache, k in earlier[-5:]:
+        assert torch.equal(cache.k, k)  # later appends wrote past the end of earlier caches only
+    assert growing.room is not None and growing.room[0].size(2) >= growing.k.size(2)
+    with torch.enable_grad():  # training: concatenation, so the backward pass sees no in-place write
+        k = torch.randn(3, 2, 1, 4, requires_grad=True)
+        grown = growing.append(k, torch.randn(3, 2, 1, 6))
+        grown.k.sum().backward()
+        assert k.grad is not None and type(grown) is KVCache

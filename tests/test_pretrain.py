@@ -3,21 +3,25 @@
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
 
+from attnkit.classifier import TransformerClassifier
 from attnkit.cli import main
 from attnkit.common.errors import UserError
 from attnkit.config.loader import load_config
 from attnkit.config.schema import RunConfig
 from attnkit.data.labelled import read_labelled
+from attnkit.data.tokenizer import Tokenizer
 from attnkit.mlm import MaskedLanguageModel, mask_tokens
 from attnkit.runs.checkpoint import load_weights
 from attnkit.runs.load import load_run
 from attnkit.tasks import make_task
+from attnkit.tasks.init_from import load_pretrained_body
 from attnkit.training.trainer import Trainer
 from attnkit.transformer import TransformerConfig
 
@@ -198,13 +202,16 @@ def test_init_from_with_another_shape_lists_the_mismatched_keys(tmp_path: Path, 
     assert err.startswith("attnkit: error: model.transformer.d_ff is 48 here but 64 in ")
     assert err.endswith("(model.init_from); copy that run's model.transformer (dropout may differ)")
     assert not (tmp_path / "fine").exists()
-    # the weights themselves are checked too (a task built without the command line's check)
-    with pytest.raises(UserError, match=r"'encoder.layers.0.ff.w1.weight' checkpoint \(64, 32\) vs model \(48, 32\)"):
-        make_task(load_config(RunConfig, classify_raw(tmp_path, pretrained, d_ff=48)), tmp_path / "fine1",
-                  quiet).build_model()
-    with pytest.raises(UserError, match="missing key"):
-        make_task(load_config(RunConfig, classify_raw(tmp_path, pretrained, encoder_layers=2)),
-                  tmp_path / "fine2", quiet).build_model()
+    # a task built without the command line checks the config too, and the weights are checked themselves
+    with pytest.raises(UserError, match="model.transformer.d_ff is 48 here but 64 in"):
+        make_task(load_config(RunConfig, classify_raw(tmp_path, pretrained, d_ff=48)), tmp_path / "fine1", quiet)
+    cfg = load_config(RunConfig, classify_raw(tmp_path, pretrained))
+    vocab = Tokenizer.load(pretrained).src_vocab_size
+    shape = r"'encoder.layers.0.ff.w1.weight' checkpoint \(64, 32\) vs model \(48, 32\)"
+    for changes, message in [({"d_ff": 48}, shape), ({"encoder_layers": 2}, "missing key")]:
+        other = TransformerClassifier(replace(cfg.model.transformer, **changes), vocab, 2)
+        with pytest.raises(UserError, match=message):
+            load_pretrained_body(other, cfg)
 
 
 def test_init_from_reads_longer_windows_when_the_positions_have_no_weights(tmp_path: Path, pretrained: Path, text: Path,

@@ -239,6 +239,7 @@ class DecoderLayer(_ResidualBlock):
         *,
         cache: tuple[KVCache, KVCache | None] | None = None,
         need_weights: bool = False,
+        offset: Tensor | None = None,
     ) -> tuple[Tensor, tuple[Tensor, Tensor | None] | None, tuple[KVCache, KVCache | None] | None]:
         """One decoder layer.
 
@@ -251,12 +252,14 @@ class DecoderLayer(_ResidualBlock):
         :param memory_mask: ``(B, 1, 1, S)`` source padding mask.
         :param cache: ``(self-attention cache, cross-attention cache or None)`` for incremental decoding.
         :param need_weights: also return both attentions' per-head weights.
+        :param offset: ``(B,)`` each row's position of its first query when rows are at different positions
+            (RoPE; :meth:`~attnkit.multihead.MultiHeadAttention.forward`).
         :returns: ``(x, (self-attention (B, H, T, T_past + T), cross-attention (B, H, T, S) or None) | None,
             new cache | None)``.
         """
         self_cache, cross_cache = cache if cache is not None else (None, None)
         y, self_weights, self_cache = self.self_attn(self.sublayer_input(x, self.norm1), None, self_mask,
-                                                     cache=self_cache, need_weights=need_weights)
+                                                     cache=self_cache, need_weights=need_weights, offset=offset)
         x = self.add_residual(x, y, self.norm1)
         cross_weights = None
         if self.cross_attn is not None:

@@ -27,6 +27,7 @@ layer (:class:`~attnkit.multihead.KVCache`, ``H_kv`` heads under grouped-query a
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import cast
 
@@ -42,6 +43,10 @@ from .vocab import PAD_ID
 
 #: GPT-2's initialisation: N(0, 0.02) for every matrix (Radford et al. 2019, section 2.3).
 INIT_STD = 0.02
+#: The fixed logit of an absent id (a special id an imported vocabulary has no piece for): its probability is 0
+#: beside any real logit (exp underflows), yet finite, so that sums over the logits (the engine's label smoothing
+#: term) stay finite, and representable in float16.
+ABSENT_LOGIT = -1e4
 
 
 @dataclass
@@ -61,11 +66,16 @@ class LanguageModel(nn.Module):
 
     :param cfg: sizes and options; ``decoder_layers`` is the depth (``encoder_layers`` is not read).
     :param vocab_size: the tokenizer's vocabulary.
+    :param absent_ids: ids the tokenizer has no piece for (:attr:`attnkit.data.tokenizer.Tokenizer.absent_ids`:
+        an imported GPT-2 has no pad, unk or bos): their logit is always :data:`ABSENT_LOGIT`, a fixed output bias
+        that is not trained and not saved.
     """
 
     pad_id = PAD_ID
+    cache_type: type[KVCache] = KVCache  # the engine's caches grow in place (attnkit.engine.GrowingKVCache)
 
-    def __init__(self, cfg: TransformerConfig, vocab_size: int, pad_id: int = PAD_ID) -> None:
+    def __init__(self, cfg: TransformerConfig, vocab_size: int, pad_id: int = PAD_ID,
+                 absent_ids: Sequence[int] = ()) -> None:
         super().__init__()
         cfg.validate()
         if cfg.token_types or cfg.embedding_norm:
@@ -88,6 +98,14 @@ class LanguageModel(nn.Module):
         if cfg.tie_output:
             self.out_proj.weight = self.embed.weight
         gpt2_init_(self, cfg.decoder_layers)
+        if absent_ids:
+            if cfg.output_bias:
+                raise ValueError("a language model over a vocabulary with absent ids has a fixed output bias; "
+                                 "model.transformer.output_bias must be false")
+            fixed = torch.zeros(vocab_size)
+            fixed[list(absent_ids)] = ABSENT_LOGIT
+            del self.out_proj.bias  # the Linear's (None) bias parameter, replaced by a buffer: fixed, not saved
+            self.out_proj.register_buffer("bias", fixed, persistent=False)
 
     @property
     def output_layer(self) -> nn.Linear:
@@ -146,7 +164,7 @@ class LanguageModel(nn.Module):
 
     def init_state(self) -> LMState:
         """An empty cache: nothing seen yet."""
-        return LMState([KVCache() for _ in self.layers], 0)
+        return LMState([self.cache_type() for _ in self.layers], 0)
 
     def step(self, tokens: Tensor, state: LMState) -> tuple[Tensor, LMState]:
         """Feed ``tokens`` ``(B, T)`` (a prompt, then one token at a time) -> ``(logits of the last position (B, V),

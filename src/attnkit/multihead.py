@@ -43,6 +43,13 @@ class KVCache:
     k: Tensor | None = None
     v: Tensor | None = None
 
+    def append(self, k: Tensor, v: Tensor) -> KVCache:
+        """The cache with the keys and values of ``T_q`` new positions, ``(B, H_kv, T_q, d)``, appended along time;
+        this one is left as it is."""
+        if self.k is None or self.v is None:
+            return KVCache(k, v)
+        return KVCache(torch.cat([self.k, k], dim=2), torch.cat([self.v, v], dim=2))  # (B, H_kv, T + T_q, d)
+
     def select(self, index: Tensor) -> KVCache:
         """Keep / reorder / repeat batch rows (beam search); ``index`` is ``(B',)`` long."""
         if self.k is None or self.v is None:
@@ -109,6 +116,7 @@ class MultiHeadAttention(nn.Module):
         *,
         cache: KVCache | None = None,
         need_weights: bool = False,
+        offset: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None, KVCache | None]:
         """Attend from ``query`` to itself (``memory is None``) or to ``memory``.
 
@@ -120,6 +128,9 @@ class MultiHeadAttention(nn.Module):
         :param cache: keys/values of earlier steps (self-attention) or of the memory
             (cross-attention, filled on first use). A new cache is returned; the input is not modified.
         :param need_weights: return per-head weights ``(B, H, T_q, T_k)`` (disables the fused kernel).
+        :param offset: ``(B,)`` each row's position of its first query, for rows at different positions (a
+            continuous batch's left-padded cache, :mod:`attnkit.engine.continuous_lm`); default: the number of
+            cached positions. Only RoPE reads it.
         :returns: ``(output (B, T_q, d_model), weights or None, new cache or None)``.
         """
         H, Hkv, dk, dv = self.n_heads, self.n_kv_heads, self.d_k, self.d_v
@@ -129,12 +140,12 @@ class MultiHeadAttention(nn.Module):
         if memory is None:  # self-attention: one fused projection
             q, k, v = self.in_proj(query).split([H * dk, Hkv * dk, Hkv * dv], dim=-1)  # (B, T_q, H*d), 2 x H_kv*d
             q, k, v = self._split(q, H, dk), self._split(k, Hkv, dk), self._split(v, Hkv, dv)  # (B, H|H_kv, T_q, d)
-            if self.rotary is not None:  # RoPE: rotate by position, counting the cached positions
-                offset = cache.k.size(2) if past else 0
-                q, k = self.rotary(q, offset), self.rotary(k, offset)
-            if past:
-                k = torch.cat([cache.k, k], dim=2)  # (B, H_kv, T_past + T_q, d_k)
-                v = torch.cat([cache.v, v], dim=2)
+            if self.rotary is not None:  # RoPE: rotate by position, counting the cached positions (or each row's)
+                start = offset if offset is not None else (cache.k.size(2) if past else 0)
+                q, k = self.rotary(q, start), self.rotary(k, start)
+            if cache is not None:
+                cache = cache.append(k, v)
+                k, v = cache.k, cache.v  # (B, H_kv, T_past + T_q, d)
             if self.alibi is not None:
                 bias = self.alibi(q.size(2), k.size(2)).to(q.dtype)  # (H, T_q, T_k)
         else:  # cross-attention: queries from the decoder, keys/values from the memory
@@ -145,10 +156,12 @@ class MultiHeadAttention(nn.Module):
                 kv = F.linear(memory, W[H * dk:], None if b is None else b[H * dk:])  # (B, T_k, H_kv*(dk+dv))
                 k_, v_ = kv.split([Hkv * dk, Hkv * dv], dim=-1)
                 k, v = self._split(k_, Hkv, dk), self._split(v_, Hkv, dv)  # (B, H_kv, T_k, d)
+            if cache is not None:
+                cache = KVCache(k, v)
         causal = self.causal and memory is None
         context, weights = self.kernel(q, k, v, mask, score=self.score, normalizer=self.normalizer, beta=self.beta,
                                        dropout=self.dropout, need_weights=need_weights, bias=bias,
                                        causal=causal)  # (B, H, T_q, d_v); K/V heads shared when H_kv < H
         B, _, T_q, _ = context.shape
         out = self.out_proj(context.transpose(1, 2).reshape(B, T_q, H * dv))  # (B, H, T_q, d_v) -> (B, T_q, H*d_v)
-        return out, weights, (KVCache(k, v) if cache is not None else None)
+        return out, weights, cache

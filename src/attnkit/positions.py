@@ -140,11 +140,18 @@ class RotaryPositions(nn.Module):
                 self.cos, self.sin = angle.cos().float(), angle.sin().float()
         return self.cos[:end], self.sin[:end]
 
-    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
-        """``x`` ``(B, H, T, d_head)`` at positions ``offset..offset+T-1`` -> the rotated ``x``, same shape."""
+    def forward(self, x: Tensor, offset: int | Tensor = 0) -> Tensor:
+        """``x`` ``(B, H, T, d_head)`` at positions ``offset..offset+T-1`` -> the rotated ``x``, same shape.
+
+        ``offset`` may be a ``(B,)`` tensor: each row at its own positions (rows of a continuous batch)."""
         T = x.size(-2)
-        cos, sin = self.tables(offset + T)
-        cos, sin = cos[offset:].to(x.dtype), sin[offset:].to(x.dtype)  # (T, d)
+        if isinstance(offset, Tensor):
+            cos, sin = self.tables(int(offset.max()) + T)
+            at = offset[:, None] + torch.arange(T, device=offset.device)  # (B, T) each row's positions
+            cos, sin = cos[at][:, None].to(x.dtype), sin[at][:, None].to(x.dtype)  # (B, 1, T, d)
+        else:
+            cos, sin = self.tables(offset + T)
+            cos, sin = cos[offset:].to(x.dtype), sin[offset:].to(x.dtype)  # (T, d)
         half = self.d_head // 2
         rotated_half = torch.cat([-x[..., half:], x[..., :half]], dim=-1)  # [-x_{i+d/2}, x_i]
         return x * cos + rotated_half * sin

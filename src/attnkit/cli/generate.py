@@ -8,6 +8,9 @@ string (not printed), or after --max-new-tokens.
 
 A model whose positions are a table (learned or sinusoidal) cannot see past its max_len: a prompt plus
 --max-new-tokens longer than that is an error (rope, alibi and none have no such limit).
+
+MODEL may also be a directory written by `attnkit export RUN --to ctranslate2`: CTranslate2 generates then.
+Greedy decoding gives the same text; samples come from CTranslate2's own random numbers.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ import sys
 import torch
 
 from ..common.errors import UserError
+from ..export.ctranslate2 import is_exported
+from ..export.ctranslate2_lm import ExportedGenerator
 from ..inference.language_model import MAX_NEW_TOKENS, check_sampling, continue_text, prompt_ids
 from ..runs.load import load_run, require
 from .options import POSITIVE_INT, number, read_input
@@ -28,7 +33,8 @@ HELP = "continue text with a language model, streamed"
 def add(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("generate", help=HELP, description=__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("model", help="language-model run directory (task: lm) or a .safetensors checkpoint inside one")
+    p.add_argument("model", help="language-model run directory (task: lm), a .safetensors checkpoint inside one, "
+                                 "or a directory written by `attnkit export --to ctranslate2`")
     p.add_argument("--prompt", action="append", help="text to continue (repeat for several prompts)")
     p.add_argument("-i", "--input", help="prompts, one per line (default with no --prompt: standard input)")
     p.add_argument("--max-new-tokens", type=number(int), default=256,
@@ -50,10 +56,12 @@ def run(args: argparse.Namespace) -> None:
         raise UserError("--stop needs a non-empty string")
     if args.prompt is not None and args.input is not None:
         raise UserError("give --prompt or -i FILE, not both")
-    lm = require(load_run(args.model), "lm", args.model)
+    exported = ExportedGenerator(args.model, seed=args.seed) if is_exported(args.model) else None
+    lm = None if exported is not None else require(load_run(args.model), "lm", args.model)
+    tok, context = (exported.tok, exported.context) if exported is not None else (lm.tok, lm.model.context)
     prompts = args.prompt if args.prompt is not None else read_input(args.input)
-    checked = [prompt_ids(lm.tok, p, lm.model.context, args.max_new_tokens) for p in prompts]  # all, before any output
-    generator = torch.Generator(device=next(lm.model.parameters()).device).manual_seed(args.seed)
+    checked = [prompt_ids(tok, p, context, args.max_new_tokens) for p in prompts]  # all, before any output
+    generator = torch.Generator(device=next(lm.model.parameters()).device).manual_seed(args.seed) if lm else None
     out = sys.stdout
     first = True
     for prompt, ids in zip(prompts, checked, strict=True):
@@ -63,8 +71,12 @@ def run(args: argparse.Namespace) -> None:
             first = False
             if not args.no_echo:
                 out.write(prompt)
-            for piece in continue_text(lm.model, lm.tok, ids, args.max_new_tokens, temperature=args.temperature,
-                                       top_k=args.top_k, top_p=args.top_p, stop=args.stop, generator=generator):
+            sampling = {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p, "stop": args.stop}
+            if exported is not None:
+                pieces = exported.continue_text(ids, args.max_new_tokens, **sampling)
+            else:
+                pieces = continue_text(lm.model, lm.tok, ids, args.max_new_tokens, generator=generator, **sampling)
+            for piece in pieces:
                 out.write(piece)
                 out.flush()
     out.write("\n")

@@ -1,18 +1,28 @@
-"""Serve translation and classification runs over HTTP (FastAPI on uvicorn), each under its
-run directory's name. Concurrent requests to a model are merged into one batch (those closest in
-length together, within --max-batch texts and --max-batch-tokens padded tokens).
+"""Serve translation, classification and language-model runs over HTTP (FastAPI on uvicorn), each
+under its run directory's name. Concurrent requests to a model are merged into one batch (those closest
+in length together, within --max-batch texts and --max-batch-tokens padded tokens). A language model
+generates by continuous batching: a new request's prompt runs between two decoding steps and joins
+the running batch (at most --max-batch rows), and each request leaves it when its text ends.
 
   GET  /            a page: type sentences, see translations, click one to see its attention
   GET  /health      status; per model the texts queued and the batches run
   GET  /models      name, task, languages, parameters, beam defaults
   POST /translate   {"model", "texts": [...], "beam", "n_best", "lenpen", "attention": false}
   POST /classify    {"model", "texts": [...], "attention": false}
+  POST /generate    {"model", "prompt", "max_new_tokens", "temperature", "top_k", "top_p", "seed",
+                    "stop": [...], "stream": false, "attention": false} -> {"text", "tokens",
+                    "prompt_tokens", "finish_reason": "eos" | "length" | "stop", "seed"}; with
+                    "stream": true, server-sent events: one per token, data: {"token", "id"}, then
+                    one with the counts and finish_reason. The same seed and options give the
+                    text `attnkit generate --seed` gives, whatever else is generated beside it.
   GET  /metrics     Prometheus text format: requests by route and status, latency, queued texts,
-                    batch sizes (texts, tokens), queue wait, time per stage
+                    batch sizes (texts, tokens), queue wait, time per stage; for language models
+                    time to first token, tokens generated, tokens/s, active streams
   GET  /docs        the OpenAPI page
 
 Errors are JSON {"error": "..."} with a 4xx status: 422 bad field, 413 too large, 404 unknown model,
-401 API key, 503 queue full (with Retry-After). SIGTERM or Ctrl-C finishes the requests in flight, then exits.
+401 API key, 503 queue full (with Retry-After), 429 more than --max-streams generations in flight.
+SIGTERM or Ctrl-C finishes the requests in flight, then exits.
 """
 
 from __future__ import annotations
@@ -22,16 +32,20 @@ import os
 import sys
 
 from ..common.errors import UserError
+from ..inference.language_model import MAX_NEW_TOKENS
 from ..serve.batching import Limits  # the limits' defaults, without loading FastAPI for --help
 from ..serve.servables import PRECISIONS
 from .options import NON_NEGATIVE, POSITIVE_INT
 
 HELP = "serve trained models over HTTP: a JSON API and a page to translate and see attention"
 EPILOG = """\
-example:
+examples:
   attnkit serve runs/de-en &
   curl -s localhost:8000/translate -H 'Content-Type: application/json' \\
-       -d '{"texts": ["Ein Hund rennt."], "beam": 1}'"""
+       -d '{"texts": ["Ein Hund rennt."], "beam": 1}'
+  attnkit serve runs/shakespeare-char &
+  curl -sN localhost:8000/generate -H 'Content-Type: application/json' \\
+       -d '{"prompt": "ROMEO:", "max_new_tokens": 100, "seed": 1, "stream": true}'"""
 
 #: ``--max-...``: every field of :class:`~attnkit.serve.batching.Limits` as a flag, in --help's order: (field,
 #: metavar, what the help says of it; its default is appended). A whole number must be positive, milliseconds
@@ -44,10 +58,15 @@ LIMIT_FLAGS = (
     ("max_body", "BYTES", "bytes per request body; larger is refused with 413"),
     ("max_queue", "N", "texts waiting per model; beyond, requests get 503"),
     ("max_batch", "N", "texts the model runs at once, from several requests"),
-    ("max_batch_tokens", "N", "source tokens a model batch may hold, padded (texts x the longest text's tokens); a "
-                              "request longer than that runs alone"),
+    ("max_batch_tokens", "N", "source tokens a model batch may hold, padded (texts x the longest text's tokens; a "
+                              "language model's running batch: rows x cached positions); a request longer than "
+                              "that runs alone"),
     ("max_wait_ms", "MS", "how long a model's worker waits for more requests to join a batch; a lone request "
                           "does not wait"),
+    ("max_new_tokens", "N", f"tokens one /generate request may ask for, at most {MAX_NEW_TOKENS}; more is refused "
+                            "with 422 (a request without max_new_tokens gets 256, or this if lower)"),
+    ("max_streams", "N", "generations in flight per language model, streamed or not (each holds a row of the "
+                         "running batch, or waits for one); more are refused with 429"),
 )
 
 
@@ -55,8 +74,8 @@ def add(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help=HELP, formatter_class=argparse.RawDescriptionHelpFormatter,
                        description=__doc__, epilog=EPILOG)
     p.add_argument("models", nargs="+", metavar="RUN",
-                   help="run directories (or .safetensors checkpoints inside one) of translation or classification "
-                        "models")
+                   help="run directories (or .safetensors checkpoints inside one) of translation, classification or "
+                        "language models, or their CTranslate2 exports (attnkit export --to ctranslate2)")
     p.add_argument("--host", default="127.0.0.1",
                    help="address to listen on (default: 127.0.0.1, this machine only; 0.0.0.0 for every interface)")
     p.add_argument("--port", type=int, default=8000, help="port to listen on; 0 picks a free one (default: 8000)")
@@ -71,10 +90,11 @@ def add(sub: argparse._SubParsersAction) -> None:
                         "into batches that decode from start to end) or continuous (a request's texts join the "
                         "running decoding batch at its next step and leave it as they end; slower on the 2-core "
                         "CPU we measured, docs/serving.md); beam search, attention, classification and "
-                        "CTranslate2 exports always run in whole batches")
+                        "CTranslate2 exports always run in whole batches, and a language model's generations "
+                        "always continuously")
     p.add_argument("--api-key", metavar="KEY",
-                   help="require the header 'Authorization: Bearer KEY' on /models, /translate, /classify and "
-                        "/metrics "
+                   help="require the header 'Authorization: Bearer KEY' on /models, /translate, /classify, "
+                        "/generate and /metrics "
                         "(default: the environment variable ATTNKIT_API_KEY if set, else no key; the variable keeps "
                         "the key out of the process list)")
     defaults = Limits()
@@ -93,6 +113,8 @@ def run(args: argparse.Namespace) -> None:
     api_key = args.api_key if args.api_key is not None else os.environ.get("ATTNKIT_API_KEY")
     if api_key is not None and not api_key.strip():
         raise UserError("--api-key is empty; give a key, or none to serve without one")
+    if args.max_new_tokens > MAX_NEW_TOKENS:
+        raise UserError(f"--max-new-tokens must be at most {MAX_NEW_TOKENS}, got {args.max_new_tokens}")
     limits = Limits(**{name: getattr(args, name) for name, _, _ in LIMIT_FLAGS})
     try:
         serve(args.models, host=args.host, port=args.port, threads=args.threads, api_key=api_key, limits=limits,

@@ -100,7 +100,8 @@ class ModelConfig:
     classifier: Literal["encoder", "decoder"] = "encoder"
     pooling: Literal["max", "mean", "first", "last"] = "max"  # classification only; last: the last real token
     pooler: bool = False  # classification: tanh(W z + b) on the pooled vector before the head (BERT's pooler)
-    init_from: str | None = None  # classification: start from this `task: pretrain` (or, decoder: `task: lm`) run
+    init_from: str | None = None  # classification: start from this `task: pretrain` (or, decoder: `task: lm`) run;
+    #                               task lm: train this `task: lm` run on (its tokenizer and every weight)
 
 
 @dataclass

@@ -12,6 +12,7 @@ module                    what it holds
                           vocabulary (Marian), WordPiece (BERT, the ``tokenizers`` library)
 ``spm_train``             training a SentencePiece model on streamed text
 ``hf_tokenizer``          writing the imported kinds (``attnkit import``)
+``tokenizers_json``       kind ``hf-tokenizers``: an imported causal LM's ``tokenizer.json``, renumbered
 ``batching``              length filters and token-budget batches
 ``arrays``                token sequences stored flat, written once and memory-mapped
 ``prepare``               prepared corpora: a task's :class:`~attnkit.data.prepare.Recipe`, encoded

@@ -15,6 +15,8 @@ a piece model only maps text to attnkit ids and back. Every kind gives attnkit's
                                                                   vocabulary was renumbered into attnkit's order
  ``characters``           ``characters.json``                     a list of the training text's characters, each
                                                                   its own id after the specials (nanoGPT's char level)
+ ``hf-tokenizers``        ``hf-tokenizer.json``                   a Hugging Face causal LM's ``tokenizers`` JSON, its
+                                                                  ids renumbered (:mod:`attnkit.data.tokenizers_json`)
 =======================  ======================================  ===================================================
 
 Text never encodes to a special piece written in the text (``</s>``, ``[SEP]``, ``[MASK]``): a
@@ -47,9 +49,9 @@ PAD_PIECE, UNK_PIECE, BOS_PIECE, EOS_PIECE, MASK_PIECE = "<pad>", "<unk>", "<s>"
 TOKENIZER_FILE = "tokenizer.json"
 FORMAT_VERSION = 1
 SENTENCEPIECE, SENTENCEPIECE_VOCAB, WORDPIECE = "sentencepiece", "sentencepiece+vocab", "wordpiece"
-CHARACTERS = "characters"
+CHARACTERS, HF_TOKENIZERS = "characters", "hf-tokenizers"
 #: The kinds of tokenizer directory (``tokenizer.json``'s ``kind``; absent means ``sentencepiece``).
-KINDS: tuple[str, ...] = (SENTENCEPIECE, SENTENCEPIECE_VOCAB, WORDPIECE, CHARACTERS)
+KINDS: tuple[str, ...] = (SENTENCEPIECE, SENTENCEPIECE_VOCAB, WORDPIECE, CHARACTERS, HF_TOKENIZERS)
 JOINT_MODEL_FILE, SRC_MODEL_FILE, TGT_MODEL_FILE = "spm.model", "src.model", "tgt.model"
 VOCAB_FILE, WORDPIECE_FILE, CHARACTERS_FILE = "vocab.json", "wordpiece.json", "characters.json"
 NUM_SPECIAL = 4  # pad, unk, bos, eos
@@ -68,6 +70,10 @@ class PieceModel(Protocol):
     @property
     def mask_id(self) -> int | None:
         """The masked-language-model piece's id, or None."""
+
+    @property
+    def absent_ids(self) -> tuple[int, ...]:
+        """Special ids with no piece behind them, which a model never outputs (only ``hf-tokenizers`` has any)."""
 
     def encode(self, texts: list[str], threads: int) -> list[list[int]]:
         """Texts -> id lists, without BOS/EOS; ``threads`` where the backend takes it (-1: one per CPU)."""
@@ -97,6 +103,8 @@ class SentencePieceModel:
         """The id of ``<mask>`` (a control symbol), or None when the model was trained without it."""
         i = self._sp.piece_to_id(MASK_PIECE)
         return i if i != UNK_ID and self._sp.is_control(i) else None
+
+    absent_ids: tuple[int, ...] = ()
 
     def encode(self, texts: list[str], threads: int) -> list[list[int]]:
         return self._sp.encode(texts, out_type=int, num_threads=threads)
@@ -129,6 +137,8 @@ class CharacterModel:
     @property
     def mask_id(self) -> None:
         return None
+
+    absent_ids: tuple[int, ...] = ()
 
     def encode(self, texts: list[str], threads: int) -> list[list[int]]:
         return [[self._ids.get(c, UNK_ID) for c in text] for text in texts]
@@ -195,6 +205,8 @@ class VocabSentencePieceModel:
         """None: Marian models have no masked-language-model piece."""
         return None
 
+    absent_ids: tuple[int, ...] = ()
+
     def encode(self, texts: list[str], threads: int) -> list[list[int]]:
         split = [split_language_code(t) for t in texts]
         if not split:
@@ -235,6 +247,8 @@ class WordPieceModel:
     @property
     def mask_id(self) -> int | None:
         return self._tk.token_to_id(self._mask_piece) if self._mask_piece is not None else None
+
+    absent_ids: tuple[int, ...] = ()
 
     def encode(self, texts: list[str], threads: int) -> list[list[int]]:
         return [e.ids for e in self._tk.encode_batch(texts, add_special_tokens=False)]

@@ -72,6 +72,7 @@ from .pieces import (
     read_vocab,
 )
 from .spm_train import MODEL_TYPES, check_options, train_model
+from .tokenizers_json import HF_TOKENIZER_CONFIG_FILE, HF_TOKENIZER_FILE, HF_TOKENIZERS, load_hf_tokenizers
 
 __all__ = [
     "BOS_ID",
@@ -100,7 +101,8 @@ __all__ = [
 SPECIAL_IDS: frozenset[int] = frozenset({PAD_ID, BOS_ID, EOS_ID})
 _JOINT_MODEL, _SRC_MODEL, _TGT_MODEL = JOINT_MODEL_FILE, SRC_MODEL_FILE, TGT_MODEL_FILE
 #: Every file a tokenizer directory of any kind may hold, in the order :func:`tokenizer_files` lists them.
-_FILES = (TOKENIZER_FILE, _JOINT_MODEL, _SRC_MODEL, _TGT_MODEL, VOCAB_FILE, WORDPIECE_FILE, CHARACTERS_FILE)
+_FILES = (TOKENIZER_FILE, _JOINT_MODEL, _SRC_MODEL, _TGT_MODEL, VOCAB_FILE, WORDPIECE_FILE, CHARACTERS_FILE,
+          HF_TOKENIZER_FILE, HF_TOKENIZER_CONFIG_FILE)
 
 
 def tokenizer_files(directory: str | Path) -> list[str]:
@@ -288,6 +290,8 @@ def _load_models(base: Path, meta: dict, meta_path: Path) -> tuple[PieceModel, P
                            lambda p: VocabSentencePieceModel(load_sentencepiece(p, attnkit_ids=False), vocab))
     if kind == CHARACTERS:
         return load_characters(base / _model_name(meta, "src_model", meta_path)), None
+    if kind == HF_TOKENIZERS:
+        return load_hf_tokenizers(base, meta, meta_path), None
     if kind == WORDPIECE:
         mask = meta.get("mask_piece")
         if mask is not None and not isinstance(mask, str):
@@ -300,7 +304,8 @@ class Tokenizer:
     """Source and target piece models (:mod:`attnkit.data.pieces`) behind one interface.
 
     Build one with :func:`train_tokenizer` or :meth:`Tokenizer.load`. Encoding adds no
-    BOS/EOS (callers add :data:`BOS_ID`/:data:`EOS_ID`); decoding stops at the first EOS
+    BOS/EOS (callers add :data:`BOS_ID`/:data:`EOS_ID`; an ``hf-tokenizers`` tokenizer adds what its own
+    post-processor adds, as Hugging Face does: Llama's ``<s>``); decoding stops at the first EOS
     and drops PAD/BOS.
     """
 
@@ -344,6 +349,12 @@ class Tokenizer:
     def mask_id(self) -> int | None:
         """The id of the mask piece (``<mask>``, BERT's ``[MASK]``), or None when there is none."""
         return self._src.mask_id
+
+    @property
+    def absent_ids(self) -> tuple[int, ...]:
+        """Special ids with no piece behind them (an imported causal LM's missing pad, unk or bos), which the
+        language model built over this tokenizer never outputs; empty for every kind but ``hf-tokenizers``."""
+        return tuple(self._src.absent_ids)
 
     @property
     def src_vocab_size(self) -> int:

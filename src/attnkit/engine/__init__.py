@@ -22,6 +22,8 @@ layer fused with the loss at the masked
 positions only
 :class:`SharedMemoryState`: one memory row    :class:`attnkit.transformer.TransformerState` ``engine/decoding.py``
 per sentence in beam search
+:class:`GrowingKVCache`: room to append to    :class:`attnkit.multihead.KVCache`            ``engine/decoding.py``
+in place
 ============================================  ============================================  =======================
 
 Each has a test against its reference in ``tests/test_engine.py``.
@@ -33,10 +35,11 @@ from typing import Literal
 
 from torch import nn
 
+from ..lm import LanguageModel
 from ..multihead import MultiHeadAttention
 from ..transformer import Transformer
 from .attention import fast_attend
-from .decoding import SharedMemoryState
+from .decoding import GrowingKVCache, SharedMemoryState
 from .dropout import ByteDropout
 from .loss import FusedLMLoss, FusedSeq2SeqLoss
 from .mlm import FusedMLMLoss
@@ -44,16 +47,17 @@ from .mlm import FusedMLMLoss
 Engine = Literal["fast", "reference"]
 ENGINES: tuple[Engine, ...] = ("fast", "reference")
 
-__all__ = ["ENGINES", "ByteDropout", "Engine", "FusedLMLoss", "FusedMLMLoss", "FusedSeq2SeqLoss", "SharedMemoryState",
-           "accelerate", "fast_attend"]
+__all__ = ["ENGINES", "ByteDropout", "Engine", "FusedLMLoss", "FusedMLMLoss", "FusedSeq2SeqLoss", "GrowingKVCache",
+           "SharedMemoryState", "accelerate", "fast_attend"]
 
 
 def accelerate(model: nn.Module) -> nn.Module:
     """Swap the engine's fast paths into ``model`` in place (parameters untouched); returns ``model``.
 
     Every ``nn.Dropout`` becomes a :class:`ByteDropout` of the same rate, every
-    :class:`MultiHeadAttention` computes with :func:`fast_attend`, and a :class:`Transformer`
-    decodes with :class:`SharedMemoryState`.
+    :class:`MultiHeadAttention` computes with :func:`fast_attend`, a :class:`Transformer`
+    decodes with :class:`SharedMemoryState`, and its or a :class:`LanguageModel`'s self-attention
+    caches are :class:`GrowingKVCache` s.
     """
     for module in list(model.modules()):
         for name, child in module.named_children():
@@ -65,4 +69,6 @@ def accelerate(model: nn.Module) -> nn.Module:
             module.kernel = fast_attend
         if isinstance(module, Transformer):
             module.state_type = SharedMemoryState
+        if isinstance(module, Transformer | LanguageModel):
+            module.cache_type = GrowingKVCache
     return model

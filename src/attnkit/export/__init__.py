@@ -4,9 +4,11 @@
 ``--to``           writes                                           module
 =================  ===============================================  ===========================
 ``ctranslate2``    a CTranslate2 model directory (float32, int8,    ``export/ctranslate2.py``
-                   int8_float32 or bfloat16 weights) + tokenizer
+                   int8_float32 or bfloat16 weights) + tokenizer;
+                   for a language model a ``Generator`` one         ``export/ctranslate2_lm.py``
 ``huggingface``    a ``MarianMTModel`` + ``MarianTokenizer``        ``interop/marian.py``
-                   directory (float32)
+                   directory (float32); for a language model a      ``interop/causal_lm.py``
+                   ``GPT2LMHeadModel`` or ``LlamaForCausalLM`` one
 =================  ===============================================  ===========================
 
 :data:`TARGETS` maps ``--to`` to its exporter; a new target is a module here and one line there.
@@ -21,14 +23,28 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..inference.translate import translate_texts
-from ..interop import export_marian
+from ..interop import export_huggingface
 from ..runs.load import LoadedRun, load_run
-from .ctranslate2 import ExportedTranslator, export_ctranslate2, is_exported
+from .ctranslate2 import ExportedTranslator, check_quantization, export_translation, is_exported
+from .ctranslate2_lm import export_language_model
 
-__all__ = ["TARGETS", "Translator", "export", "is_exported", "open_translator"]
+__all__ = ["TARGETS", "Translator", "export", "export_to_ctranslate2", "is_exported", "open_translator"]
+
+
+def export_to_ctranslate2(run: str | Path, out: str | Path, *, quantization: str = "float32",
+                          force: bool = False) -> Path:
+    """``--to ctranslate2``: a language model (``task: lm``) as a ``ctranslate2.Generator`` model
+    (:mod:`.ctranslate2_lm`), any other run as a ``Translator`` one (:mod:`.ctranslate2`, which refuses what it
+    cannot export)."""
+    check_quantization(quantization)
+    loaded = load_run(run)
+    if loaded.task == "lm":
+        return export_language_model(loaded, out, quantization=quantization, force=force)
+    return export_translation(loaded, run, out, quantization=quantization, force=force)
+
 
 #: ``attnkit export --to NAME``: the function that writes it, ``(run, out, *, quantization, force) -> out``.
-TARGETS: dict[str, Callable[..., Path]] = {"ctranslate2": export_ctranslate2, "huggingface": export_marian}
+TARGETS: dict[str, Callable[..., Path]] = {"ctranslate2": export_to_ctranslate2, "huggingface": export_huggingface}
 
 
 def export(run: str | Path, to: str, out: str | Path, **options) -> Path:

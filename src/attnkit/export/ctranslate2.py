@@ -1,5 +1,11 @@
 """Export a trained Transformer translation run to CTranslate2, and translate with the export.
 
+A language model (``task: lm``) is exported to a ``ctranslate2.Generator`` model by
+:mod:`attnkit.export.ctranslate2_lm` (``--to ctranslate2`` picks by the run's task), with its mapping and its
+``ExportedGenerator``. What both share is here: the checks of ``OUT`` (``--force`` replaces only an earlier
+export), the atomic write (:func:`write_export`), the manifest (:func:`run_manifest`, :func:`read_manifest`: an
+export of another task is refused with the command that reads it) and the layer fillers.
+
 ``attnkit export RUN --to ctranslate2 -o OUT`` fills CTranslate2's ``TransformerSpec`` from the
 run's weights and writes::
 
@@ -52,7 +58,7 @@ from ..inference.translate import check_decode_options, encode_sources, output_b
 from ..positions import SinusoidalPositions
 from ..rnn import RNNSeq2Seq
 from ..runs.layout import tokenizer_files
-from ..runs.load import languages, load_run, require
+from ..runs.load import HINTS, LoadedRun, languages, load_run, require
 from ..search import MAX_LEN_A, MAX_LEN_B, length_penalty
 from ..transformer import Transformer
 
@@ -82,8 +88,11 @@ def _linear(spec, weight: Tensor, bias: Tensor | None) -> None:
         spec.bias = _array(bias)
 
 
-def _norm(spec, norm: nn.LayerNorm) -> None:
-    spec.gamma, spec.beta = _array(norm.weight), _array(norm.bias)
+def _norm(spec, norm: nn.Module) -> None:
+    """A ``LayerNormSpec`` from an ``nn.LayerNorm`` (gamma, beta) or an ``nn.RMSNorm`` (gamma only)."""
+    spec.gamma = _array(norm.weight)
+    if getattr(norm, "bias", None) is not None:
+        spec.beta = _array(norm.bias)
 
 
 def _attention(spec, mha: nn.Module, *, cross: bool, dot: bool) -> None:
@@ -117,10 +126,13 @@ def _embedding_input(spec, stack: nn.Module) -> None:
         _norm(spec.layernorm_embedding, stack.embed_norm)
 
 
-def _ffn(spec, ff: nn.Module, norm: nn.LayerNorm) -> None:
+def _ffn(spec, ff: nn.Module, norm: nn.Module) -> None:
+    """``linear_0`` = W_1 (SwiGLU's gate), ``linear_1`` = W_2, and SwiGLU's W_3 as ``linear_0_noact``."""
     _norm(spec.layer_norm, norm)
     _linear(spec.linear_0, ff.w1.weight, ff.w1.bias)
     _linear(spec.linear_1, ff.w2.weight, ff.w2.bias)
+    if ff.w3 is not None:
+        _linear(spec.linear_0_noact, ff.w3.weight, ff.w3.bias)
 
 
 def transformer_spec(model: Transformer, tok: Tokenizer):
@@ -168,23 +180,66 @@ def transformer_spec(model: Transformer, tok: Tokenizer):
 
 def export_ctranslate2(run_path: str | Path, out: str | Path, *, quantization: str = "float32",
                        force: bool = False) -> Path:
-    """Export a Transformer translation run to a CTranslate2 model directory ``out`` (see module doc).
+    """Export a Transformer translation run to a CTranslate2 model directory ``out`` (see module doc); ``attnkit
+    export --to ctranslate2`` (:func:`attnkit.export.export_to_ctranslate2`) sends a language model elsewhere.
 
     :raises UserError: not a translation Transformer, ``out`` exists (without ``force``), unknown quantization.
     """
+    check_quantization(quantization)
+    return export_translation(load_run(run_path), run_path, out, quantization=quantization, force=force)
+
+
+def check_quantization(quantization: str) -> None:
+    """:raises UserError: ``quantization`` is not one of :data:`QUANTIZATIONS`."""
     if quantization not in QUANTIZATIONS:
         raise UserError(f"--quantization {quantization!r} is not supported; choose one of {', '.join(QUANTIZATIONS)}")
-    run = load_run(run_path)
-    require(run, "translate", run_path, "run", "only Transformer translation runs can be exported to CTranslate2")
+
+
+def export_translation(run: LoadedRun, name: str | Path, out: str | Path, *, quantization: str, force: bool) -> Path:
+    """:func:`export_ctranslate2` of a loaded run (``name``: how the user named it)."""
+    require(run, "translate", name, "run",
+            "only Transformer translation runs and language models (task: lm) can be exported to CTranslate2")
     if isinstance(run.model, RNNSeq2Seq) or not isinstance(run.model, Transformer):
-        raise UserError(f"{run_path} is an RNN run; CTranslate2 has no RNN specification, so only Transformer "
+        raise UserError(f"{name} is an RNN run; CTranslate2 has no RNN specification, so only Transformer "
                         f"translation runs can be exported (`attnkit translate` reads the run itself)")
+    out = check_output(out, force)
+    spec = transformer_spec(run.model, run.tok)
+    src_lang, tgt_lang = languages(run.cfg)
+    manifest = run_manifest(run, quantization, languages=[src_lang, tgt_lang] if src_lang and tgt_lang else None,
+                            max_len=run.model.cfg.max_len,
+                            decode={"beam": run.cfg.decode_beam, "lenpen": run.cfg.decode_lenpen,
+                                    "max_len_a": MAX_LEN_A, "max_len_b": MAX_LEN_B})
+    return write_export(out, spec, quantization, run, manifest)
+
+
+def check_output(out: str | Path, force: bool) -> Path:
+    """``out`` as a path, when it may be written: new, or (with ``force``) an earlier export or an empty directory.
+
+    :raises UserError: it exists without ``force``, or it is something else (a run is never replaced).
+    """
     out = Path(out)
     if out.exists() and not force:
         raise UserError(f"{out} already exists; choose a new directory or pass --force to replace it")
     if out.exists() and not (is_exported(out) or (out.is_dir() and not any(out.iterdir()))):
         raise UserError(f"{out} exists and is not a CTranslate2 export; --force replaces only an earlier export")
-    spec = transformer_spec(run.model, run.tok)
+    return out
+
+
+def run_manifest(run: LoadedRun, quantization: str, **fields: object) -> dict:
+    """The manifest of an export of ``run``: what every export records, then the task's own ``fields``."""
+    return {"format": FORMAT, "format_version": FORMAT_VERSION, "engine": "ctranslate2",
+            "name": run.run_dir.name, "task": run.task, "source_run": str(run.run_dir.resolve()),
+            "weights": run.weights_path.name, "quantization": quantization,
+            "parameters": sum(p.numel() for p in run.model.parameters()), **fields}
+
+
+def write_export(out: Path, spec, quantization: str, run: LoadedRun, manifest: dict) -> Path:
+    """Quantize ``spec`` and write it, the run's tokenizer files and ``manifest`` (last) to ``out``, atomically:
+    everything goes to a sibling directory first, which then takes ``out``'s place (an earlier export is replaced
+    only then), so ``out`` is never half-written.
+
+    :raises UserError: the directory cannot be written.
+    """
     spec.optimize(quantization=quantization)
     tmp = out.with_name(f".{out.name}.tmp-export")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -194,17 +249,6 @@ def export_ctranslate2(run_path: str | Path, out: str | Path, *, quantization: s
         tok_dir = run.run_dir
         for name in tokenizer_files(tok_dir):
             shutil.copy2(tok_dir / name, tmp / name)
-        src_lang, tgt_lang = languages(run.cfg)
-        manifest = {
-            "format": FORMAT, "format_version": FORMAT_VERSION, "engine": "ctranslate2",
-            "name": tok_dir.name, "task": "translate",
-            "languages": [src_lang, tgt_lang] if src_lang and tgt_lang else None,
-            "source_run": str(tok_dir.resolve()), "weights": run.weights_path.name,
-            "quantization": quantization, "parameters": sum(p.numel() for p in run.model.parameters()),
-            "max_len": run.model.cfg.max_len,
-            "decode": {"beam": run.cfg.decode_beam, "lenpen": run.cfg.decode_lenpen,
-                       "max_len_a": MAX_LEN_A, "max_len_b": MAX_LEN_B},
-        }
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")  # last: complete
         if out.exists():
             shutil.rmtree(out)
@@ -238,7 +282,12 @@ class DecodeDefaults:
     max_len_b: float
 
 
-def _read_manifest(path: Path) -> dict:
+def read_manifest(path: Path, task: str) -> dict:
+    """The manifest of an attnkit export of a ``task`` run, checked as far as every export's is alike.
+
+    :raises UserError: no manifest (a foreign CTranslate2 model), an unreadable or foreign one, another
+        format version, or an export of another task (saying which command reads it).
+    """
     file = path / MANIFEST
     if not file.exists():
         raise UserError(f"{path}: a CTranslate2 model without {MANIFEST}, so not exported by attnkit; "
@@ -254,6 +303,29 @@ def _read_manifest(path: Path) -> dict:
     if manifest.get("format_version") != FORMAT_VERSION:
         raise UserError(f"{file}: format_version {manifest.get('format_version')!r}, this attnkit reads "
                         f"{FORMAT_VERSION}; export the run again")
+    found = manifest.get("task")
+    if found != task:
+        hint = HINTS.get(found, "export a run of this task") if isinstance(found, str) else "export the run again"
+        raise UserError(f"{path} is an export of a {found} run; {hint}")
+    return manifest
+
+
+def open_engine(engine: type, path: Path, threads: int):
+    """``engine`` (``ctranslate2.Translator`` or ``ctranslate2.Generator``) on the CPU with ``threads`` threads.
+
+    :raises UserError: CTranslate2 cannot load the model (one line naming ``model.bin``).
+    """
+    try:
+        return engine(str(path), device="cpu", intra_threads=threads)
+    except (RuntimeError, ValueError, OSError) as e:
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise UserError(f"{path / 'model.bin'}: CTranslate2 cannot load it ({first}); export the run again") from None
+
+
+def _read_manifest(path: Path) -> dict:
+    """A translation export's manifest, with its decode defaults checked."""
+    file = path / MANIFEST
+    manifest = read_manifest(path, "translate")
     decode = manifest.get("decode")
     ok = (isinstance(decode, dict) and isinstance(manifest.get("max_len"), int)
           and isinstance(decode.get("beam"), int)
@@ -290,12 +362,7 @@ class ExportedTranslator:
         self._check_vocabulary()
         self._target_ids = {p: i for i, p in enumerate(self.tok.tgt_pieces_from_ids(range(self.tok.tgt_vocab_size)))}
         self._eos_piece = self.tok.tgt_pieces_from_ids([EOS_ID])[0]
-        try:
-            self.translator = ctranslate2.Translator(str(self.path), device="cpu", intra_threads=threads)
-        except (RuntimeError, ValueError, OSError) as e:
-            first = str(e).splitlines()[0] if str(e) else type(e).__name__
-            raise UserError(f"{self.path / 'model.bin'}: CTranslate2 cannot load it ({first}); export the run "
-                            f"again") from None
+        self.translator = open_engine(ctranslate2.Translator, self.path, threads)
 
     def _check_vocabulary(self) -> None:
         """The vocabulary files must list the tokenizer's pieces in id order (else ids would not match)."""

@@ -170,6 +170,46 @@ def check_sampling(temperature: float, top_k: int, top_p: float) -> None:
         raise UserError(f"--top-p must be in (0, 1], got {top_p}")
 
 
+class TextStream:
+    """A continuation's text as its tokens come (not ``</s>``): :meth:`add` returns what can be shown now, and
+    :meth:`flush` the rest at the end; ``stopped`` once a ``stop`` string appeared (the text ends before it).
+
+    The last ``len(longest stop) - 1`` characters are held back, since they may begin a stop string. The pieces
+    add up to :attr:`text`.
+    """
+
+    def __init__(self, tok: Tokenizer, stop: Sequence[str] = ()) -> None:
+        self.tok, self.stop = tok, tuple(stop)
+        self.ids: list[int] = []
+        self.text = ""  # what was shown so far
+        self.stopped = False
+        self._hold = max((len(s) for s in self.stop), default=1) - 1  # characters kept back
+
+    def add(self, token: int) -> str:
+        """Take ``token`` -> the text it lets show (maybe ``""``)."""
+        if self.stopped:
+            raise ValueError("the text already ended at a stop string")
+        self.ids.append(token)
+        text = self.tok.decode_src([self.ids])[0]
+        cut = min((i for i in (text.find(s) for s in self.stop) if i >= 0), default=-1)
+        if cut >= 0:
+            self.stopped = True
+            return self._show(text, cut) if cut > len(self.text) else ""
+        safe = len(text) - self._hold
+        return self._show(text, safe) if safe > len(self.text) and text.startswith(self.text) else ""
+
+    def flush(self) -> str:
+        """The text held back, at the end (none after a stop string)."""
+        if self.stopped:
+            return ""
+        text = self.tok.decode_src([self.ids])[0]
+        return self._show(text, len(text)) if text.startswith(self.text) and len(text) > len(self.text) else ""
+
+    def _show(self, text: str, end: int) -> str:
+        piece, self.text = text[len(self.text): end], text[:end]
+        return piece
+
+
 def continue_text(model: nn.Module, tok: Tokenizer, ids: list[int], max_new_tokens: int, *,
                   temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, stop: Sequence[str] = (),
                   generator: torch.Generator | None = None) -> Iterator[str]:
@@ -177,25 +217,15 @@ def continue_text(model: nn.Module, tok: Tokenizer, ids: list[int], max_new_toke
 
     Ends at ``</s>``, after ``max_new_tokens``, or at the first ``stop`` string (which is not yielded).
     """
-    out: list[int] = []
-    shown = ""
-    hold = max((len(s) for s in stop), default=1) - 1  # characters kept back: they may begin a stop string
+    text = TextStream(tok, stop)
     for token in generate(model, [ids], max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                           generator=generator):
         t = int(token[0])
         if t == EOS_ID:
             break
-        out.append(t)
-        text = tok.decode_src([out])[0]
-        cut = min((i for i in (text.find(s) for s in stop) if i >= 0), default=-1)
-        if cut >= 0:
-            if cut > len(shown):
-                yield text[len(shown): cut]
+        if piece := text.add(t):
+            yield piece
+        if text.stopped:
             return
-        safe = len(text) - hold
-        if safe > len(shown) and text.startswith(shown):
-            yield text[len(shown): safe]
-            shown = text[:safe]
-    text = tok.decode_src([out])[0]
-    if text.startswith(shown) and len(text) > len(shown):
-        yield text[len(shown):]
+    if piece := text.flush():
+        yield piece

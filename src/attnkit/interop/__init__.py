@@ -6,13 +6,22 @@
  ``attnkit import DIR -o RUN``  ``model_type: marian`` -> translation run   ``interop/marian.py``
                                ``model_type: bert`` -> classification or   ``interop/bert.py``
                                pretraining run
+                               ``model_type: gpt2`` -> language-model run  ``interop/gpt2.py``,
+                               (``task: lm``)                              ``interop/causal_lm.py``
+                               ``model_type: llama``, ``mistral`` ->       ``interop/llama.py``,
+                               language-model run                          ``interop/causal_lm.py``
  ``attnkit export RUN --to      a translation run -> a ``MarianMTModel`` /  ``interop/marian.py``
  huggingface -o DIR``           ``MarianTokenizer`` directory
+                               a language-model run -> a                   ``interop/causal_lm.py``
+                               ``GPT2LMHeadModel`` or ``LlamaForCausalLM``
+                               (``MistralForCausalLM``) directory with its
+                               ``tokenizer.json``
 =============================  ==========================================  ===============================
 
 An import writes an ordinary run directory (config, tokenizer, ``imported.safetensors``): every command
 works on it unchanged. Nothing is downloaded and transformers is not needed: :mod:`attnkit.interop.hf`
-reads the directory's JSON, safetensors and tokenizer files itself.
+reads the directory's JSON, safetensors and tokenizer files itself (a causal language model's
+``tokenizer.json`` through the ``tokenizers`` library).
 """
 
 from __future__ import annotations
@@ -21,14 +30,21 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..common.errors import UserError
+from ..config.loader import load_config
+from ..config.schema import RunConfig
+from ..runs.layout import CONFIG_FILE, find_weights
 from .bert import import_bert
+from .causal_lm import export_causal_lm, import_causal_lm
 from .hf import HFDirectory
 from .marian import export_marian, import_marian
 
-__all__ = ["IMPORTERS", "export_marian", "import_model"]
+__all__ = ["EXPORTERS", "IMPORTERS", "export_causal_lm", "export_huggingface", "export_marian", "import_model"]
 
 #: ``config.json``'s ``model_type`` -> the function that writes its run.
-IMPORTERS: dict[str, Callable[..., Path]] = {"marian": import_marian, "bert": import_bert}
+IMPORTERS: dict[str, Callable[..., Path]] = {"marian": import_marian, "bert": import_bert, "gpt2": import_causal_lm,
+                                             "llama": import_causal_lm, "mistral": import_causal_lm}
+#: A run's ``task`` -> the function that writes its Hugging Face directory.
+EXPORTERS: dict[str, Callable[..., Path]] = {"translate": export_marian, "lm": export_causal_lm}
 
 
 def import_model(source: str | Path, out: str | Path, *, force: bool = False) -> Path:
@@ -38,3 +54,14 @@ def import_model(source: str | Path, out: str | Path, *, force: bool = False) ->
         raise UserError(f"{hf.path / 'config.json'}: key 'model_type' is {hf.model_type!r}; attnkit imports "
                         f"{', '.join(IMPORTERS)}")
     return IMPORTERS[hf.model_type](hf, out, force=force)
+
+
+def export_huggingface(run: str | Path, out: str | Path, **options) -> Path:
+    """Write the Hugging Face directory of run ``run`` into ``out``: Marian for a translation run, GPT-2 or Llama
+    for a language model (``options``: ``quantization``, ``force``) -> ``out``."""
+    run_dir, _ = find_weights(Path(run))
+    task = load_config(RunConfig, run_dir / CONFIG_FILE).task
+    if task not in EXPORTERS:
+        raise UserError(f"{run} is a {task} run; only translation and language-model runs can be exported to "
+                        f"Hugging Face")
+    return EXPORTERS[task](run, out, **options)

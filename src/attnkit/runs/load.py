@@ -97,8 +97,8 @@ def build_encoder_lm(cfg: RunConfig, tok: Tokenizer, classes: list[str] | None =
 
 
 def build_language_model(cfg: RunConfig, tok: Tokenizer, classes: list[str] | None = None) -> nn.Module:
-    """The decoder-only :class:`LanguageModel` over the tokenizer's vocabulary."""
-    return LanguageModel(cfg.model.transformer, tok.src_vocab_size)
+    """The decoder-only :class:`LanguageModel` over the tokenizer's vocabulary (its absent ids never output)."""
+    return LanguageModel(cfg.model.transformer, tok.src_vocab_size, absent_ids=tok.absent_ids)
 
 
 #: The model each task trains, by ``cfg.task``.

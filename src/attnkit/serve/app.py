@@ -8,9 +8,14 @@ endpoint                   what it does
 ``GET /health``            ``{"status": "ok", "api_key_required": ..., "models": {name: {"queued",
                            "batches", "texts", "batch_texts"}}}``: texts waiting; model calls
                            (continuous decoding: steps), texts run, texts summed over the calls
-``GET /models``            name, task, languages, parameters, beam defaults (and classes) per model
+``GET /models``            name, task (translate, classify, generate), languages, parameters, beam defaults
+                           (and classes; a language model's context) per model
 ``POST /translate``        ``{"model", "texts": [...], "beam", "n_best", "lenpen", "attention"}``
 ``POST /classify``         ``{"model", "texts": [...], "attention"}`` -> labels and probabilities
+``POST /generate``         ``{"model", "prompt", "max_new_tokens", "temperature", "top_k", "top_p", "seed",
+                           "stop": [...], "stream", "attention"}`` -> ``{"text", "tokens", "prompt_tokens",
+                           "finish_reason", "seed"}``; with ``stream``, server-sent events: ``data: {"token",
+                           "id"}`` per token, then ``data: {"text", "tokens", ..., "finish_reason"}``
 ``GET /metrics``           the server's own measurements in the Prometheus text format: requests by
                            route and status, latency, queued texts, batch sizes, queue wait and time
                            per stage (:mod:`attnkit.serve.metrics`)
@@ -23,7 +28,8 @@ uses :func:`attnkit.inference.translate.translate_texts`, classification
 :func:`attnkit.inference.classify.predict`, attention :func:`attnkit.inference.attention_maps.attention_maps`
 (drawn by the explorer's own script, :mod:`attnkit.viz.explorer`): results are those of
 ``attnkit translate`` / ``classify`` / ``attention`` for the same inputs. Attention is serialised
-in the worker, one text at a time, and joined into the response as bytes (:func:`_attention_json`):
+in the worker, one text at a time, and joined into the response as bytes
+(:func:`~attnkit.serve.routing.attention_json`):
 a request's maps never sit in memory as Python objects all at once.
 
 **Dynamic batching** (:mod:`attnkit.serve.batching`). One inference thread owns each model; concurrent
@@ -34,15 +40,27 @@ translations are batched continuously instead: a request's texts join the runnin
 next step and are answered as they end (:mod:`attnkit.engine.continuous`). The event loop only parses,
 checks, measures lengths and awaits.
 
-**Routes.** Each is a function of this module reading the app's :class:`AppState` from
-``request.app.state.serve``; :func:`create_app` registers them. The request and response shapes are
-in :mod:`attnkit.serve.schemas`.
+**Language models** (``task: lm``) answer ``/generate`` (:mod:`attnkit.serve.generation`): the model's
+worker runs their requests by continuous batching (:mod:`attnkit.engine.continuous_lm`): a request's prompt
+is run between two decoding steps and its row joins the running batch; its tokens go to the event loop as
+they are chosen (an :class:`asyncio.Queue` per streamed request), and a request whose client goes away
+leaves the batch at the next step. A request samples with its own seeded generator, so its text is
+``attnkit generate``'s for the same seed and options, whatever else runs beside it. A CTranslate2 export of a
+language model runs the requests that arrive together with the same options as one batch.
+
+**Routes.** ``/generate`` is :func:`~attnkit.serve.generate_route.generate_text` (:mod:`attnkit.serve.generate_route`),
+the others are functions of this module; each reads the app's :class:`~attnkit.serve.routing.AppState` from
+``request.app.state.serve``, and what several routes share (the model a request names, the size checks, a job on
+the model's worker, attention joined as bytes) is in :mod:`attnkit.serve.routing`. :func:`create_app` registers
+them. The request and response shapes are in :mod:`attnkit.serve.schemas`.
 
 **Errors.** Every error is JSON ``{"error": "..."}`` with a 4xx status: 422 for a request that does
 not fit the schema (naming the field), 413 for too many texts (``max_texts``; ``max_attention_texts``
 when the request asks for attention), a too-long text or a too-large body,
 404 for an unknown model, 401 for a missing or wrong API key, 503 with ``Retry-After`` when the
-model's queue is full. SIGTERM (or Ctrl-C) stops accepting connections, finishes the requests in
+model's queue is full, 429 with ``Retry-After`` when a language model has ``max_streams`` generations in
+flight; a ``/generate`` option out of range (or a prompt too long for the model's positions) is 422, a
+prompt longer than ``max_chars`` 413. SIGTERM (or Ctrl-C) stops accepting connections, finishes the requests in
 flight, then exits.
 """
 
@@ -50,10 +68,9 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import json
 import socket
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from functools import partial
 from importlib.resources import files
 from typing import Any
@@ -62,19 +79,20 @@ import torch
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
-from starlette.background import BackgroundTask
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 
 from ..common.errors import UserError
 from ..common.memory import freeze_long_lived, share_one_heap
-from ..inference.attention_maps import AttentionMaps
-from ..viz.explorer import explorer_data, fill_page, script_json
-from .batching import Limits, ModelWorker, QueueFull, Stepper
-from .metrics import CONTENT_TYPE, TIMING, Measured, ServeMetrics
+from ..viz.explorer import fill_page, script_json
+from .batching import Limits, ModelWorker
+from .generate_route import generate_text
+from .metrics import CONTENT_TYPE, Measured
+from .routing import AppState, app_state, attention_jsons, check_size, pick, run_on_worker, with_attention
 from .schemas import (
     ClassifyRequest,
     ClassifyResponse,
+    GenerateResponse,
     Prediction,
     TranslateRequest,
     TranslateResponse,
@@ -86,9 +104,7 @@ from .servables import Servable, load_servable
 __all__ = ["AppState", "create_app", "listen", "serve"]
 
 #: Paths that need the API key when one is set; the page, /health and the OpenAPI page do not.
-PROTECTED = ("/models", "/translate", "/classify", "/metrics")
-#: Seconds a client is told to wait (``Retry-After``) when a model's queue is full.
-RETRY_AFTER = 1
+PROTECTED = ("/models", "/translate", "/classify", "/generate", "/metrics")
 #: The page's Content-Security-Policy: it loads nothing from anywhere but this server.
 PAGE_POLICY = "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'"
 
@@ -162,32 +178,6 @@ class _Gate:
         await self.app(scope, replay, send)
 
 
-@dataclass
-class AppState:
-    """What the routes read (``request.app.state.serve``): the models by name and their workers (one
-    per model, started and drained with the app), the limits, the API key, the page and the metrics;
-    ``routes`` holds the models again under the route that serves them (``info.task``: ``translate`` or
-    ``classify``, from their task's :attr:`~attnkit.tasks.TaskSpec.serves`)."""
-
-    models: dict[str, Servable]
-    limits: Limits
-    api_key: str | None
-    page: str
-    workers: dict[str, ModelWorker] = field(default_factory=dict)
-    metrics: ServeMetrics = field(init=False)
-    routes: dict[str, dict[str, Servable]] = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.metrics = ServeMetrics(lambda: {name: w.stats()["queued"] for name, w in self.workers.items()})
-        self.routes = {}
-        for name, servable in self.models.items():
-            self.routes.setdefault(servable.info.task, {})[name] = servable
-
-
-def _state(request: Request) -> AppState:
-    return request.app.state.serve
-
-
 async def _lifespan(app: FastAPI):
     state: AppState = app.state.serve
     state.workers.update({name: ModelWorker(name, state.limits, state.metrics.on_batch(name)) for name in state.models})
@@ -204,134 +194,61 @@ def _internal_error(request: Request, exc: Exception) -> JSONResponse:
     return error_response(500, f"internal error ({type(exc).__name__})")
 
 
-def _pick(state: AppState, name: str | None, route: str) -> Servable:
-    """The model a request names (or the only one ``route`` serves)."""
-    served = state.routes.get(route, {})
-    if name is None:
-        if len(served) == 1:
-            return next(iter(served.values()))
-        raise HTTPException(422, f"model: give the model's name, one of {sorted(state.models)}")
-    if name not in state.models:
-        raise HTTPException(404, f"model {name!r} is not served here; GET /models lists {sorted(state.models)}")
-    if name not in served:  # the other route serves it, and is named after it
-        other = state.models[name].info.task
-        raise HTTPException(422, f"model: {name!r} is a {other} model; use /{other}")
-    return served[name]
-
-
-def _check_size(limits: Limits, texts: list[str], attention: bool) -> None:
-    if len(texts) > limits.max_texts:
-        raise HTTPException(413, f"texts: {len(texts)} texts in one request, more than the limit "
-                                 f"{limits.max_texts} (--max-texts); send them in several requests")
-    if attention and len(texts) > limits.max_attention_texts:
-        raise HTTPException(413, f"texts: attention for {len(texts)} texts in one request, more than the limit "
-                                 f"{limits.max_attention_texts} (--max-attention-texts); ask for it in several "
-                                 "requests")
-    for i, text in enumerate(texts):
-        if len(text) > limits.max_chars:
-            raise HTTPException(413, f"texts[{i}]: {len(text)} characters, more than the limit "
-                                     f"{limits.max_chars} (--max-chars); split the text")
-
-
-async def _run(request: Request, servable: Servable, key: tuple, fn: Callable[[list[str]], list],
-               texts: list[str], stepper: Stepper | None = None) -> list:
-    """``fn(texts)`` on the model's worker, batched with the queued requests of the same ``key`` and of
-    similar length (in source tokens; in characters for a servable that cannot count them); or decoded by
-    ``stepper``, joining its running batch (continuous batching)."""
-    state, timing = _state(request), request.scope.get(TIMING)
-    measure = getattr(servable, "lengths", None)
-    lengths = measure(texts) if measure is not None else None
-    try:
-        future = state.workers[servable.info.name].submit(key, fn, texts, lengths, stepper)
-    except QueueFull:
-        raise HTTPException(503, f"model {servable.info.name!r} is busy ({state.limits.max_queue} texts queued, "
-                                 "--max-queue); retry shortly", headers={"Retry-After": str(RETRY_AFTER)}) from None
-    state.metrics.job_queued(timing, servable.info.name)
-    try:
-        return await future
-    except UserError as e:
-        raise HTTPException(422, str(e)) from None
-    finally:
-        state.metrics.job_answered(timing)
-
-
 async def index(request: Request) -> HTMLResponse:
-    return HTMLResponse(_state(request).page, headers={"Content-Security-Policy": PAGE_POLICY})
+    return HTMLResponse(app_state(request).page, headers={"Content-Security-Policy": PAGE_POLICY})
 
 
 async def health(request: Request) -> dict:
-    state = _state(request)
+    state = app_state(request)
     return {"status": "ok", "api_key_required": state.api_key is not None,
             "models": {name: worker.stats() for name, worker in state.workers.items()}}
 
 
 async def metrics(request: Request) -> Response:
-    return Response(_state(request).metrics.render(), media_type=CONTENT_TYPE)
+    return Response(app_state(request).metrics.render(), media_type=CONTENT_TYPE)
 
 
 async def list_models(request: Request) -> dict[str, list[dict]]:
-    return {"models": [asdict(s.info) for s in _state(request).models.values()]}
+    return {"models": [asdict(s.info) for s in app_state(request).models.values()]}
 
 
 async def translate(req: TranslateRequest, request: Request) -> TranslateResponse | Response:
-    state = _state(request)
-    servable = _pick(state, req.model, "translate")
-    _check_size(state.limits, req.texts, req.attention)
+    state = app_state(request)
+    servable = pick(state, req.model, "translate")
+    check_size(state.limits, req.texts, req.attention)
     beam = servable.info.beam if req.beam is None else req.beam
     lenpen = servable.info.lenpen if req.lenpen is None else req.lenpen
     if req.n_best > beam:
         raise HTTPException(422, f"n_best: {req.n_best} is more than the beam {beam}; ask for a beam of at "
                                  "least n_best")
     greedy = beam == 1 and req.n_best == 1  # greedy translations join the continuous decoder, where there is one
-    hyps = await _run(request, servable, ("translate", beam, req.n_best, lenpen),
-                      partial(servable.translate, beam=beam, n_best=req.n_best, lenpen=lenpen), req.texts,
-                      servable.stepper if greedy else None)
+    hyps = await run_on_worker(request, servable, ("translate", beam, req.n_best, lenpen),
+                               partial(servable.translate, beam=beam, n_best=req.n_best, lenpen=lenpen), req.texts,
+                               servable.stepper if greedy else None)
     response = TranslateResponse(model=servable.info.name, translations=[h[0] for h in hyps],
                                  n_best=hyps if req.n_best > 1 else None)
     if not req.attention:
         return response
     maps = partial(servable.attention, beam=beam, lenpen=lenpen)
-    attention = await _run(request, servable, ("attention", beam, lenpen), partial(_attention_jsons, maps), req.texts)
-    return _with_attention(response, attention, sent=state.workers[servable.info.name].release_soon)
+    attention = await run_on_worker(request, servable, ("attention", beam, lenpen), partial(attention_jsons, maps),
+                                    req.texts)
+    return with_attention(response, attention, sent=state.workers[servable.info.name].release_soon)
 
 
 async def classify(req: ClassifyRequest, request: Request) -> ClassifyResponse | Response:
-    state = _state(request)
-    servable = _pick(state, req.model, "classify")
-    _check_size(state.limits, req.texts, req.attention)
+    state = app_state(request)
+    servable = pick(state, req.model, "classify")
+    check_size(state.limits, req.texts, req.attention)
     classes = servable.info.classes or []
-    probs = await _run(request, servable, ("classify",), servable.classify, req.texts)
+    probs = await run_on_worker(request, servable, ("classify",), servable.classify, req.texts)
     results = [Prediction(label=classes[max(range(len(p)), key=p.__getitem__)],
                           probabilities=dict(zip(classes, p, strict=True))) for p in probs]
     response = ClassifyResponse(model=servable.info.name, results=results)
     if not req.attention:
         return response
     maps = partial(servable.attention, beam=1, lenpen=0.0)
-    attention = await _run(request, servable, ("attention",), partial(_attention_jsons, maps), req.texts)
-    return _with_attention(response, attention, sent=state.workers[servable.info.name].release_soon)
-
-
-def _attention_json(maps: AttentionMaps) -> bytes:
-    """One text's explorer data (:func:`~attnkit.viz.explorer.explorer_data`) as JSON, made in the worker text by
-    text: the nested lists of one text are freed before the next is drawn, and what waits for the response is
-    one block of bytes per text instead of millions of float objects (which would keep the heap grown)."""
-    return json.dumps(explorer_data(maps), ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
-
-
-def _attention_jsons(maps: Callable[[str], AttentionMaps], texts: list[str]) -> list[bytes]:
-    """Each text's :func:`_attention_json`, one text after the other (on the worker)."""
-    return [_attention_json(maps(t)) for t in texts]
-
-
-def _with_attention(response: TranslateResponse | ClassifyResponse, attention: list[bytes],
-                    sent: Callable[[], None]) -> Response:
-    """``response`` as its JSON (``None`` fields left out, as the routes' ``response_model_exclude_none``) with
-    ``"attention": [...]`` (each text's :func:`_attention_json`) added, joined as bytes. ``sent`` is called once
-    the last byte is sent: the worker (``ModelWorker.release_soon``) then gives those megabytes back to the
-    system, which its trim after the batch, when they were still being sent, could not."""
-    head = response.model_dump_json(exclude_none=True).encode()  # '{...}', attention unset
-    return Response(head[:-1] + b',"attention":[' + b",".join(attention) + b"]}", media_type="application/json",
-                    background=BackgroundTask(sent))
+    attention = await run_on_worker(request, servable, ("attention",), partial(attention_jsons, maps), req.texts)
+    return with_attention(response, attention, sent=state.workers[servable.info.name].release_soon)
 
 
 def create_app(servables: list[Servable], limits: Limits | None = None, api_key: str | None = None) -> Any:
@@ -360,6 +277,7 @@ def create_app(servables: list[Servable], limits: Limits | None = None, api_key:
     app.get("/models")(list_models)
     app.post("/translate", response_model=TranslateResponse, response_model_exclude_none=True)(translate)
     app.post("/classify", response_model=ClassifyResponse, response_model_exclude_none=True)(classify)
+    app.post("/generate", response_model=GenerateResponse, response_model_exclude_none=True)(generate_text)
     app.get("/metrics", response_class=Response, include_in_schema=False)(metrics)
     return Measured(_Gate(app, api_key, limits.max_body), app.state.serve.metrics)
 

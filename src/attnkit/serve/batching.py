@@ -8,7 +8,8 @@ more (after the oldest arrived, or after the previous batch was answered; not at
 while one client is sending), and runs them as one call.
 
 A job may instead bring a :class:`Stepper` (``attnkit serve`` gives greedy translation by an attnkit run one,
-:class:`attnkit.engine.continuous.ContinuousGreedy` behind it): its texts join the stepper's running batch
+:class:`attnkit.engine.continuous.ContinuousGreedy` behind it, and a language model's generation another,
+:class:`attnkit.serve.generation.ContinuousGeneration`): its texts join the stepper's running batch
 at the next step, and each job is answered as soon as its own texts have ended, while the others go on
 (continuous batching, as Orca and TGI do). Only this thread touches the model.
 """
@@ -42,6 +43,8 @@ class Limits:
     max_wait_ms: float = 5.0  # how long the oldest queued request waits for others to join its batch
     max_batch_tokens: int = 4096  # padded source tokens per model batch: texts x the longest text's tokens
     max_attention_texts: int = 8  # texts per request with attention (each text's maps run to megabytes of JSON)
+    max_new_tokens: int = 512  # tokens one /generate request may ask for (at most MAX_NEW_TOKENS, 4096)
+    max_streams: int = 64  # generations in flight per language model (streamed or not); beyond: 429
 
 
 #: Give freed memory back (:func:`~attnkit.common.memory.release_free_memory`) after this long idle, and while

@@ -20,6 +20,15 @@ metric                                 labels               what
                                                             continuous batching: per decoding step)
 ``attnkit_serve_batch_tokens``         ``model``            padded source tokens per batch: texts x longest
 ``attnkit_serve_queued_texts``         ``model``            texts waiting now (read when scraped)
+``attnkit_serve_time_to_first_token``  ``model``            ``/generate``: request in -> its first token
+``_seconds``                                                chosen (queue and prompt included)
+``attnkit_serve_generated_tokens``     ``model``            ``/generate``: tokens generated (a counter:
+``_total``                                                  ``rate()`` of it is the model's tokens/s)
+``attnkit_serve_generation_tokens``    ``model``            ``/generate``, per request of two tokens or more:
+``_per_second``                                             ``(tokens - 1) / (last token - first token)``,
+                                                            the pace of its decoding steps
+``attnkit_serve_active_streams``       ``model``            ``/generate``: generations in flight now, streamed
+                                                            or not (read when scraped; ``--max-streams``)
 =====================================  ===================  ================================================
 
 Every app has its own :class:`~prometheus_client.CollectorRegistry` (:class:`ServeMetrics`), so that
@@ -40,11 +49,13 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, H
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from .batching import BatchRecord
+from .generation import Generated, GenerationJob
 
 __all__ = ["CONTENT_TYPE", "ROUTES", "TIMING", "Measured", "RequestTiming", "ServeMetrics"]
 
 #: The app's routes: the values the ``route`` label takes (else ``other``).
-ROUTES = frozenset({"/", "/health", "/models", "/translate", "/classify", "/metrics", "/docs", "/openapi.json"})
+ROUTES = frozenset({"/", "/health", "/models", "/translate", "/classify", "/generate", "/metrics", "/docs",
+                    "/openapi.json"})
 #: The ASGI scope key under which :class:`Measured` leaves a request's :class:`RequestTiming` for the routes.
 TIMING = "attnkit.timing"
 CONTENT_TYPE = CONTENT_TYPE_LATEST
@@ -52,6 +63,7 @@ CONTENT_TYPE = CONTENT_TYPE_LATEST
 SECONDS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 TEXTS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 TOKENS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
+TOKENS_PER_SECOND = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000)
 
 
 @dataclass
@@ -64,26 +76,27 @@ class RequestTiming:
     answered: float | None = None  # the worker answered its last job
 
 
-class _Queued:
-    """A collector reading each model's queued texts when scraped (``queued``: model -> texts)."""
+class _Gauge:
+    """A collector reading a per-model number when scraped (``read``: model -> value)."""
 
-    def __init__(self, queued: Callable[[], dict[str, int]]) -> None:
-        self.queued = queued
+    def __init__(self, name: str, documentation: str, read: Callable[[], dict[str, int]]) -> None:
+        self.name, self.documentation, self.read = name, documentation, read
 
     def describe(self) -> list[Metric]:
-        return [GaugeMetricFamily("attnkit_serve_queued_texts", "texts waiting for each model", labels=["model"])]
+        return [GaugeMetricFamily(self.name, self.documentation, labels=["model"])]
 
     def collect(self) -> Iterator[Metric]:
         family = self.describe()[0]
-        for model, texts in sorted(self.queued().items()):
-            family.add_metric([model], texts)
+        for model, value in sorted(self.read().items()):
+            family.add_metric([model], value)
         yield family
 
 
 class ServeMetrics:
-    """The metrics of one app, in their own registry; ``queued()`` tells each model's queued texts."""
+    """The metrics of one app, in their own registry; ``queued()`` tells each model's queued texts, ``streams()``
+    each language model's generations in flight."""
 
-    def __init__(self, queued: Callable[[], dict[str, int]]) -> None:
+    def __init__(self, queued: Callable[[], dict[str, int]], streams: Callable[[], dict[str, int]] = dict) -> None:
         self.registry = r = CollectorRegistry()
         self.requests = Counter("attnkit_serve_requests", "HTTP requests answered, by route and status",
                                 ["route", "status"], registry=r)
@@ -98,7 +111,15 @@ class ServeMetrics:
                                      registry=r)
         self.batch_tokens = Histogram("attnkit_serve_batch_tokens", "padded source tokens per batch (texts x "
                                       "longest)", ["model"], buckets=TOKENS, registry=r)
-        r.register(_Queued(queued))
+        self.first_token = Histogram("attnkit_serve_time_to_first_token_seconds", "/generate: request in -> its "
+                                     "first token chosen", ["model"], buckets=SECONDS, registry=r)
+        self.generated_tokens = Counter("attnkit_serve_generated_tokens", "/generate: tokens generated", ["model"],
+                                        registry=r)
+        self.token_rate = Histogram("attnkit_serve_generation_tokens_per_second", "/generate, per request: (tokens "
+                                    "- 1) / (last token - first token)", ["model"], buckets=TOKENS_PER_SECOND,
+                                    registry=r)
+        r.register(_Gauge("attnkit_serve_queued_texts", "texts waiting for each model", queued))
+        r.register(_Gauge("attnkit_serve_active_streams", "generations in flight (--max-streams)", streams))
 
     def on_batch(self, model: str) -> Callable[[BatchRecord], None]:
         """The listener for ``model``'s worker (:class:`~attnkit.serve.batching.ModelWorker`'s ``on_batch``)."""
@@ -120,6 +141,14 @@ class ServeMetrics:
         if timing is not None and timing.queued is None:
             timing.model, timing.queued = model, time.perf_counter()
             self.stages.labels(model, "parse").observe(timing.queued - timing.start)
+
+    def generation(self, model: str, timing: RequestTiming | None, job: GenerationJob, result: Generated) -> None:
+        """A ``/generate`` request's generation ended (not one whose client left)."""
+        self.generated_tokens.labels(model).inc(result.tokens)
+        if timing is not None and job.first_token is not None:
+            self.first_token.labels(model).observe(job.first_token - timing.start)
+        if result.tokens > 1 and job.first_token is not None and job.ended is not None and job.ended > job.first_token:
+            self.token_rate.labels(model).observe((result.tokens - 1) / (job.ended - job.first_token))
 
     @staticmethod
     def job_answered(timing: RequestTiming | None) -> None:

@@ -16,11 +16,13 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_core import PydanticCustomError
 
-__all__ = ["MAX_BEAM", "ClassifyRequest", "ClassifyResponse", "Prediction", "TranslateRequest", "TranslateResponse",
-           "error_response", "validation_error"]
+__all__ = ["MAX_BEAM", "ClassifyRequest", "ClassifyResponse", "GenerateRequest", "GenerateResponse", "Prediction",
+           "TranslateRequest", "TranslateResponse", "error_response", "validation_error"]
 
 #: Largest beam a request may ask for (the search keeps beam x texts hypotheses in memory).
 MAX_BEAM = 16
+#: Stop strings one ``/generate`` request may give, and the longest (each is searched for after every token).
+MAX_STOPS, MAX_STOP_CHARS = 8, 100
 
 
 class _Strict(BaseModel):
@@ -43,6 +45,16 @@ def _check_unicode(texts: list[str]) -> list[str]:
     return texts
 
 
+def _valid_unicode(text: str, where: str) -> str:
+    """``text``, when it can be sent as UTF-8 (see :func:`_check_unicode`)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise PydanticCustomError("lone_surrogate", "{where} holds a lone surrogate (\\ud800-\\udfff), which is not "
+                                  "a character; send valid Unicode", {"where": where}) from None
+    return text
+
+
 class TranslateRequest(_Strict):
     model: str | None = Field(None, description="the model's name (GET /models); optional when one "
                                                 "translation model is served")
@@ -63,6 +75,53 @@ class ClassifyRequest(_Strict):
     attention: bool = Field(False, description="also return each text's attention maps (explorer data)")
 
     _unicode = field_validator("texts")(_check_unicode)
+
+
+class GenerateRequest(_Strict):
+    """``POST /generate``: continue ``prompt``. The numbers' ranges are checked as ``attnkit generate`` checks its
+    options (:func:`attnkit.inference.language_model.check_sampling`, ``prompt_ids``), with the same messages."""
+
+    model: str | None = Field(None, description="the model's name (GET /models); optional when one language model "
+                                                "is served")
+    prompt: str = Field(min_length=1, description="the text to continue")
+    max_new_tokens: int | None = Field(None, description="the most tokens to generate, 1..the server's "
+                                                         "--max-new-tokens (default: 256, or that limit if lower)")
+    temperature: float = Field(0.8, description="softmax temperature T = 1/beta; 0 is greedy (as attnkit generate)")
+    top_k: int = Field(0, description="sample among the k most likely tokens (0: all)")
+    top_p: float = Field(1.0, description="nucleus: the most likely tokens whose probabilities reach p, in (0, 1]")
+    seed: int | None = Field(None, ge=0, le=2**63 - 1, description="random seed: the same text every time, "
+                                                                  "attnkit generate's for --seed (default: a random "
+                                                                  "one, returned in the answer)")
+    stop: list[str] = Field(default_factory=list, max_length=MAX_STOPS,
+                            description=f"stop at the first of these strings (not returned); at most {MAX_STOPS}")
+    stream: bool = Field(False, description="answer server-sent events: one per token, then one with the counts")
+    attention: bool = Field(False, description="also return the attention maps of prompt and continuation "
+                                               "(explorer data, with head scores); not with stream")
+
+    @field_validator("prompt")
+    @classmethod
+    def _prompt_unicode(cls, prompt: str) -> str:
+        return _valid_unicode(prompt, "prompt")
+
+    @field_validator("stop")
+    @classmethod
+    def _stops(cls, stop: list[str]) -> list[str]:
+        for i, s in enumerate(stop):
+            if not 0 < len(s) <= MAX_STOP_CHARS:
+                raise PydanticCustomError("stop_length", "stop[{index}] must be 1..{most} characters long",
+                                          {"index": i, "most": MAX_STOP_CHARS})
+            _valid_unicode(s, f"stop[{i}]")
+        return stop
+
+
+class GenerateResponse(BaseModel):
+    model: str
+    text: str = Field(description="the continuation (without the prompt, and without the stop string)")
+    tokens: int = Field(description="tokens generated (</s>, and the one that completed a stop string, included)")
+    prompt_tokens: int = Field(description="the prompt's tokens")
+    finish_reason: str = Field(description="eos (the model ended the document), length (max_new_tokens), or stop")
+    seed: int | None = Field(description="the seed it sampled with (null: a CTranslate2 export's own generator)")
+    attention: dict | None = Field(None, description="with attention: the explorer data of prompt + continuation")
 
 
 class TranslateResponse(BaseModel):

@@ -1,20 +1,25 @@
 """What ``attnkit serve`` serves: a model behind one small interface, whatever runs it.
 
-=========================  ==========================================================================
-servable                   what it is, and what runs it
-=========================  ==========================================================================
-:class:`RunServable`       a run directory of ``attnkit train`` (translation or classification), run by
-                           attnkit itself; what it serves is its task's ``serves``
-                           (:attr:`attnkit.tasks.TaskSpec.serves`)
-:class:`ExportedServable`  a directory of ``attnkit export --to ctranslate2`` (translation only), run
-                           by CTranslate2 (:class:`attnkit.export.ctranslate2.ExportedTranslator`)
-=========================  ==========================================================================
+============================  ==========================================================================
+servable                      what it is, and what runs it
+============================  ==========================================================================
+:class:`RunServable`          a run directory of ``attnkit train`` (translation, classification or a
+                              language model), run by attnkit itself; what it serves is its task's
+                              ``serves`` (:attr:`attnkit.tasks.TaskSpec.serves`); a language model
+                              generates by continuous batching (:mod:`attnkit.serve.generation`)
+:class:`ExportedServable`     a translation directory of ``attnkit export --to ctranslate2``, run by
+                              CTranslate2 (:class:`attnkit.export.ctranslate2.ExportedTranslator`)
+:class:`ExportedGeneration`   a language model's such directory, run by CTranslate2
+                              (:class:`attnkit.export.ctranslate2_lm.ExportedGenerator`): requests that
+                              arrive together with the same options run as one batch
+============================  ==========================================================================
 
 :func:`load_servable` tells the two apart; :class:`ModelInfo` is what ``GET /models`` says of each.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -28,15 +33,19 @@ import torch
 from ..common.errors import UserError
 from ..engine.continuous import ContinuousGreedy, Finished, supports_continuous
 from ..export import is_exported
-from ..export.ctranslate2 import ExportedTranslator
+from ..export.ctranslate2 import MANIFEST, ExportedTranslator
+from ..export.ctranslate2_lm import ExportedGenerator
 from ..inference.attention_maps import AttentionMaps, attention_maps
 from ..inference.classify import predict
+from ..inference.language_model import prompt_ids
 from ..inference.translate import encode_sources, source_limit, translate_texts
 from ..runs.layout import find_weights
 from ..runs.load import LoadedRun, languages, load_run
 from ..tasks import spec
+from .generation import ContinuousGeneration, Generated, GenerationJob, generate_exported
 
-__all__ = ["ContinuousTranslation", "ExportedServable", "ModelInfo", "RunServable", "Servable", "load_servable"]
+__all__ = ["ContinuousTranslation", "ExportedGeneration", "ExportedServable", "ModelInfo", "RunServable", "Servable",
+           "load_servable"]
 
 
 @dataclass(frozen=True)
@@ -44,7 +53,7 @@ class ModelInfo:
     """What ``GET /models`` tells about a model."""
 
     name: str
-    task: Literal["translate", "classify"]  # the route that serves it
+    task: Literal["translate", "classify", "generate"]  # the route that serves it
     architecture: str
     source_language: str | None
     target_language: str | None
@@ -53,6 +62,7 @@ class ModelInfo:
     lenpen: float | None
     classes: list[str] | None  # classification
     precision: str = "float32"  # what the model computes in: float32, bf16 (autocast), or the export's quantization
+    context: int | None = None  # a language model: the most positions prompt + continuation may fill (None: any)
 
 
 #: ``attnkit serve --precision``: a run computes in float32, or under bfloat16 autocast (matmuls in bf16, as
@@ -70,16 +80,23 @@ class Servable(Protocol):
     source tokens (as the model's tokenizer counts them, without BOS/EOS), for the worker's
     length-aware batching; it is called from the event loop, so it must be cheap and touch no model.
     ``stepper`` (or None) decodes greedy translations continuously (:class:`ContinuousTranslation`), with
-    the same output as ``translate`` with beam 1.
+    the same output as ``translate`` with beam 1; a language model's generates continuously
+    (:class:`~attnkit.serve.generation.ContinuousGeneration`). A language model's ``prompt_ids`` are a prompt's
+    ids, checked (from the event loop: cheap, no model), and ``generate`` runs jobs as one batch; its
+    ``attention`` shows ``target``, the continuation, after the prompt ``text``; ``seeded``: a request may give
+    its own seed (a run; not a CTranslate2 export, which samples from one generator).
     """
 
     info: ModelInfo
-    stepper: ContinuousTranslation | None
+    seeded: bool
+    stepper: ContinuousTranslation | ContinuousGeneration | None
 
     def lengths(self, texts: list[str]) -> list[int]: ...
     def translate(self, texts: list[str], *, beam: int, n_best: int, lenpen: float) -> list[list[str]]: ...
     def classify(self, texts: list[str]) -> list[list[float]]: ...
-    def attention(self, text: str, *, beam: int, lenpen: float) -> AttentionMaps: ...
+    def attention(self, text: str, *, beam: int, lenpen: float, target: str | None = None) -> AttentionMaps: ...
+    def prompt_ids(self, prompt: str, max_new_tokens: int) -> list[int]: ...
+    def generate(self, jobs: list[GenerationJob]) -> list[Generated]: ...
 
 
 def _translation_info(run: LoadedRun, name: str, parameters: int) -> ModelInfo:
@@ -94,15 +111,24 @@ def _classification_info(run: LoadedRun, name: str, parameters: int) -> ModelInf
                      target_language=None, parameters=parameters, beam=None, lenpen=None, classes=run.classes)
 
 
+def _generation_info(run: LoadedRun, name: str, parameters: int) -> ModelInfo:
+    positions = run.cfg.model.transformer.positions
+    return ModelInfo(name=name, task="generate", architecture=f"transformer language model ({positions} positions)",
+                     source_language=None, target_language=None, parameters=parameters, beam=None, lenpen=None,
+                     classes=None, context=run.model.context)
+
+
 #: How ``GET /models`` describes a run, by what its task serves (:attr:`attnkit.tasks.TaskSpec.serves`).
 _INFO: dict[str, Callable[[LoadedRun, str, int], ModelInfo]] = {
-    "translate": _translation_info, "classify": _classification_info}
+    "translate": _translation_info, "classify": _classification_info, "generate": _generation_info}
 
 
 class RunServable:
-    """A run directory of ``attnkit train`` (translation or classification), run by attnkit itself, in float32
-    or under bfloat16 autocast (``precision``); with ``continuous``, a Transformer's greedy translations are
-    batched continuously (``stepper``)."""
+    """A run directory of ``attnkit train`` (translation, classification or a language model), run by attnkit
+    itself, in float32 or under bfloat16 autocast (``precision``); with ``continuous``, a Transformer's greedy
+    translations are batched continuously (``stepper``); a language model's generations always are."""
+
+    seeded = True  # each generation samples with its own torch.Generator
 
     def __init__(self, run: LoadedRun, name: str, precision: str = "float32", continuous: bool = False) -> None:
         self.run = run
@@ -111,8 +137,7 @@ class RunServable:
             raise UserError(f"{name} is a pretraining run: it neither translates nor classifies; serve a run "
                             f"fine-tuned from it (model.init_from)")
         if serves not in _INFO:
-            raise UserError(f"{name} is a language model: `attnkit serve` answers /translate and /classify only "
-                            f"for now; use `attnkit generate`")
+            raise UserError(f"{name} is a {run.task} run, which `attnkit serve` cannot serve")
         if precision not in PRECISIONS:
             raise UserError(f"--precision {precision}: choose one of {', '.join(PRECISIONS)}")
         self.precision = precision
@@ -120,6 +145,8 @@ class RunServable:
         self.info = replace(info, precision="bf16 autocast" if precision == "bf16" else "float32")
         stepper = _STEPPERS.get(serves) if continuous and supports_continuous(run.model) else None
         self.stepper = stepper(self) if stepper is not None else None
+        if serves == "generate":
+            self.stepper = ContinuousGeneration(run.model, run.tok, self._computing)
 
     @contextmanager
     def _computing(self) -> Iterator[None]:
@@ -139,9 +166,15 @@ class RunServable:
         with self._computing():
             return predict(self.run, texts)[0].tolist()
 
-    def attention(self, text: str, *, beam: int, lenpen: float) -> AttentionMaps:
+    def attention(self, text: str, *, beam: int, lenpen: float, target: str | None = None) -> AttentionMaps:
         with self._computing():
-            return attention_maps(self.run, text, beam=beam, lenpen=lenpen)
+            return attention_maps(self.run, text, target, beam=beam, lenpen=lenpen)
+
+    def prompt_ids(self, prompt: str, max_new_tokens: int) -> list[int]:
+        return prompt_ids(self.run.tok, prompt, self.info.context, max_new_tokens)
+
+    def generate(self, jobs: list[GenerationJob]) -> list[Generated]:
+        return ContinuousGeneration(self.run.model, self.run.tok, self._computing).run(jobs)
 
 
 class ContinuousTranslation:
@@ -202,6 +235,7 @@ class ExportedServable:
     """A directory written by ``attnkit export --to ctranslate2``, run by CTranslate2 (translation only)."""
 
     stepper = None  # CTranslate2 decodes whole batches
+    seeded = False  # CTranslate2 samples from one generator per process
 
     def __init__(self, path: Path, threads: int = 0) -> None:
         self.translator = ExportedTranslator(path, threads=threads)
@@ -224,9 +258,44 @@ class ExportedServable:
     def classify(self, texts: list[str]) -> list[list[float]]:
         raise UserError(f"{self.info.name} is a translation model")
 
-    def attention(self, text: str, *, beam: int, lenpen: float) -> AttentionMaps:
+    def attention(self, text: str, *, beam: int, lenpen: float, target: str | None = None) -> AttentionMaps:
         raise UserError(f"{self.info.name} is a CTranslate2 export, which gives no attention weights; serve the run "
                         f"directory it was exported from to see them")
+
+    def prompt_ids(self, prompt: str, max_new_tokens: int) -> list[int]:
+        raise UserError(f"{self.info.name} is a translation model")
+
+    def generate(self, jobs: list[GenerationJob]) -> list[Generated]:
+        raise UserError(f"{self.info.name} is a translation model")
+
+
+class ExportedGeneration(ExportedServable):
+    """A language model's directory of ``attnkit export --to ctranslate2``, run by CTranslate2
+    (:class:`~attnkit.export.ctranslate2_lm.ExportedGenerator`): no continuous batching, the requests that arrive
+    together with the same options run as one batch (:func:`~attnkit.serve.generation.generate_exported`). Its
+    samples come from CTranslate2's own random generator (one per process): a seed gives the same text every
+    time, but not a run's text for that seed."""
+
+    def __init__(self, path: Path, threads: int = 0) -> None:
+        self.generator = ExportedGenerator(path, threads=threads)
+        g = self.generator
+        self.info = ModelInfo(
+            name=Path(os.path.abspath(path)).name, task="generate",
+            architecture=f"transformer language model (CTranslate2 {g.quantization})", source_language=None,
+            target_language=None, parameters=g.parameters, beam=None, lenpen=None, classes=None,
+            precision=g.quantization, context=g.context)
+
+    def lengths(self, texts: list[str]) -> list[int]:
+        return [len(ids) for ids in self.generator.tok.encode_src(texts, threads=1)]
+
+    def translate(self, texts: list[str], *, beam: int, n_best: int, lenpen: float) -> list[list[str]]:
+        raise UserError(f"{self.info.name} is a language model")
+
+    def prompt_ids(self, prompt: str, max_new_tokens: int) -> list[int]:
+        return prompt_ids(self.generator.tok, prompt, self.info.context, max_new_tokens)
+
+    def generate(self, jobs: list[GenerationJob]) -> list[Generated]:
+        return generate_exported(self.generator, jobs)
 
 
 def load_servable(path: str | Path, threads: int = 0, precision: str = "float32", continuous: bool = False
@@ -239,7 +308,16 @@ def load_servable(path: str | Path, threads: int = 0, precision: str = "float32"
     :raises UserError: ``path`` is not something that can be served.
     """
     if is_exported(Path(path)):
-        return ExportedServable(Path(path), threads)
+        exported = ExportedGeneration if _exported_task(Path(path)) == "lm" else ExportedServable
+        return exported(Path(path), threads)
     run_dir, _ = find_weights(Path(path))
     return RunServable(load_run(path), Path(os.path.abspath(run_dir)).name, precision,  # a link's own name
                        continuous)
+
+
+def _exported_task(path: Path) -> str | None:
+    """The task an export's manifest names (None: unreadable; the servable's own checks then say what is wrong)."""
+    try:
+        return json.loads((path / MANIFEST).read_text(encoding="utf-8")).get("task")
+    except (OSError, ValueError, AttributeError):
+        return None

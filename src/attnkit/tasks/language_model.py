@@ -41,7 +41,8 @@ from ..data.tokenizer import EOS_ID, TOKENIZER_FILE, Tokenizer, save_characters
 from ..engine import FusedLMLoss
 from ..inference.language_model import LMScore, characters_per_id, document_stream, score_stream
 from ..positions import ADDITIVE_POSITIONS
-from .base import BaseRecipe, EpochTask, TaskSpec, refuse_init_from
+from .base import BaseRecipe, EpochTask, TaskSpec
+from .init_from import copy_pretrained_tokenizer, load_pretrained_body
 from .objectives import LanguageModelLoss
 from .pretraining import pretraining_texts
 
@@ -86,7 +87,10 @@ class LMRecipe(BaseRecipe):
         return (line for text, _ in self.examples() for line in text.splitlines() if line.strip()), None
 
     def given_tokenizer(self, run_dir: Path, log: Callable[[str], None]) -> Tokenizer | None:
-        """For ``model_type: characters``, the training text's characters (written only when they changed)."""
+        """The tokenizer of the run ``model.init_from`` names; else, for ``model_type: characters``, the training
+        text's characters (written only when they changed)."""
+        if self.cfg.model.init_from:
+            return copy_pretrained_tokenizer(self.cfg, run_dir, log)
         if self.cfg.data.tokenizer.model_type != "characters":
             return None
         seen: set[str] = set()
@@ -156,6 +160,13 @@ class LanguageModelTask(EpochTask):
         log(f"language-model data: {len(self.stream)} training tokens in {len(batches)} batches of {self.per_batch} "
             f"blocks of {self.block}; {len(self.valid_ids)} validation tokens")
 
+    def build_model(self) -> nn.Module:
+        """The language model, starting from the weights of the run ``model.init_from`` names, if any."""
+        model = super().build_model()
+        if self.cfg.model.init_from:
+            load_pretrained_body(model, self.cfg)
+        return model
+
     def batches(self, epoch: int) -> Batches:
         return block_batches(len(self.stream), self.block, self.per_batch, self.cfg.train.seed, epoch)
 
@@ -179,8 +190,8 @@ class LanguageModelTask(EpochTask):
 
 
 def check(cfg: RunConfig) -> None:
-    """A language model is a Transformer whose table of positions (if any) covers ``block_size``."""
-    refuse_init_from(cfg)
+    """A language model is a Transformer whose table of positions (if any) covers ``block_size`` (``model.init_from``,
+    a ``task: lm`` run to train on, is checked by :func:`attnkit.tasks.init_from.check_init_from`)."""
     if cfg.model.arch != "transformer":
         raise UserError("task lm needs model.arch: transformer")
     t = cfg.model.transformer

@@ -1,0 +1,314 @@
+"""The generation race: one language model, generated from by attnkit, transformers and CTranslate2, and served.
+
+    flock /tmp/attnkit-bench.lock python benchmarks/generate_race.py            # trains a model first (~2 min)
+    flock /tmp/attnkit-bench.lock python benchmarks/generate_race.py --run runs/shakespeare-char
+
+The model: a ``task: lm`` run (``--run``, or ``configs/shakespeare-char.yaml`` trained for ``--updates``
+updates), exported with ``attnkit export --to huggingface`` (transformers' ``AutoModelForCausalLM`` reads it)
+and ``--to ctranslate2`` in float32 and int8, so every contender holds the same weights. The workload:
+greedy decoding of ``NEW_TOKENS`` new tokens after prompts of ``PROMPT_CHARS`` characters of tiny
+Shakespeare's validation text, at batch 1 and batch 32 (32 different prompts of one length). Every
+contender is timed one at a time, ``--repeats`` times at each thread count (1 and 2), after an untimed
+warm-up; a row reports the best thread count and every pass. Tokens per second count the tokens each
+contender generated (a row that stopped at ``</s>`` counts what it made), and ``same`` says whether its
+greedy tokens equal attnkit's float32 ones.
+
+Served (``attnkit serve RUN``, a subprocess on a free port, ``--max-streams 64``): one streaming client,
+then 32 concurrent streaming clients (httpx), each greedy for ``NEW_TOKENS`` tokens. Reported: the
+served tokens/s against the offline batch-32 rate, and the time to the first streamed token at one
+client against one forward pass of the prompt (``LanguageModel.step`` on the prompt, timed offline).
+
+Targets (issue 37): attnkit >= 2x transformers; >= 1x CTranslate2 float32 and >= 0.8x int8 at batch 1;
+32 served streams >= 0.8x the offline batch; time to first token <= 1.5x a forward pass of the prompt.
+Writes ``benchmarks/results/generate-race.json`` (every run kept); :func:`markdown_table` renders it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "src"))
+
+from attnkit.common.measure import stamp  # noqa: E402
+from attnkit.runs.load import load_run  # noqa: E402
+from attnkit.sampling import generate  # noqa: E402
+from attnkit.training.runtime import cpu_has_fast_bf16  # noqa: E402
+from nbsvm import cpu_model  # noqa: E402
+from tables import append_run, markdown, measured  # noqa: E402
+
+OUT = ROOT / "benchmarks" / "results" / "generate-race.json"
+TEXT = ROOT.parent / "shared" / "data" / "shakespeare" / "input.txt"
+NEW_TOKENS, PROMPT_CHARS, BATCHES, STREAMS = 128, 64, (1, 32), 32
+ATTNKIT = [sys.executable, "-m", "attnkit"]
+
+
+def prompts(n: int) -> list[str]:
+    """``n`` prompts of :data:`PROMPT_CHARS` characters from the validation tail (the last 10%) of tiny Shakespeare."""
+    text = TEXT.read_text(encoding="utf-8")
+    tail = text[int(len(text) * 0.9):]
+    step = (len(tail) - PROMPT_CHARS) // n
+    return [tail[i * step: i * step + PROMPT_CHARS] for i in range(n)]
+
+
+def train_model(work: Path, updates: int) -> Path:
+    run = work / "lm"
+    subprocess.run([*ATTNKIT, "train", "configs/shakespeare-char.yaml", "--run-dir", str(run),
+                    f"train.max_updates={updates}", f"train.valid_every={updates}", "train.progress=false"],
+                   check=True, cwd=ROOT)
+    return run
+
+
+# -- the offline contenders: prompt ids (B, T) -> generated ids, a list per row -------------------
+
+
+def attnkit_contender(run: Path, bf16: bool):
+    from attnkit.engine import accelerate
+    model = accelerate(load_run(run).model).eval()
+
+    def run_batch(ids: list[list[int]]) -> list[list[int]]:
+        with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            steps = list(generate(model, ids, NEW_TOKENS, temperature=0.0, ignore_eos=True))
+        return torch.stack(steps, 1).tolist()  # (B, NEW_TOKENS)
+
+    return run_batch
+
+
+def transformers_contender(hf: Path):
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(str(hf), dtype=torch.float32).eval()
+
+    def run_batch(ids: list[list[int]]) -> list[list[int]]:
+        x = torch.tensor(ids)
+        with torch.inference_mode():
+            out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=NEW_TOKENS,
+                                 min_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0)
+        return out[:, x.size(1):].tolist()
+
+    return run_batch
+
+
+def ctranslate2_contender(export: Path, threads: int):
+    from attnkit.export.ctranslate2_lm import ExportedGenerator
+    engine = ExportedGenerator(export, threads=threads)
+
+    def run_batch(ids: list[list[int]]) -> list[list[int]]:
+        return engine.generate_batch(ids, NEW_TOKENS, temperature=0.0)
+
+    return run_batch
+
+
+def offline(run: Path, hf: Path, exports: dict[str, Path], threads: list[int], repeats: int) -> list[dict]:
+    tok = load_run(run).tok
+    ids = {b: tok.encode_src(prompts(b)) for b in BATCHES}
+    if len({len(x) for b in BATCHES for x in ids[b]}) != 1:
+        raise SystemExit("the prompts must all be one length in tokens (a character model gives that)")
+    names = ["attnkit float32"] + (["attnkit bf16"] if cpu_has_fast_bf16() else []) + ["transformers generate"] + [
+        f"CTranslate2 {q}" for q in exports]
+    rows, reference = [], {}
+    for t in threads:
+        torch.set_num_threads(t)
+        for name in names:  # one contender at a time, built at this thread count
+            if name.startswith("attnkit"):
+                contender = attnkit_contender(run, bf16=name.endswith("bf16"))
+            elif name.startswith("transformers"):
+                contender = transformers_contender(hf)
+            else:
+                contender = ctranslate2_contender(exports[name.split()[-1]], t)
+            for b in BATCHES:
+                contender(ids[b][:1])  # warm-up
+                for r in range(repeats):
+                    start = time.perf_counter()
+                    out = contender(ids[b])
+                    seconds = time.perf_counter() - start
+                    made = sum(len(x) for x in out)
+                    if name == "attnkit float32":
+                        reference.setdefault(b, out)
+                    same = [x == y[: len(x)] for x, y in zip(out, reference[b], strict=True)]
+                    rows.append({"contender": name, "threads": t, "batch": b, "repeat": r + 1,
+                                 "tok_s": made / seconds, "tokens": made, "same_as_attnkit": sum(same) / len(same)})
+                    print(f"{name}, {t} thread(s), batch {b}, pass {r + 1}: {made / seconds:.0f} tok/s "
+                          f"(same greedy tokens as attnkit: {sum(same)}/{len(same)})", flush=True)
+            del contender
+    return rows
+
+
+# -- served ------------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def stream_one(client, url: str, prompt: str) -> tuple[float, float, int]:
+    """``(seconds to the first token, seconds in all, tokens)`` of one streamed greedy request."""
+    start, first, tokens = time.perf_counter(), None, 0
+    body = {"prompt": prompt, "max_new_tokens": NEW_TOKENS, "temperature": 0, "stream": True}
+    async with client.stream("POST", url, json=body) as response:
+        response.raise_for_status()
+        async for line in response.aiter_lines():
+            if not line.startswith("data:"):
+                continue
+            event = json.loads(line[5:])
+            if "token" in event:
+                tokens += 1
+                first = first or time.perf_counter() - start
+    return first or float("nan"), time.perf_counter() - start, tokens
+
+
+async def served_load(port: int, texts: list[str]) -> tuple[list[tuple[float, float, int]], float]:
+    import httpx
+    url = f"http://127.0.0.1:{port}/generate"
+    async with httpx.AsyncClient(timeout=600) as client:
+        start = time.perf_counter()
+        results = await asyncio.gather(*(stream_one(client, url, p) for p in texts))
+        return list(results), time.perf_counter() - start
+
+
+def served(run: Path, threads: int, repeats: int) -> dict:
+    """One client, then :data:`STREAMS` concurrent ones, against ``attnkit serve RUN``."""
+    port = free_port()
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    server = subprocess.Popen([*ATTNKIT, "serve", str(run), "--port", str(port), "--threads", str(threads),
+                               "--max-streams", str(2 * STREAMS), "--max-batch", str(STREAMS)], env=env,
+                              stdout=subprocess.DEVNULL)
+    try:
+        import httpx
+        for _ in range(600):
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/models", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.5)
+        else:
+            raise SystemExit("attnkit serve did not answer within 5 minutes")
+        asyncio.run(served_load(port, prompts(1)))  # warm-up
+        single, many = [], []
+        for _ in range(repeats):
+            results, _ = asyncio.run(served_load(port, prompts(1)))
+            single.append({"ttft_s": results[0][0], "tok_s": results[0][2] / results[0][1]})
+            results, wall = asyncio.run(served_load(port, prompts(STREAMS)))
+            many.append({"tok_s": sum(r[2] for r in results) / wall, "ttft_s_median": sorted(r[0] for r in results)
+                         [len(results) // 2]})
+            print(f"served, {threads} thread(s): 1 client {single[-1]['tok_s']:.0f} tok/s, first token "
+                  f"{single[-1]['ttft_s'] * 1000:.1f} ms; {STREAMS} streams {many[-1]['tok_s']:.0f} tok/s", flush=True)
+        return {"threads": threads, "single": single, "streams": many}
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def prompt_forward_seconds(run: Path, threads: int, repeats: int = 20) -> float:
+    """The median time of one forward pass over a prompt (``LanguageModel.step`` from an empty cache)."""
+    from attnkit.engine import accelerate
+    torch.set_num_threads(threads)
+    loaded = load_run(run)
+    model = accelerate(loaded.model).eval()
+    x = torch.tensor(loaded.tok.encode_src(prompts(1)))
+    times = []
+    with torch.inference_mode():
+        for _ in range(repeats + 3):
+            start = time.perf_counter()
+            model.step(x, model.init_state())
+            times.append(time.perf_counter() - start)
+    return sorted(times[3:])[repeats // 2]
+
+
+def measure(args: argparse.Namespace) -> dict:
+    import ctranslate2
+    import transformers
+    work = Path(tempfile.mkdtemp(prefix="generate-race-"))
+    run = args.run or train_model(work, args.updates)
+    subprocess.run([*ATTNKIT, "export", str(run), "--to", "huggingface", "-o", str(work / "hf")], check=True)
+    exports = {}
+    for q in ("float32", "int8"):
+        exports[q] = work / f"ct2-{q}"
+        subprocess.run([*ATTNKIT, "export", str(run), "--to", "ctranslate2", "--quantization", q, "-o",
+                        str(exports[q])], check=True)
+    rows = offline(run, work / "hf", exports, args.threads, args.repeats)
+    serving = [served(run, t, args.repeats) for t in args.threads] if not args.no_serve else []
+    forward = {str(t): prompt_forward_seconds(run, t) for t in args.threads}  # JSON keys are strings
+    cfg = load_run(run).cfg.model.transformer
+    return {**stamp(), "cpu": cpu_model(), "bf16": cpu_has_fast_bf16(), "torch": torch.__version__,
+            "transformers": transformers.__version__, "ctranslate2": ctranslate2.__version__,
+            "command": "python benchmarks/generate_race.py" + (f" --run {args.run}" if args.run else ""),
+            "model": {"layers": cfg.decoder_layers, "d_model": cfg.d_model, "heads": cfg.n_heads,
+                      "parameters": sum(p.numel() for p in load_run(run).model.parameters())},
+            "new_tokens": NEW_TOKENS, "prompt_chars": PROMPT_CHARS, "offline": rows, "served": serving,
+            "prompt_forward_s": forward}
+
+
+def best(rows: list[dict], name: str, batch: int) -> tuple[float, list[float], int]:
+    """``(best median tok/s over thread counts, that count's passes, its threads)`` of one contender."""
+    by: dict[int, list[float]] = {}
+    for r in rows:
+        if r["contender"] == name and r["batch"] == batch:
+            by.setdefault(r["threads"], []).append(r["tok_s"])
+    t = max(by, key=lambda k: sorted(by[k])[len(by[k]) // 2])
+    passes = by[t]
+    return sorted(passes)[len(passes) // 2], passes, t
+
+
+def markdown_table(runs: dict) -> str:
+    """docs/language-models.md: tokens/s of each contender (best thread count, every pass), ratios, served."""
+    out = []
+    for run in runs["runs"]:
+        rows, names = run["offline"], list(dict.fromkeys(r["contender"] for r in run["offline"]))
+        table = []
+        for b in BATCHES:
+            ours = best(rows, "attnkit float32", b)[0]
+            for name in names:
+                rate, passes, t = best(rows, name, b)
+                same = min(r["same_as_attnkit"] for r in rows if r["contender"] == name and r["batch"] == b)
+                table.append([b, name, t, f"{rate:.0f}", " / ".join(f"{p:.0f}" for p in passes),
+                              f"{ours / rate:.2f}x", f"{same:.0%}"])
+        out.append(markdown(["batch", "contender", "threads", "tok/s (median)", "every pass",
+                             "attnkit float32 is", "same greedy tokens"], table, "rllrrrr"))
+        if run["served"]:
+            offline32 = best(rows, "attnkit float32", 32)[0]
+            served_rows = []
+            for s in run["served"]:
+                forward = run["prompt_forward_s"][str(s["threads"])]
+                ttft = sorted(x["ttft_s"] for x in s["single"])[len(s["single"]) // 2]
+                rate = sorted(x["tok_s"] for x in s["streams"])[len(s["streams"]) // 2]
+                served_rows.append([s["threads"], f"{ttft * 1000:.1f} ms", f"{forward * 1000:.1f} ms",
+                                    f"{ttft / forward:.2f}x", f"{rate:.0f}", f"{rate / offline32:.2f}x"])
+            out.append(markdown(["threads", "first token, 1 client", "forward pass of the prompt", "ratio",
+                                 f"{STREAMS} streams tok/s", "of the offline batch 32"], served_rows, "rrrrrr"))
+        m = run["model"]
+        out.append(f"Model: {m['layers']} layers x {m['d_model']}, {m['heads']} heads, {m['parameters']:,} "
+                   f"parameters; greedy, {run['new_tokens']} new tokens. CPU: {run['cpu']} (bf16: "
+                   f"{'yes' if run['bf16'] else 'no, so attnkit bf16 is not a contender'}). {measured(run)}")
+    return "\n\n".join(out)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--run", type=Path, help="a task: lm run (default: train configs/shakespeare-char.yaml briefly)")
+    p.add_argument("--updates", type=int, default=300, help="updates of the model trained without --run")
+    p.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--no-serve", action="store_true", help="only the offline race")
+    args = p.parse_args()
+    result = measure(args)
+    append_run(OUT, result)
+    print(markdown_table({"runs": [result]}))
+    print(f"wrote {OUT}")
+
+
+if __name__ == "__main__":
+    main()

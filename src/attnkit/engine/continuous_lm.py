@@ -1,0 +1,224 @@
+"""Continuous (iteration-level) sampling from a language model: prompts join and leave a running batch at every step.
+
+:func:`attnkit.sampling.generate` continues a batch of prompts of one length until its last row ends. Here, as
+Orca and vLLM serve: :meth:`ContinuousSampler.add` runs a new prompt through the textbook
+:meth:`~attnkit.lm.LanguageModel.step` with its own cache (the prefill, exactly what ``generate`` computes first),
+chooses its first token, and merges its cache into the running batch; :meth:`ContinuousSampler.step` feeds every
+running row its last token at its own position and chooses each row's next one. The rows of one step are at
+different positions ``pos`` ``(B,)``, so
+
+* each row's key/value cache is right-aligned: a shorter one is padded on the left, and ``valid`` ``(B, t)``
+  masks the padding (a row's query sees only its own keys; the padding gets exactly zero weight);
+* a table of positions (learned, sinusoidal) is read at each row's own position, ``x = Embed(y) + PE[pos]``;
+* RoPE rotates each row's query and key by its own position (the ``offset`` argument of
+  :meth:`~attnkit.multihead.MultiHeadAttention.forward`), so ``q_t . k_s`` sees the row's ``t - s``;
+* ALiBi's bias ``-m_h |t - s|`` and the sliding window ``t - s < window`` are functions of a key's distance from
+  the query, and right alignment keeps distances: a row's key ``s`` is ``t - s`` columns left of its query.
+
+Each row chooses its token with :func:`attnkit.sampling.choose_next` on its own logits, its own temperature,
+top-k, top-p and ``torch.Generator``: a seeded row draws the same numbers whether it runs alone or among others,
+so its tokens are ``generate``'s for that seed (``tests/test_continuous_lm.py`` checks greedy and seeded rows
+against ``generate``, joining mid-way, for every kind of positions and a window). A row ends at ``</s>`` (which it
+reports) or after ``max_new_tokens``, or when :meth:`ContinuousSampler.drop` takes it out (a stop string, a
+client gone); its cache rows leave the batch, and the leading columns no row needs any more are cut.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from ..lm import LanguageModel, LMState
+from ..multihead import KVCache
+from ..sampling import choose_next
+from ..vocab import EOS_ID
+from .continuous import _pad_to
+
+__all__ = ["ContinuousSampler", "Sampling", "Token"]
+
+#: Why a row ended: it chose ``</s>``, or it used its ``max_new_tokens``.
+FinishReason = Literal["eos", "length"]
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How a row chooses its tokens (:func:`attnkit.sampling.choose_next`): temperature 0 is greedy."""
+
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+
+
+#: Greedy decoding: the most probable token at every step.
+GREEDY = Sampling(temperature=0.0)
+
+
+@dataclass(frozen=True)
+class Token:
+    """A row's token of one step: its handle, the id, and why the row ended with it (None: it goes on)."""
+
+    handle: int
+    id: int
+    finish: FinishReason | None = None
+
+
+@dataclass
+class _Row:
+    handle: int
+    budget: int  # max_new_tokens
+    sampling: Sampling
+    generator: torch.Generator | None
+    emitted: int = 0  # tokens chosen so far
+
+
+class ContinuousSampler:
+    """Sampling of a changing set of prompts (see the module docstring).
+
+    ``add(prompt, ...)`` -> the prompt's first :class:`Token` (its ``handle`` names the row); ``step()`` -> a token
+    for every running row; ``drop(handles)`` takes rows out. Not thread-safe: one thread drives it (the server's
+    model worker). Runs under ``torch.inference_mode``.
+    """
+
+    def __init__(self, model: LanguageModel) -> None:
+        if not isinstance(model, LanguageModel):
+            raise TypeError(f"continuous sampling needs a LanguageModel, got {type(model).__name__}")
+        self.model = model
+        self.window = model.cfg.window
+        self._next_handle = 0
+        self.rows: list[_Row] = []
+        self._reset()
+
+    def _reset(self) -> None:
+        self.caches: list[KVCache] = []  # per layer: keys, values (B, H_kv, t, d_k)
+        self.valid: Tensor | None = None  # (B, t) bool: which cached keys are the row's own
+        self.prev: Tensor | None = None  # (B,) the token each row feeds next
+        self.pos: Tensor | None = None  # (B,) its position
+
+    @property
+    def running(self) -> int:
+        """Rows being continued."""
+        return len(self.rows)
+
+    @property
+    def width(self) -> int:
+        """Cached positions of the running batch (the longest row's, padding included)."""
+        return 0 if self.valid is None else self.valid.size(1)
+
+    @torch.inference_mode()
+    def add(self, prompt: list[int], max_new_tokens: int, sampling: Sampling = GREEDY,
+            generator: torch.Generator | None = None) -> Token:
+        """Start a row: run ``prompt`` (ids, at least one) through the model, choose its first token.
+
+        The row joins the running batch unless that token ends it (``</s>``, or ``max_new_tokens == 1``). The
+        caller checks that prompt and continuation fit the model's positions (``prompt_ids``).
+        """
+        if not prompt or max_new_tokens < 1:
+            raise ValueError(f"a row needs a prompt and max_new_tokens >= 1, got {len(prompt)} ids and "
+                             f"{max_new_tokens}")
+        model = self.model
+        model.eval()
+        device = next(model.parameters()).device
+        row = _Row(self._next_handle, max_new_tokens, sampling, generator)
+        self._next_handle += 1
+        logits, state = model.step(torch.tensor([prompt], device=device), model.init_state())  # (1, V), as generate
+        token = self._choose([row], logits)[0]
+        if token.finish is None:
+            self._merge(state, row, token.id)
+        return token
+
+    def _merge(self, state: LMState, row: _Row, token: int) -> None:
+        """Append a fresh row (its prompt's cache ``(1, H_kv, L, d_k)``) to the batch, left-padding the shorter side."""
+        L = state.length
+        device = state.caches[0].k.device
+        new_valid = torch.ones(1, L, dtype=torch.bool, device=device)  # (1, L)
+        new_prev = torch.tensor([token], device=device)
+        new_pos = torch.tensor([L], device=device)  # the first new token sits at position L
+        if not self.rows:
+            self.caches, self.valid, self.prev, self.pos = list(state.caches), new_valid, new_prev, new_pos
+        else:
+            t = max(self.width, L)
+
+            def joined(own: Tensor, new: Tensor) -> Tensor:
+                return torch.cat([_pad_to(own, 2, t, left=True), _pad_to(new, 2, t, left=True)])  # (B + 1, H, t, d)
+
+            self.caches = [KVCache(joined(own.k, new.k), joined(own.v, new.v))
+                           for own, new in zip(self.caches, state.caches, strict=True)]
+            self.valid = torch.cat([_pad_to(self.valid, 1, t, left=True, value=False),
+                                    _pad_to(new_valid, 1, t, left=True, value=False)])  # (B + 1, t)
+            self.prev, self.pos = torch.cat([self.prev, new_prev]), torch.cat([self.pos, new_pos])
+        self.rows.append(row)
+
+    @torch.inference_mode()
+    def step(self) -> list[Token]:
+        """Feed every running row its last token; each row's next token (rows that ended leave the batch)."""
+        if not self.rows:
+            return []
+        model = self.model
+        B, t = len(self.rows), self.width
+        x = model.embed(self.prev[:, None])  # (B, 1, d_model)
+        if model.positions is not None:
+            table = model.positions(int(self.pos.max()) + 1)  # (P, d_model)
+            x = x + table[self.pos][:, None]  # + PE at each row's own position
+        x = model.dropout(x)
+        keys = torch.cat([self.valid, torch.ones(B, 1, dtype=torch.bool, device=x.device)], dim=1)  # (B, t + 1)
+        mask = keys
+        if self.window:  # the query (column t) sees the keys less than `window` columns (= positions) back
+            mask = mask & (torch.arange(t + 1, device=x.device) > t - self.window)
+        mask = mask[:, None, None, :]  # (B, 1, 1, t + 1)
+        caches = []
+        for layer, cache in zip(model.layers, self.caches, strict=True):
+            x, _, new_cache = layer(x, None, mask, None, cache=(cache, None), offset=self.pos)
+            caches.append(new_cache[0])
+        hidden = model.final_norm(x) if model.final_norm is not None else x
+        logits = model.out_proj(hidden[:, 0])  # (B, V)
+        self.caches, self.valid, self.pos = caches, keys, self.pos + 1
+        tokens = self._choose(self.rows, logits)
+        self.prev = torch.tensor([tk.id for tk in tokens], device=x.device)
+        ended = {i for i, tk in enumerate(tokens) if tk.finish is not None}
+        if ended:
+            self._keep([i for i in range(B) if i not in ended])
+        return tokens
+
+    def _choose(self, rows: list[_Row], logits: Tensor) -> list[Token]:
+        """Each row's next token from its logits ``(R, V)``, with its own sampling and generator."""
+        ids = [0] * len(rows)
+        greedy = [i for i, row in enumerate(rows) if row.sampling.temperature == 0]
+        if greedy:
+            index = torch.tensor(greedy, device=logits.device)
+            ids_greedy = choose_next(logits.index_select(0, index), 0.0).tolist()  # argmax, one call
+            for i, token in zip(greedy, ids_greedy, strict=True):
+                ids[i] = token
+        for i, row in enumerate(rows):
+            if row.sampling.temperature != 0:
+                s = row.sampling
+                ids[i] = int(choose_next(logits[i: i + 1], s.temperature, s.top_k, s.top_p, row.generator)[0])
+        tokens = []
+        for row, token in zip(rows, ids, strict=True):
+            row.emitted += 1
+            finish = "eos" if token == EOS_ID else ("length" if row.emitted >= row.budget else None)
+            tokens.append(Token(row.handle, token, finish))
+        return tokens
+
+    def drop(self, handles: list[int]) -> None:
+        """Take the rows ``handles`` out of the batch (unknown handles are ignored: those rows ended already)."""
+        gone = set(handles)
+        keep = [i for i, row in enumerate(self.rows) if row.handle not in gone]
+        if len(keep) < len(self.rows):
+            self._keep(keep)
+
+    def _keep(self, keep: list[int]) -> None:
+        """Keep only the rows ``keep``; drop the leading key columns no kept row uses."""
+        self.rows = [self.rows[i] for i in keep]
+        if not keep:
+            self._reset()
+            return
+        index = torch.tensor(keep, dtype=torch.long, device=self.prev.device)
+        valid = self.valid.index_select(0, index)  # (B', t)
+        drop = int(valid.any(dim=0).long().argmax())  # leading columns that no kept row uses
+        self.valid = valid[:, drop:]
+        self.caches = [KVCache(c.k.index_select(0, index)[:, :, drop:], c.v.index_select(0, index)[:, :, drop:])
+                       for c in self.caches]
+        self.prev, self.pos = self.prev.index_select(0, index), self.pos.index_select(0, index)

@@ -1,0 +1,190 @@
+"""``POST /generate``: a language model's route (registered by :func:`attnkit.serve.app.create_app`), and how a
+request becomes a :class:`~attnkit.serve.generation.GenerationJob` on the model's worker.
+
+:func:`generate_text` checks the request as ``attnkit generate`` checks its options, counts it against
+``max_streams`` (429 beyond), queues it (503 when the queue is full), then answers with the whole text or, with
+``stream``, with server-sent events, one per token as the worker chooses it. A client that goes away cancels its
+job: its row leaves the running batch at the next step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+from functools import partial
+
+from fastapi import Request
+from fastapi.responses import Response, StreamingResponse
+from starlette.exceptions import HTTPException
+
+from ..common.errors import UserError
+from ..engine.continuous_lm import Sampling
+from ..inference.language_model import check_sampling
+from .batching import Limits, QueueFull
+from .generation import Generated, GenerationJob
+from .metrics import TIMING
+from .routing import RETRY_AFTER, AppState, app_state, attention_jsons, pick, run_on_worker, with_attention
+from .schemas import GenerateRequest, GenerateResponse
+from .servables import Servable
+
+__all__ = ["DEFAULT_NEW_TOKENS", "generate_text"]
+
+#: Tokens a ``/generate`` request without ``max_new_tokens`` gets (``attnkit generate``'s default), at most the limit.
+DEFAULT_NEW_TOKENS = 256
+
+
+async def generate_text(req: GenerateRequest, request: Request) -> GenerateResponse | Response:
+    state = app_state(request)
+    servable = pick(state, req.model, "generate")
+    job = _generation_job(req, servable, state.limits)
+    stream = _Stream(state, servable.info.name)  # 429 beyond --max-streams
+    queue: asyncio.Queue | None = None
+    if req.stream:  # the worker tells each token as it is chosen (set before the job is queued)
+        loop, queue = asyncio.get_running_loop(), asyncio.Queue()
+        job.emit = lambda event: loop.call_soon_threadsafe(queue.put_nowait, event)
+    try:
+        future = _submit_generation(request, servable, job)
+    except BaseException:
+        stream.close()
+        raise
+    if queue is not None:
+        return StreamingResponse(_events(request, servable, job, future, queue, stream), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    try:
+        result = await _generated(request, servable, job, future)
+    finally:
+        stream.close()
+    response = GenerateResponse(model=servable.info.name, text=result.text, tokens=result.tokens,
+                                prompt_tokens=result.prompt_tokens, finish_reason=result.finish_reason,
+                                seed=result.seed)
+    if not req.attention:
+        return response
+    maps = partial(servable.attention, beam=1, lenpen=0.0, target=result.text)  # the continuation after the prompt
+    attention = await run_on_worker(request, servable, ("attention",), partial(attention_jsons, maps), [req.prompt])
+    return with_attention(response, attention, sent=state.workers[servable.info.name].release_soon, one=True)
+
+
+def _as_fields(message: str) -> str:
+    """A check's message written for ``attnkit generate``'s options (``--top-p``), naming the request's fields
+    (``top_p``) instead."""
+    return re.sub(r"--([a-z]+(?:-[a-z]+)*)", lambda m: m[1].replace("-", "_"), message)
+
+
+def _generation_job(req: GenerateRequest, servable: Servable, limits: Limits) -> GenerationJob:
+    """The request as the worker runs it, checked as ``attnkit generate`` checks its options.
+
+    :raises HTTPException: 413 for a prompt longer than ``max_chars``, 422 for the rest.
+    """
+    if len(req.prompt) > limits.max_chars:
+        raise HTTPException(413, f"prompt: {len(req.prompt)} characters, more than the limit {limits.max_chars} "
+                                 "(--max-chars); shorten it")
+    if req.stream and req.attention:
+        raise HTTPException(422, "attention: not with stream; ask for the attention in a request without stream")
+    cap = limits.max_new_tokens
+    n = min(DEFAULT_NEW_TOKENS, cap) if req.max_new_tokens is None else req.max_new_tokens
+    if not 0 < n <= cap:
+        raise HTTPException(422, f"max_new_tokens must be in 1..{cap} (this server's --max-new-tokens), got {n}")
+    if req.seed is not None and not servable.seeded:
+        raise HTTPException(422, f"seed: {servable.info.name!r} is a CTranslate2 export, which samples from one "
+                                 "generator for the whole server; leave seed out, or serve its run directory")
+    try:
+        check_sampling(req.temperature, req.top_k, req.top_p)
+        ids = servable.prompt_ids(req.prompt, n)
+    except UserError as e:
+        raise HTTPException(422, _as_fields(str(e))) from None
+    return GenerationJob(ids, n, Sampling(req.temperature, req.top_k, req.top_p), req.seed, tuple(req.stop))
+
+
+class _Stream:
+    """A generation in flight, counted against ``max_streams`` from its acceptance until :meth:`close` (event
+    loop only)."""
+
+    def __init__(self, state: AppState, model: str) -> None:
+        if state.streams[model] >= state.limits.max_streams:
+            raise HTTPException(429, f"model {model!r} is generating {state.streams[model]} texts, the limit "
+                                     "(--max-streams); retry shortly", headers={"Retry-After": str(RETRY_AFTER)})
+        state.streams[model] += 1
+        self.state, self.model, self.open = state, model, True
+
+    def close(self) -> None:
+        if self.open:
+            self.open = False
+            self.state.streams[self.model] -= 1
+
+
+def _submit_generation(request: Request, servable: Servable, job: GenerationJob) -> asyncio.Future:
+    """Queue ``job`` on the model's worker: it joins the running batch (a run), or the jobs of the same options
+    that arrive with it (an export)."""
+    state, name = app_state(request), servable.info.name
+    stepper = servable.stepper
+    key = ("generate",) if stepper is not None else ("generate", job.max_new_tokens, job.sampling)
+    try:
+        future = state.workers[name].submit(key, servable.generate, [job], [len(job.ids)], stepper)
+    except QueueFull:
+        raise HTTPException(503, f"model {name!r} is busy ({state.limits.max_queue} texts queued, --max-queue); "
+                                 "retry shortly", headers={"Retry-After": str(RETRY_AFTER)}) from None
+    state.metrics.job_queued(request.scope.get(TIMING), name)
+    return future
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns once the client has gone away (the body was read already: what comes next is the disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _generated(request: Request, servable: Servable, job: GenerationJob, future: asyncio.Future) -> Generated:
+    """The job's result; a client that goes away first cancels it (its row leaves the batch at the next step)."""
+    state, timing = app_state(request), request.scope.get(TIMING)
+    gone = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({future, gone}, return_when=asyncio.FIRST_COMPLETED)
+        if not future.done():
+            job.cancel()
+            future.cancel()
+            raise HTTPException(499, "the client went away")  # nobody reads it; counted in the metrics
+        state.metrics.job_answered(timing)
+        try:
+            result = future.result()[0]
+        except UserError as e:
+            raise HTTPException(422, str(e)) from None
+    finally:
+        gone.cancel()
+    state.metrics.generation(servable.info.name, timing, job, result)
+    return result
+
+
+def _event(data: dict) -> bytes:
+    """One server-sent event."""
+    return b"data: " + json.dumps(data, ensure_ascii=False).encode() + b"\n\n"
+
+
+async def _events(request: Request, servable: Servable, job: GenerationJob, future: asyncio.Future,
+                  queue: asyncio.Queue, stream: _Stream):
+    """A streamed request's events: ``{"token", "id"}`` per token as the worker chooses it, then the counts and
+    ``finish_reason`` (or ``{"error"}``). Closed early (the client went away), it cancels the job."""
+    state, timing = app_state(request), request.scope.get(TIMING)
+    future.add_done_callback(queue.put_nowait)  # after its tokens: the worker settles the future after emitting them
+    try:
+        while (item := await queue.get()) is not future:
+            yield _event(item)
+        state.metrics.job_answered(timing)
+        try:
+            result: Generated = future.result()[0]
+        except UserError as e:
+            yield _event({"error": str(e)})
+            return
+        except Exception as e:  # a bug: the stream has begun, so it ends with the error (uvicorn logs nothing)
+            logging.getLogger(__name__).error("attnkit serve: /generate failed", exc_info=e)
+            yield _event({"error": f"internal error ({type(e).__name__})"})
+            return
+        state.metrics.generation(servable.info.name, timing, job, result)
+        yield _event({"text": result.text, "tokens": result.tokens, "prompt_tokens": result.prompt_tokens,
+                      "finish_reason": result.finish_reason, "seed": result.seed})
+    finally:
+        if not future.done():
+            job.cancel()
+            future.cancel()
+        stream.close()

@@ -1,0 +1,230 @@
+"""Hugging Face causal language models <-> attnkit ``task: lm`` runs, checked against transformers itself (issue 37).
+
+Tiny random GPT-2, Llama (grouped-query attention, untied and tied) and Mistral (a sliding window) directories
+with tokenizers trained here (tests/hf_models.py) are imported with ``attnkit import``: tokenization, logits,
+losses and greedy output must equal transformers'. ``attnkit export --to huggingface`` must give back the same
+directory, and a character-level run trained here must load in transformers with attnkit's logits and ids.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from safetensors.torch import load_file
+
+from attnkit.cli import main
+from attnkit.inference.language_model import document_stream, read_documents
+from attnkit.runs.load import load_run
+from attnkit.sampling import generate
+from attnkit.vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+
+transformers = pytest.importorskip("transformers")
+import hf_models  # noqa: E402  (after the skip: it builds models with transformers)
+from test_lm_task import assert_one_line_error, corpus, lm_config, train_lm  # noqa: E402
+
+TEXTS = hf_models.causal_texts()
+PROMPTS = ["The quick", "Größe und", "12 May", "emoji 🙂", "a"]
+FAMILIES = {"gpt2": hf_models.gpt2_dir, "llama": hf_models.llama_dir,
+            "llama-tied-mha": lambda out: hf_models.llama_dir(out, tie=True, kv_heads=4, seed=1),
+            "mistral": lambda out: hf_models.llama_dir(out, model_type="mistral", sliding_window=5, seed=2)}
+
+
+@pytest.fixture(scope="module", params=list(FAMILIES))
+def imported(request, tmp_path_factory) -> tuple[Path, Path]:
+    """``(Hugging Face directory, imported run)`` of each family."""
+    return hf_models.imported(tmp_path_factory.mktemp(request.param), FAMILIES[request.param])
+
+
+def hf_ids(run) -> list[int | None]:
+    """The Hugging Face id of each attnkit id (None: an absent id)."""
+    return run.tok._src.to_hf
+
+
+def hf_model(path: Path):
+    return transformers.AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+
+
+def test_tokenization_is_autotokenizers(imported):
+    hf, run_dir = imported
+    run, reference = load_run(run_dir), transformers.AutoTokenizer.from_pretrained(str(hf))
+    to_hf = hf_ids(run)
+    for text, ids in zip(TEXTS, run.tok.encode_src(TEXTS), strict=True):
+        assert [to_hf[i] for i in ids] == reference(text)["input_ids"], text
+
+
+def test_logits_and_loss_equal_transformers(imported, tmp_path, capsys):
+    hf, run_dir = imported
+    run, reference = load_run(run_dir), hf_model(hf)
+    to_hf = hf_ids(run)
+    columns = [run.tok._src.to_attnkit[h] for h in range(len(run.tok._src.to_attnkit))]  # HF id -> attnkit column
+    for text in TEXTS[:12] + TEXTS[-6:-1]:
+        ids = run.tok.encode_src([text])[0][:60]
+        if not ids:
+            continue
+        with torch.no_grad():
+            expected = reference(torch.tensor([[to_hf[i] for i in ids]])).logits  # (1, T, V_hf)
+            got = run.model(torch.tensor([ids]))[..., columns]
+        torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+    # attnkit evaluate: the absent ids take no probability, so the loss is transformers'
+    text = "The quick brown fox, 12 May 1999: Größe!"
+    (tmp_path / "held-out.txt").write_text(text, encoding="utf-8")
+    ids = [to_hf[i] for i in document_stream(run.tok, read_documents(str(tmp_path / "held-out.txt"), "text"))]
+    with torch.no_grad():
+        loss = reference(torch.tensor([ids]), labels=torch.tensor([ids])).loss.item()
+    assert main(["evaluate", str(run_dir), "--data", str(tmp_path / "held-out.txt")]) == 0
+    assert f"loss {loss:.4f} nats/token" in capsys.readouterr().out
+
+
+def test_greedy_output_equals_generate(imported):
+    hf, run_dir = imported
+    run, reference = load_run(run_dir), hf_model(hf)
+    to_hf = hf_ids(run)
+    never = [to_hf[i] for i in (PAD_ID, UNK_ID, BOS_ID) if to_hf[i] is not None]  # attnkit never samples these
+    for prompt in PROMPTS:
+        ids = run.tok.encode_src([prompt])[0]
+        got = [to_hf[int(t[0])] for t in generate(run.model, [ids], 20, temperature=0)]
+        x = torch.tensor([[to_hf[i] for i in ids]])
+        out = reference.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=20,
+                                 suppress_tokens=never or None, pad_token_id=to_hf[EOS_ID])
+        assert got == out[0, x.size(1):].tolist(), prompt
+
+
+def test_commands_work_on_an_import(imported, tmp_path, capsys):
+    _, run_dir = imported
+    assert main(["generate", str(run_dir), "--prompt", "The", "--max-new-tokens", "8", "--temperature", "0"]) == 0
+    assert capsys.readouterr().out.startswith("The")
+    assert main(["attention", str(run_dir), "--src", "The quick brown fox", "-o", str(tmp_path / "attn"),
+                 "--max-new-tokens", "4", "--no-png", "--html"]) == 0
+    assert (tmp_path / "attn" / "attention.html").is_file()
+
+
+def test_export_gives_back_the_checkpoint_and_import_the_run(imported, tmp_path):
+    hf, run_dir = imported
+    assert main(["export", str(run_dir), "--to", "huggingface", "-o", str(tmp_path / "out")]) == 0
+    original = load_file(str(hf / "model.safetensors"))
+    exported = load_file(str(tmp_path / "out" / "model.safetensors"))
+    assert sorted(original) == sorted(exported)
+    for key, value in original.items():
+        torch.testing.assert_close(exported[key], value, atol=0, rtol=0, msg=key)
+    assert (tmp_path / "out" / "tokenizer.json").read_bytes() == (hf / "tokenizer.json").read_bytes()
+    reference = transformers.AutoTokenizer.from_pretrained(str(hf))
+    again = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "out"))
+    assert [again(t)["input_ids"] for t in TEXTS] == [reference(t)["input_ids"] for t in TEXTS]
+    x = torch.tensor([reference(TEXTS[0])["input_ids"]])
+    with torch.no_grad():
+        torch.testing.assert_close(hf_model(tmp_path / "out")(x).logits, hf_model(hf)(x).logits, atol=1e-5, rtol=0)
+    # ... and back: the same run
+    assert main(["import", str(tmp_path / "out"), "-o", str(tmp_path / "run")]) == 0
+    a, b = load_run(run_dir), load_run(tmp_path / "run")
+    assert a.cfg.model == b.cfg.model and a.tok.encode_src(TEXTS) == b.tok.encode_src(TEXTS)
+    for (key, value), (key_b, value_b) in zip(a.model.state_dict().items(), b.model.state_dict().items(), strict=True):
+        assert key == key_b and torch.equal(value, value_b), key
+
+
+def test_fine_tuning_an_import_and_exporting_it(imported, tmp_path):
+    hf, run_dir = imported
+    pre = load_run(run_dir)
+    (tmp_path / "train.txt").write_text(" ".join(TEXTS), encoding="utf-8")
+    config = {"task": "lm", "data": {"train": str(tmp_path / "train.txt"), "documents": "text",
+                                     "valid_fraction": 0.1, "block_size": 16},
+              "model": {"init_from": str(run_dir), "transformer": pre.cfg.model.transformer.__dict__},
+              "train": {"max_updates": 3, "valid_every": 3, "progress": False, "threads": 1, "precision": "fp32",
+                        "max_tokens": 64, "average_last": 0, "warmup": 1}}
+    (tmp_path / "ft.yaml").write_text(yaml.safe_dump(config), encoding="utf-8")
+    assert main(["train", str(tmp_path / "ft.yaml"), "--run-dir", str(tmp_path / "ft")]) == 0
+    fine = load_run(tmp_path / "ft")
+    assert fine.tok.encode_src(TEXTS) == pre.tok.encode_src(TEXTS)
+    changed = [k for k, v in fine.model.state_dict().items() if not torch.equal(v, pre.model.state_dict()[k])]
+    assert changed and all(torch.isfinite(v).all() for v in fine.model.state_dict().values())
+    assert main(["export", str(tmp_path / "ft"), "--to", "huggingface", "-o", str(tmp_path / "out")]) == 0
+    ids = pre.tok.encode_src([TEXTS[3]])[0]
+    with torch.no_grad():
+        expected = fine.model(torch.tensor([ids]))[..., fine.tok._src.to_attnkit]
+        got = hf_model(tmp_path / "out")(torch.tensor([[hf_ids(fine)[i] for i in ids]])).logits
+    torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+
+
+# -- attnkit's own language models out --------------------------------------------------------------------------
+
+GPT2_LIKE = {"positions": "learned", "activation": "gelu_tanh", "scale_embeddings": False}
+LLAMA_LIKE = {"positions": "rope", "norm": "rmsnorm", "activation": "swiglu", "bias": False, "n_kv_heads": 1,
+              "scale_embeddings": False, "tie_output": False, "rope_theta": 1000.0}
+
+
+@pytest.mark.parametrize("options", [GPT2_LIKE, LLAMA_LIKE, {**LLAMA_LIKE, "window": 4}], ids=["gpt2", "llama",
+                                                                                               "mistral"])
+def test_a_trained_character_model_exports(options, tmp_path):
+    (tmp_path / "train.txt").write_text(corpus(200), encoding="utf-8")
+    train_lm(lm_config(tmp_path / "train.txt", model=options, train_options={"max_updates": 4, "valid_every": 4}),
+             tmp_path / "run")
+    assert main(["export", str(tmp_path / "run"), "--to", "huggingface", "-o", str(tmp_path / "hf")]) == 0
+    run = load_run(tmp_path / "run")
+    reference, tokenizer = hf_model(tmp_path / "hf"), transformers.AutoTokenizer.from_pretrained(str(tmp_path / "hf"))
+    texts = corpus(12, seed=4).splitlines() + ["ROMEO: sweet night", "Zebra - unknown\tcharacters", "</s> <pad> x"]
+    for text in texts:
+        assert tokenizer(text)["input_ids"] == run.tok.encode_src([text])[0], text
+    ids = torch.tensor([run.tok.encode_src([texts[1] + " " + texts[2]])[0][:40]])
+    with torch.no_grad():
+        torch.testing.assert_close(reference(ids).logits, run.model(ids), atol=1e-4, rtol=1e-4)
+        out = reference.generate(ids[:, :5], attention_mask=torch.ones_like(ids[:, :5]), do_sample=False,
+                                 max_new_tokens=10)
+    assert out[0, 5:].tolist() == [int(t[0]) for t in generate(run.model, ids[:, :5], 10, temperature=0)]
+    assert main(["import", str(tmp_path / "hf"), "-o", str(tmp_path / "back")]) == 0
+    back = load_run(tmp_path / "back")
+    # the same model: the options a language model does not read (encoder_layers) or leaves at their default
+    # (norm_first: None is pre-norm) are written out
+    assert back.cfg.model.transformer == replace(run.cfg.model.transformer, encoder_layers=0, norm_first=True)
+    assert back.tok.encode_src(texts) == run.tok.encode_src(texts)
+    for key, value in run.model.state_dict().items():
+        assert torch.equal(back.model.state_dict()[key], value), key
+
+
+def test_export_refuses_what_huggingface_cannot_hold(tmp_path, capsys):
+    (tmp_path / "train.txt").write_text(corpus(120), encoding="utf-8")
+    train_lm(lm_config(tmp_path / "train.txt", model={"positions": "alibi"}, train_options={"max_updates": 1}),
+             tmp_path / "run")
+    capsys.readouterr()
+    code = main(["export", str(tmp_path / "run"), "--to", "huggingface", "-o", str(tmp_path / "hf")])
+    assert_one_line_error(code, capsys.readouterr().err, "model.transformer.positions: alibi has no equivalent")
+    assert not (tmp_path / "hf").exists()
+
+
+# -- what attnkit cannot represent --------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory) -> dict[str, Path]:
+    tmp = tmp_path_factory.mktemp("sources")
+    return {"gpt2": hf_models.gpt2_dir(tmp / "gpt2"), "llama": hf_models.llama_dir(tmp / "llama")}
+
+
+@pytest.mark.parametrize("family, file, changes, message", [
+    ("gpt2", "config.json", {"add_cross_attention": True}, "key 'add_cross_attention' is True"),
+    ("gpt2", "config.json", {"activation_function": "gelu_fast"}, "key 'activation_function' is 'gelu_fast'"),
+    ("gpt2", "config.json", {"scale_attn_by_inverse_layer_idx": True}, "key 'scale_attn_by_inverse_layer_idx'"),
+    ("llama", "config.json", {"rope_scaling": {"rope_type": "linear", "factor": 2.0}}, "key 'rope_scaling' has rope"),
+    ("llama", "config.json", {"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0}},
+     "key 'rope_parameters' has rope type 'yarn'"),
+    ("llama", "config.json", {"hidden_act": "gelu"}, "key 'hidden_act' is 'gelu', which attnkit cannot represent"),
+    ("llama", "config.json", {"attention_bias": True}, "keys 'attention_bias' (True) and 'mlp_bias' (False) differ"),
+    ("llama", "config.json", {"head_dim": 16}, "key 'head_dim' is 16"),
+    ("llama", "config.json", {"eos_token_id": [2, 0]}, "key 'eos_token_id' is [2, 0]"),
+    ("llama", "tokenizer_config.json", {"add_eos_token": True}, "key 'add_eos_token' is true"),
+    ("llama", "config.json", {"vocab_size": 100}, "more than config.json key 'vocab_size' (100)"),
+])
+def test_unsupported_configs_are_one_line_errors(sources, tmp_path, capsys, family, file, changes, message):
+    bad = tmp_path / "bad"
+    shutil.copytree(sources[family], bad)
+    settings = json.loads((bad / file).read_text())
+    (bad / file).write_text(json.dumps({**settings, **changes}))
+    (bad / "generation_config.json").unlink(missing_ok=True)
+    code = main(["import", str(bad), "-o", str(tmp_path / "run")])
+    assert_one_line_error(code, capsys.readouterr().err, message, str(bad / file) if "vocab_size" not in changes
+                          else "tokenizer.json")
+    assert not (tmp_path / "run").exists()

@@ -1,0 +1,348 @@
+"""Serving a language model (``POST /generate``; attnkit.serve.generation): the app in process (Starlette's
+TestClient runs its lifespan, so its worker) with a tiny character model trained once. Answers, JSON and streamed,
+equal ``attnkit generate``'s for the same seed; concurrent requests share decoding steps without changing their
+texts; a client that goes away frees its row; caps answer a JSON 4xx; the metrics; attention; a CTranslate2
+export behind the same route."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import torch
+from prometheus_client.parser import text_string_to_metric_families
+
+from attnkit.inference.attention_maps import attention_maps
+from attnkit.runs.load import load_run
+from attnkit.serve.app import create_app
+from attnkit.serve.batching import Limits
+from attnkit.serve.servables import RunServable, load_servable
+from attnkit.viz.explorer import explorer_data
+from test_lm_task import cli, corpus, lm_config, train_lm
+
+with warnings.catch_warnings():  # Starlette >= 1 asks for httpx2 under its TestClient; httpx still works
+    warnings.filterwarnings("ignore", message="Using `httpx` with `starlette.testclient` is deprecated")
+    from fastapi.testclient import TestClient
+
+PROMPT = "ROMEO:\n"  # 7 tokens of a model with 48 positions
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def lm_run(tmp_path_factory) -> Path:
+    """A tiny character model (learned positions, max_len 48), trained a little so that its text has some shape."""
+    tmp = tmp_path_factory.mktemp("serve-lm")
+    (tmp / "train.txt").write_text(corpus(200), encoding="utf-8")
+    train_lm(lm_config(tmp / "train.txt", train_options={"max_updates": 40, "valid_every": 40, "lr": 1e-2}),
+             tmp / "play")
+    return tmp / "play"
+
+
+@pytest.fixture(scope="module")
+def play(lm_run: Path) -> RunServable:
+    return RunServable(load_run(lm_run), "play")
+
+
+@pytest.fixture(scope="module")
+def client(play: RunServable):
+    with TestClient(create_app([play], Limits(max_wait_ms=0, max_new_tokens=40, max_chars=100))) as c:
+        yield c
+
+
+def slow(servable: RunServable, seconds: float) -> None:
+    """Every forward pass of the servable's model takes ``seconds`` longer (its own copy of the run)."""
+    servable.run.model.out_proj.register_forward_hook(lambda *_: time.sleep(seconds))
+
+
+def reference(capsys, lm_run: Path, *options: str, prompt: str = PROMPT) -> str:
+    """``attnkit generate --no-echo``'s continuation."""
+    code, out, err = cli(capsys, "generate", lm_run, "--prompt", prompt, "--no-echo", *options)
+    assert code == 0, err
+    assert out.endswith("\n")
+    return out[:-1]
+
+
+def events(response) -> list[dict]:
+    """The server-sent events of a streamed answer, parsed."""
+    assert response.headers["content-type"].startswith("text/event-stream")
+    chunks = [c for c in response.text.split("\n\n") if c]
+    assert all(c.startswith("data: ") for c in chunks), chunks
+    return [json.loads(c[len("data: "):]) for c in chunks]
+
+
+def assert_error(response, status: int, *needles: str) -> str:
+    assert response.status_code == status, (response.status_code, response.text)
+    assert response.headers["content-type"] == "application/json"
+    message = response.json()["error"]
+    assert "\n" not in message
+    for needle in needles:
+        assert needle in message, (needle, message)
+    return message
+
+
+def scrape(client) -> dict[tuple[str, frozenset], float]:
+    text = client.get("/metrics").text
+    return {(s.name, frozenset(s.labels.items())): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+# -- answers ---------------------------------------------------------------------------------------
+
+
+def test_models_lists_the_language_model(client, play):
+    (model,) = client.get("/models").json()["models"]
+    assert model["name"] == "play" and model["task"] == "generate" and model["context"] == 48
+    assert model["parameters"] == sum(p.numel() for p in play.run.model.parameters())
+    assert client.post("/translate", json={"texts": ["x"]}).status_code == 422  # no translation model here
+
+
+@pytest.mark.parametrize("options", [
+    {"temperature": 1.0, "seed": 3},
+    {"temperature": 0.0},
+    {"temperature": 0.9, "top_k": 5, "top_p": 0.9, "seed": 11},
+    {"temperature": 1.0, "seed": 5, "stop": ["e", "o"]},
+], ids=["sampled", "greedy", "top-k-top-p", "stop"])
+def test_json_and_stream_answers_are_attnkit_generate_for_the_seed(client, lm_run, capsys, options):
+    flags = ["--max-new-tokens", "30", "--temperature", str(options["temperature"]),
+             "--seed", str(options.get("seed", 1)), "--top-k", str(options.get("top_k", 0)),
+             "--top-p", str(options.get("top_p", 1.0))] + [f for s in options.get("stop", []) for f in ("--stop", s)]
+    expected = reference(capsys, lm_run, *flags)
+    body = {"prompt": PROMPT, "max_new_tokens": 30, **options}
+    answer = client.post("/generate", json=body)
+    assert answer.status_code == 200, answer.text
+    got = answer.json()
+    assert got["text"] == expected
+    assert got["prompt_tokens"] == 7 and got["model"] == "play"
+    assert got["finish_reason"] in ("eos", "length", "stop")
+    if "stop" in options:
+        assert got["finish_reason"] == "stop"
+    if got["finish_reason"] == "length":
+        assert got["tokens"] == 30
+    if options["temperature"] > 0:
+        assert got["seed"] == options["seed"]
+
+    streamed = events(client.post("/generate", json={**body, "stream": True}))
+    *tokens, last = streamed
+    assert [set(e) for e in tokens] == [{"token", "id"}] * len(tokens)
+    assert "".join(e["token"] for e in tokens) == expected == last["text"]
+    assert len(tokens) == last["tokens"] == got["tokens"]
+    assert last["finish_reason"] == got["finish_reason"] and last["prompt_tokens"] == 7
+
+
+def test_an_unseeded_request_says_its_seed_and_that_seed_gives_its_text_again(client):
+    first = client.post("/generate", json={"prompt": PROMPT, "max_new_tokens": 20, "temperature": 1.0}).json()
+    again = client.post("/generate", json={"prompt": PROMPT, "max_new_tokens": 20, "temperature": 1.0,
+                                           "seed": first["seed"]}).json()
+    assert isinstance(first["seed"], int) and again["text"] == first["text"]
+
+
+def test_concurrent_requests_share_decoding_steps_and_keep_their_texts(lm_run):
+    """Requests sent at once, with different seeds, prompts and options, decode in one running batch (rows per step
+    above one) and each gets the text it gets alone."""
+    served = RunServable(load_run(lm_run), "play")
+    slow(served, 0.002)  # steps long enough for the requests to overlap
+    bodies = [{"prompt": p, "max_new_tokens": n, "temperature": t, "seed": s}
+              for p, n, t, s in [(PROMPT, 30, 1.0, 1), ("JULIET:\n", 25, 0.0, 2), ("the king", 35, 0.8, 3),
+                                 ("NURSE:", 20, 1.2, 4), ("my lord", 30, 0.0, 5), ("sweet ", 28, 1.0, 6)]]
+    with TestClient(create_app([served], Limits(max_wait_ms=0))) as client:
+        alone = [client.post("/generate", json=b).json()["text"] for b in bodies]
+        before = client.get("/health").json()["models"]["play"]
+        with ThreadPoolExecutor(len(bodies)) as pool:
+            together = list(pool.map(lambda b: client.post("/generate", json=b).json()["text"], bodies))
+        after = client.get("/health").json()["models"]["play"]
+    assert together == alone
+    steps, rows = after["batches"] - before["batches"], after["batch_texts"] - before["batch_texts"]
+    assert rows / steps > 1.5, (rows, steps)  # the requests shared decoding steps
+
+
+# -- cancelling and caps ---------------------------------------------------------------------------
+
+
+def wait_until(condition, seconds: float = 10.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def test_a_stream_closed_early_frees_its_row_and_the_server_goes_on(lm_run):
+    served = RunServable(load_run(lm_run), "play")
+    slow(served, 0.05)  # 40 tokens would take 2 s
+    app = create_app([served], Limits(max_wait_ms=0, max_new_tokens=40))
+    with TestClient(app) as client:
+        state = client.app_state if hasattr(client, "app_state") and "serve" in client.app_state else None
+        state = app.app.app.state.serve if state is None else state
+        body = {"prompt": PROMPT, "max_new_tokens": 40, "temperature": 1.0, "seed": 2, "stream": True}
+        started = time.monotonic()
+        with client.stream("POST", "/generate", json=body) as response:
+            assert response.status_code == 200
+            for line in response.iter_lines():
+                if line.startswith("data: "):
+                    break  # the first token came: go away
+        wait_until(lambda: state.streams["play"] == 0 and served.stepper.running == 0)
+        assert time.monotonic() - started < 1.5  # not the 40 tokens' 2 s: the row left early
+        assert scrape(client)[("attnkit_serve_active_streams", frozenset({("model", "play")}))] == 0
+        after = client.post("/generate", json={"prompt": PROMPT, "max_new_tokens": 3, "temperature": 0.0})
+        assert after.status_code == 200 and after.json()["tokens"] >= 1
+
+
+def test_beyond_max_streams_is_429_and_the_server_goes_on(lm_run):
+    served = RunServable(load_run(lm_run), "play")
+    gate = threading.Event()
+    served.run.model.out_proj.register_forward_hook(lambda *_: None if gate.wait(10) else None)
+    app = create_app([served], Limits(max_wait_ms=0, max_streams=1))
+    with TestClient(app) as client:
+        with ThreadPoolExecutor(1) as pool:
+            first = pool.submit(client.post, "/generate", json={"prompt": PROMPT, "max_new_tokens": 5, "seed": 1})
+            wait_until(lambda: app.app.app.state.serve.streams["play"] == 1)
+            refused = client.post("/generate", json={"prompt": PROMPT, "max_new_tokens": 5})
+            gate.set()
+            assert first.result().status_code == 200
+        assert_error(refused, 429, "--max-streams")
+        assert refused.headers["retry-after"] == "1"
+        assert client.post("/generate", json={"prompt": PROMPT, "max_new_tokens": 5}).status_code == 200
+
+
+@pytest.mark.parametrize("body, status, needles", [
+    ({"prompt": PROMPT, "max_new_tokens": 41}, 422, ["max_new_tokens must be in 1..40", "--max-new-tokens"]),
+    ({"prompt": PROMPT, "max_new_tokens": 0}, 422, ["max_new_tokens must be in 1..40"]),
+    ({"prompt": "x" * 101}, 413, ["prompt: 101 characters", "--max-chars"]),
+    ({"prompt": "ROMEO: " * 6, "max_new_tokens": 20}, 422, ["the prompt (42 tokens)", "48 positions"]),
+    ({"prompt": PROMPT, "temperature": -1.0}, 422, ["temperature must be a finite number >= 0"]),
+    ({"prompt": PROMPT, "top_p": 0.0}, 422, ["top_p must be in (0, 1]"]),
+    ({"prompt": PROMPT, "top_k": -2}, 422, ["top_k must be >= 0"]),
+    ({"prompt": "ZZ top"}, 422, ["'Z'", "not in this model's vocabulary"]),
+    ({"prompt": ""}, 422, ["prompt"]),
+    ({"prompt": PROMPT, "stream": True, "attention": True}, 422, ["attention: not with stream"]),
+    ({"prompt": PROMPT, "stop": [""]}, 422, ["stop[0] must be 1..100 characters"]),
+    ({"prompt": PROMPT, "max_new_tokens": "5"}, 422, ["max_new_tokens"]),
+    ({"prompt": PROMPT, "temprature": 1.0}, 422, ["temprature"]),
+    ({"prompt": PROMPT, "seed": -1}, 422, ["seed"]),
+    ({"prompt": PROMPT, "model": "elsewhere"}, 404, ["'elsewhere'"]),
+])
+def test_bad_requests_get_a_one_line_json_4xx_and_the_server_goes_on(client, body, status, needles):
+    assert_error(client.post("/generate", json=body), status, *needles)
+    ok = client.post("/generate", json={"prompt": PROMPT, "max_new_tokens": 2, "temperature": 0.0})
+    assert ok.status_code == 200
+
+
+# -- metrics, attention, the page ------------------------------------------------------------------
+
+
+def test_metrics_time_to_first_token_tokens_and_active_streams(lm_run):
+    served = RunServable(load_run(lm_run), "play")
+    with TestClient(create_app([served], Limits(max_wait_ms=0))) as client:
+        answers = [client.post("/generate", json={"prompt": PROMPT, "max_new_tokens": n, "temperature": 1.0,
+                                                  "seed": n}).json() for n in (5, 12)]
+        answers += [events(client.post("/generate", json={"prompt": PROMPT, "max_new_tokens": 9, "seed": 9,
+                                                          "stream": True}))[-1]]
+        samples = scrape(client)
+    model = frozenset({("model", "play")})
+    assert samples[("attnkit_serve_time_to_first_token_seconds_count", model)] == 3
+    assert samples[("attnkit_serve_time_to_first_token_seconds_sum", model)] > 0
+    assert samples[("attnkit_serve_generated_tokens_total", model)] == sum(a["tokens"] for a in answers)
+    assert samples[("attnkit_serve_generation_tokens_per_second_count", model)] == sum(a["tokens"] > 1
+                                                                                       for a in answers)
+    assert samples[("attnkit_serve_active_streams", model)] == 0
+    assert samples[("attnkit_serve_requests_total", frozenset({("route", "/generate"), ("status", "200")}))] == 3
+
+
+def test_attention_is_the_explorer_data_of_prompt_and_continuation(client, play):
+    got = client.post("/generate", json={"prompt": PROMPT, "max_new_tokens": 12, "temperature": 0.0,
+                                         "attention": True}).json()
+    maps = attention_maps(play.run, PROMPT, got["text"])
+    assert got["attention"] == json.loads(json.dumps(explorer_data(maps)))
+    assert "head_scores" in json.dumps(got["attention"]) or got["attention"]["views"]
+
+
+def test_the_page_has_a_prompt_box_that_streams(client):
+    page = client.get("/").text
+    assert 'id="prompt-options"' in page and '"/generate"' in page and "getReader()" in page
+
+
+# -- a CTranslate2 export behind the same route ----------------------------------------------------
+
+
+def test_a_ctranslate2_export_generates_greedily_as_the_run(lm_run, play, tmp_path, capsys):
+    pytest.importorskip("ctranslate2")
+    pytest.importorskip("attnkit.export.ctranslate2_lm")
+    code, _, err = cli(capsys, "export", lm_run, "--to", "ctranslate2", "-o", tmp_path / "play-ct2")
+    assert code == 0, err
+    exported = load_servable(tmp_path / "play-ct2", threads=1)
+    assert exported.info.task == "generate" and exported.stepper is None
+    body = {"prompt": PROMPT, "max_new_tokens": 20, "temperature": 0.0}
+    with TestClient(create_app([exported, play], Limits(max_wait_ms=0))) as client:
+        from_run = client.post("/generate", json={**body, "model": "play"}).json()
+        from_export = client.post("/generate", json={**body, "model": "play-ct2"}).json()
+        streamed = events(client.post("/generate", json={**body, "model": "play-ct2", "stream": True}))
+        with ThreadPoolExecutor(3) as pool:  # arriving together with the same options: one batch
+            batched = list(pool.map(lambda _: client.post("/generate", json={**body, "model": "play-ct2"}).json(),
+                                    range(3)))
+        seeded = client.post("/generate", json={**body, "model": "play-ct2", "seed": 1})
+    assert from_export["text"] == from_run["text"] and "seed" not in from_export  # null: left out
+    assert_error(seeded, 422, "seed:", "CTranslate2 export")
+    assert "".join(e["token"] for e in streamed[:-1]) == from_run["text"] == streamed[-1]["text"]
+    assert [b["text"] for b in batched] == [from_run["text"]] * 3
+
+
+# -- a real server: uvicorn, a client that goes away, the page in a browser ------------------------
+
+
+@pytest.fixture(scope="module")
+def server(lm_run: Path):
+    from test_serve import start_server, stop
+
+    url, proc = start_server(str(lm_run), "--max-wait-ms", "0", "--max-new-tokens", "40")
+    yield url
+    stop(proc)
+
+
+def test_on_uvicorn_a_stream_closed_early_is_let_go(server, play):
+    import httpx
+
+    body = {"prompt": PROMPT, "max_new_tokens": 40, "temperature": 1.0, "seed": 4}
+    with httpx.Client(base_url=server, timeout=60) as client:
+        whole = client.post("/generate", json=body).json()
+        with client.stream("POST", "/generate", json={**body, "stream": True}) as response:
+            first = next(line for line in response.iter_lines() if line.startswith("data: "))
+        assert json.loads(first[len("data: "):])["id"] >= 0
+        wait_until(lambda: "attnkit_serve_active_streams{model=\"play\"} 0.0" in client.get("/metrics").text)
+        assert client.post("/generate", json=body).json()["text"] == whole["text"]
+
+
+def test_page_streams_a_continuation_and_shows_its_attention(browser, server, play):
+    """Pick the language model, type a prompt, Generate: the greedy continuation streams in, then its attention."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select, WebDriverWait
+
+    browser.get(server + "/")
+    wait = WebDriverWait(browser, 60)
+    wait.until(lambda d: len(Select(d.find_element(By.ID, "model")).options) == 1)
+    assert browser.find_element(By.ID, "run").text == "Generate"
+    assert browser.find_element(By.ID, "prompt-options").is_displayed()
+    for field, value in (("max-new-tokens", "20"), ("temperature", "0")):
+        box = browser.find_element(By.ID, field)
+        box.clear()
+        box.send_keys(value)
+    browser.find_element(By.ID, "source").send_keys(PROMPT.strip())
+    browser.find_element(By.ID, "run").click()
+    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#explorer #keys .tok"))
+    expected = attention_maps(play.run, PROMPT.strip(), None, new_tokens=20)  # greedy, as the page asked
+    out = browser.find_element(By.CSS_SELECTOR, "#results .continuation .out")
+    assert out.get_attribute("textContent") == expected.output
+    shown = attention_maps(play.run, PROMPT.strip(), expected.output)  # the page asks for the text it streamed
+    assert len(browser.find_elements(By.CSS_SELECTOR, "#keys .tok")) == len(shown.tgt_in_tokens)
+    errors = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+    assert not errors, errors
