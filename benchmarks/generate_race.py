@@ -3,8 +3,8 @@
     flock /tmp/attnkit-bench.lock python benchmarks/generate_race.py            # trains a model first (~2 min)
     flock /tmp/attnkit-bench.lock python benchmarks/generate_race.py --run runs/shakespeare-char
 
-The model: a ``task: lm`` run (``--run``, or ``configs/shakespeare-char.yaml`` trained for ``--updates``
-updates), exported with ``attnkit export --to huggingface`` (transformers' ``AutoModelForCausalLM`` reads it)
+The model: a ``task: lm`` run (``--run``, or ``configs/shakespeare-char.yaml`` with blocks of 256 characters
+trained for ``--updates`` updates), exported with ``attnkit export --to huggingface`` (transformers' ``AutoModelForCausalLM`` reads it)
 and ``--to ctranslate2`` in float32 and int8, so every contender holds the same weights. The workload:
 greedy decoding of ``NEW_TOKENS`` new tokens after prompts of ``PROMPT_CHARS`` characters of tiny
 Shakespeare's validation text, at batch 1 and batch 32 (32 different prompts of one length). Every
@@ -66,7 +66,8 @@ def prompts(n: int) -> list[str]:
 def train_model(work: Path, updates: int) -> Path:
     run = work / "lm"
     subprocess.run([*ATTNKIT, "train", "configs/shakespeare-char.yaml", "--run-dir", str(run),
-                    f"train.max_updates={updates}", f"train.valid_every={updates}", "train.progress=false"],
+                    f"train.max_updates={updates}", f"train.valid_every={updates}", "train.progress=false",
+                    "data.block_size=256", "model.transformer.max_len=256"],  # room for the prompt + 128 tokens
                    check=True, cwd=ROOT)
     return run
 

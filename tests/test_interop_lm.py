@@ -157,8 +157,8 @@ LLAMA_LIKE = {"positions": "rope", "norm": "rmsnorm", "activation": "swiglu", "b
               "scale_embeddings": False, "tie_output": False, "rope_theta": 1000.0}
 
 
-@pytest.mark.parametrize("options", [GPT2_LIKE, LLAMA_LIKE, {**LLAMA_LIKE, "window": 4}], ids=["gpt2", "llama",
-                                                                                               "mistral"])
+@pytest.mark.parametrize("options", [GPT2_LIKE, {**GPT2_LIKE, "bias": False, "activation": "gelu"}, LLAMA_LIKE,
+                                     {**LLAMA_LIKE, "window": 4}], ids=["gpt2", "nanogpt", "llama", "mistral"])
 def test_a_trained_character_model_exports(options, tmp_path):
     (tmp_path / "train.txt").write_text(corpus(200), encoding="utf-8")
     train_lm(lm_config(tmp_path / "train.txt", model=options, train_options={"max_updates": 4, "valid_every": 4}),
@@ -179,10 +179,14 @@ def test_a_trained_character_model_exports(options, tmp_path):
     back = load_run(tmp_path / "back")
     # the same model: the options a language model does not read (encoder_layers) or leaves at their default
     # (norm_first: None is pre-norm) are written out
-    assert back.cfg.model.transformer == replace(run.cfg.model.transformer, encoder_layers=0, norm_first=True)
+    # bias: false goes out as GPT-2's biases, all zero, and comes back as them
+    zero_biases = options["positions"] == "learned" and options.get("bias") is False
+    assert back.cfg.model.transformer == replace(run.cfg.model.transformer, encoder_layers=0, norm_first=True,
+                                                 bias=run.cfg.model.transformer.bias or zero_biases)
     assert back.tok.encode_src(texts) == run.tok.encode_src(texts)
-    for key, value in run.model.state_dict().items():
-        assert torch.equal(back.model.state_dict()[key], value), key
+    ours, theirs = run.model.state_dict(), back.model.state_dict()
+    for key, value in theirs.items():
+        assert torch.equal(value, ours[key]) if key in ours else (zero_biases and not value.any()), key
 
 
 def test_export_refuses_what_huggingface_cannot_hold(tmp_path, capsys):

@@ -78,8 +78,8 @@ def gpt2_state(hf: HFDirectory, state: dict[str, torch.Tensor], cfg: Transformer
 
 def gpt2_problem(cfg: TransformerConfig) -> str | None:
     """The first option of ``cfg`` GPT-2 lacks (as ``key: value``), or None when it is a GPT-2."""
-    wanted = [("positions", "learned"), ("norm", "layernorm"), ("bias", True), ("scale_embeddings", False),
-              ("output_bias", False), ("window", 0)]
+    wanted = [("positions", "learned"), ("norm", "layernorm"), ("scale_embeddings", False), ("output_bias", False),
+              ("window", 0)]  # bias: false is exported as zero biases (GPT-2 has them everywhere)
     for key, value in wanted:
         if getattr(cfg, key) != value:
             return f"{key}: {getattr(cfg, key)}"
@@ -114,5 +114,6 @@ def gpt2_export_state(sd: dict[str, torch.Tensor], cfg: TransformerConfig) -> di
         for hf_name, name in LAYER.items():
             weight = sd[f"layers.{i}.{name}.weight"]
             out[f"transformer.h.{i}.{hf_name}.weight"] = weight.t().contiguous() if hf_name in CONV1D else weight
-            out[f"transformer.h.{i}.{hf_name}.bias"] = sd[f"layers.{i}.{name}.bias"]
+            bias = sd.get(f"layers.{i}.{name}.bias")  # bias: false -> zeros, which compute the same
+            out[f"transformer.h.{i}.{hf_name}.bias"] = weight.new_zeros(weight.size(0)) if bias is None else bias
     return out
