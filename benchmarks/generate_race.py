@@ -4,14 +4,14 @@
     flock /tmp/attnkit-bench.lock python benchmarks/generate_race.py --run runs/shakespeare-char
 
 The model: a ``task: lm`` run (``--run``, or ``configs/shakespeare-char.yaml`` with blocks of 256 characters
-trained for ``--updates`` updates), exported with ``attnkit export --to huggingface`` (transformers' ``AutoModelForCausalLM`` reads it)
-and ``--to ctranslate2`` in float32 and int8, so every contender holds the same weights. The workload:
-greedy decoding of ``NEW_TOKENS`` new tokens after prompts of ``PROMPT_CHARS`` characters of tiny
-Shakespeare's validation text, at batch 1 and batch 32 (32 different prompts of one length). Every
-contender is timed one at a time, ``--repeats`` times at each thread count (1 and 2), after an untimed
-warm-up; a row reports the best thread count and every pass. Tokens per second count the tokens each
-contender generated (a row that stopped at ``</s>`` counts what it made), and ``same`` says whether its
-greedy tokens equal attnkit's float32 ones.
+trained for ``--updates`` updates), exported with ``attnkit export --to huggingface`` (transformers'
+``AutoModelForCausalLM`` reads it) and ``--to ctranslate2`` in float32 and int8, so every contender holds the
+same weights. The workload: greedy decoding of ``NEW_TOKENS`` new tokens after prompts of ``PROMPT_CHARS``
+characters of tiny Shakespeare's validation text, at batch 1 and batch 32 (32 different prompts of one
+length). Every contender is timed one at a time, ``--repeats`` times at each thread count (1 and 2), after an
+untimed warm-up, the passes of the contenders interleaved; a row reports the best thread count and every pass.
+Tokens per second count the tokens each contender generated (a row that stopped at ``</s>`` counts what it
+made), and ``same`` says whether its greedy tokens equal attnkit's float32 ones.
 
 Served (``attnkit serve RUN``, a subprocess on a free port, ``--max-streams 64``): one streaming client,
 then 32 concurrent streaming clients (httpx), each greedy for ``NEW_TOKENS`` tokens. Reported: the
@@ -112,6 +112,8 @@ def ctranslate2_contender(export: Path, threads: int):
 
 
 def offline(run: Path, hf: Path, exports: dict[str, Path], threads: list[int], repeats: int) -> list[dict]:
+    """Every contender at each thread count, its passes interleaved with the others' (pass 1 of each, then pass 2
+    of each, ...), so that a slow spell of this shared machine falls on all of them alike."""
     tok = load_run(run).tok
     ids = {b: tok.encode_src(prompts(b)) for b in BATCHES}
     if len({len(x) for b in BATCHES for x in ids[b]}) != 1:
@@ -121,16 +123,19 @@ def offline(run: Path, hf: Path, exports: dict[str, Path], threads: list[int], r
     rows, reference = [], {}
     for t in threads:
         torch.set_num_threads(t)
-        for name in names:  # one contender at a time, built at this thread count
+        contenders = {}
+        for name in names:  # built at this thread count
             if name.startswith("attnkit"):
-                contender = attnkit_contender(run, bf16=name.endswith("bf16"))
+                contenders[name] = attnkit_contender(run, bf16=name.endswith("bf16"))
             elif name.startswith("transformers"):
-                contender = transformers_contender(hf)
+                contenders[name] = transformers_contender(hf)
             else:
-                contender = ctranslate2_contender(exports[name.split()[-1]], t)
-            for b in BATCHES:
+                contenders[name] = ctranslate2_contender(exports[name.split()[-1]], t)
+        for b in BATCHES:
+            for contender in contenders.values():
                 contender(ids[b][:1])  # warm-up
-                for r in range(repeats):
+            for r in range(repeats):
+                for name, contender in contenders.items():  # one at a time
                     start = time.perf_counter()
                     out = contender(ids[b])
                     seconds = time.perf_counter() - start
@@ -142,7 +147,7 @@ def offline(run: Path, hf: Path, exports: dict[str, Path], threads: list[int], r
                                  "tok_s": made / seconds, "tokens": made, "same_as_attnkit": sum(same) / len(same)})
                     print(f"{name}, {t} thread(s), batch {b}, pass {r + 1}: {made / seconds:.0f} tok/s "
                           f"(same greedy tokens as attnkit: {sum(same)}/{len(same)})", flush=True)
-            del contender
+        del contenders
     return rows
 
 
