@@ -123,6 +123,7 @@ TABLES: dict[str, Table] = {
     "no-projection": Table(f"{FIGURES}/no_projection.json", "experiments/no_projection.py"),
     "lm": Table(f"{RESULTS}/lm.json", "benchmarks/lm.py"),
     "length-extrapolation": Table(f"{FIGURES}/length-extrapolation.json", "experiments/length_extrapolation.py"),
+    "generate-race": Table(f"{RESULTS}/generate-race.json", "benchmarks/generate_race.py"),
 }
 
 

@@ -122,7 +122,7 @@ def imported(tmp: Path, make_dir: Callable[[Path], Path]) -> tuple[Path, Path]:
     return hf, tmp / "run"
 
 
-# -- causal language models: GPT-2, Llama, Mistral ------------------------------------------------------------
+# -- causal language models: GPT-2, Llama, Mistral, Qwen2 -----------------------------------------------------
 
 #: Text that trips tokenizers: accents, emoji and other scripts, digits, runs of whitespace, newlines, tabs, and
 #: special pieces written in the text.
@@ -186,6 +186,36 @@ def llama_tokenizer(out: Path, texts: list[str]):
     return tk
 
 
+#: Qwen2's pre-tokenizer pattern (its tokenizer.json, and transformers' ``Qwen2Tokenizer``): every digit alone.
+QWEN2_PATTERN = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
+                 r"""|\s*[\r\n]+|\s+(?!\S)|\s+""")
+
+
+def qwen2_tokenizer(out: Path, texts: list[str]):
+    """Qwen2's kind of tokenizer, trained here: NFC, its split pattern, then byte-level BPE; ``<|endoftext|>`` (end of
+    text and padding), ``<|im_start|>``, ``<|im_end|>`` after the learned pieces, no start token."""
+    import tokenizers
+    from tokenizers import Regex, decoders, normalizers, pre_tokenizers, trainers
+    from tokenizers.models import BPE
+
+    tk = tokenizers.Tokenizer(BPE())
+    tk.normalizer = normalizers.NFC()
+    tk.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN2_PATTERN), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tk.decoder = decoders.ByteLevel()
+    tk.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=400, show_progress=False,
+                                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tk.add_special_tokens([tokenizers.AddedToken(p, special=True, normalized=False)
+                           for p in ("<|endoftext|>", "<|im_start|>", "<|im_end|>")])
+    tk.save(str(out / "tokenizer.json"))
+    settings = {"tokenizer_class": "Qwen2Tokenizer", "bos_token": None, "eos_token": "<|endoftext|>",
+                "pad_token": "<|endoftext|>", "unk_token": None, "add_prefix_space": False, "model_max_length": 128,
+                "split_special_tokens": False, "clean_up_tokenization_spaces": False}
+    (out / "tokenizer_config.json").write_text(json.dumps(settings), encoding="utf-8")
+    return tk
+
+
 def gpt2_dir(out: Path, *, seed: int = 0, **config) -> Path:
     """A tiny GPT2LMHeadModel directory (tied output, gelu_new) with a byte-level BPE tokenizer."""
     from transformers import GPT2Config, GPT2LMHeadModel
@@ -219,4 +249,36 @@ def llama_dir(out: Path, *, seed: int = 0, model_type: str = "llama", tie: bool 
     model = Model(cfg).eval()
     perturb(model, seed)
     model.save_pretrained(out)
+    return out
+
+
+def qwen2_dir(out: Path, *, seed: int = 0, tie: bool = True, kv_heads: int = 2, window: int = 0, **config) -> Path:
+    """A tiny Qwen2ForCausalLM directory: Llama's layers with biases on q_proj, k_proj and v_proj (raised well away
+    from zero, so a bias copied to the wrong projection shows), a tokenizer like Qwen2's (byte-level BPE, no start
+    token), tied output as in Qwen2's small models. ``window``: a sliding window in every layer; else the config
+    reads as most Qwen2 checkpoints ship: ``use_sliding_window: false`` beside a ``sliding_window`` and
+    ``max_window_layers`` that must not be used."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    out.mkdir(parents=True, exist_ok=True)
+    tk = qwen2_tokenizer(out, causal_texts())
+    eot = tk.token_to_id("<|endoftext|>")
+    cfg = Qwen2Config(vocab_size=tk.get_vocab_size() + 3, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=kv_heads, max_position_embeddings=128,
+                      rms_norm_eps=1e-5, rope_theta=500.0, tie_word_embeddings=tie, bos_token_id=eot, eos_token_id=eot,
+                      use_sliding_window=window > 0, sliding_window=window or None, max_window_layers=0, **config)
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(cfg).eval()
+    perturb(model, seed)
+    g = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("_proj.bias"):
+                p.add_(torch.randn(p.shape, generator=g) * 0.5)
+    model.save_pretrained(out)
+    if not window:  # transformers writes sliding_window null and the layer types; checkpoints have neither
+        settings = json.loads((out / "config.json").read_text())
+        settings.pop("layer_types", None)
+        settings.update(sliding_window=3, max_window_layers=1)
+        (out / "config.json").write_text(json.dumps(settings, indent=2))
     return out

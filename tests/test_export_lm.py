@@ -40,6 +40,8 @@ VARIANTS = {
              "n_heads": 4},
     "llama": {"positions": "rope", "rope_theta": 500.0, "n_heads": 4, "n_kv_heads": 2, "norm": "rmsnorm",
               "activation": "swiglu", "bias": False},
+    "qwen2": {"positions": "rope", "n_heads": 4, "n_kv_heads": 2, "norm": "rmsnorm", "activation": "swiglu",
+              "bias": False, "qkv_bias": True},  # in_proj's bias, none on out_proj or the FFN
     "alibi": {"positions": "alibi", "d_model": 48, "n_heads": 6, "activation": "gelu"},  # 6 heads: not a power of 2
     "window": {"positions": "rope", "n_heads": 4, "n_kv_heads": 1, "window": 6},
     "post-norm": {"positions": "sinusoidal", "norm_first": False, "attention_score": "dot", "tie_output": False,
@@ -130,6 +132,16 @@ def test_greedy_is_token_for_token_attnkits(variant):
         assert [greedy(full, ids) for ids in batch] != ours
 
 
+def without_qkv_bias(model: LanguageModel) -> LanguageModel:
+    """A copy of ``model`` whose query, key and value biases are zero."""
+    twin = LanguageModel(model.cfg, model.out_proj.weight.size(0)).eval()
+    twin.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        for layer in twin.layers:
+            layer.self_attn.in_proj.bias.zero_()
+    return twin
+
+
 def test_log_probs_agree(variant):
     name, run, ct2 = variant
     sequences = [ids + greedy(run.model, ids, 10) for ids in prompts(run.tok)]
@@ -141,6 +153,9 @@ def test_log_probs_agree(variant):
             ours = torch.log_softmax(run.model(torch.tensor([seq])).double(), dim=-1)[0]  # (T, V)
             assert log_p.shape == tuple(ours.shape)
             assert torch.allclose(torch.from_numpy(log_p).double(), ours, atol=1e-4, rtol=0), name
+            if name == "qwen2":  # the trained q, k, v biases change these numbers: they are exported, not dropped
+                unbiased = torch.log_softmax(without_qkv_bias(run.model)(torch.tensor([seq])).double(), dim=-1)[0]
+                assert (unbiased - ours).abs().max() > 1e-2
 
 
 def test_stream_and_text_are_generate_batchs(variant):

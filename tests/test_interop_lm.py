@@ -1,8 +1,9 @@
 """Hugging Face causal language models <-> attnkit ``task: lm`` runs, checked against transformers itself (issue 37).
 
-Tiny random GPT-2, Llama (grouped-query attention, untied and tied) and Mistral (a sliding window) directories
-with tokenizers trained here (tests/hf_models.py) are imported with ``attnkit import``: tokenization, logits,
-losses and greedy output must equal transformers'. ``attnkit export --to huggingface`` must give back the same
+Tiny random GPT-2, Llama (grouped-query attention, untied and tied), Mistral (a sliding window) and Qwen2 (biases on
+q, k and v; its unused window keys, and a window in every layer) directories with tokenizers trained here
+(tests/hf_models.py) are imported with ``attnkit import``: tokenization, logits, losses and greedy output must equal
+transformers'. ``attnkit export --to huggingface`` must give back the same
 directory, and a character-level run trained here must load in transformers with attnkit's logits and ids.
 """
 
@@ -20,6 +21,8 @@ from safetensors.torch import load_file
 
 from attnkit.cli import main
 from attnkit.inference.language_model import document_stream, read_documents
+from attnkit.interop.hf import HFDirectory
+from attnkit.interop.llama import sliding_window
 from attnkit.runs.load import load_run
 from attnkit.sampling import generate
 from attnkit.vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID
@@ -32,7 +35,9 @@ TEXTS = hf_models.causal_texts()
 PROMPTS = ["The quick", "Größe und", "12 May", "emoji 🙂", "a"]
 FAMILIES = {"gpt2": hf_models.gpt2_dir, "llama": hf_models.llama_dir,
             "llama-tied-mha": lambda out: hf_models.llama_dir(out, tie=True, kv_heads=4, seed=1),
-            "mistral": lambda out: hf_models.llama_dir(out, model_type="mistral", sliding_window=5, seed=2)}
+            "mistral": lambda out: hf_models.llama_dir(out, model_type="mistral", sliding_window=5, seed=2),
+            "qwen2": hf_models.qwen2_dir,
+            "qwen2-window": lambda out: hf_models.qwen2_dir(out, window=5, tie=False, kv_heads=4, seed=3)}
 
 
 @pytest.fixture(scope="module", params=list(FAMILIES))
@@ -95,6 +100,32 @@ def test_greedy_output_equals_generate(imported):
         assert got == out[0, x.size(1):].tolist(), prompt
 
 
+def test_qwen2_is_llama_with_biases_on_q_k_and_v(imported):
+    hf, run_dir = imported
+    settings = json.loads((hf / "config.json").read_text())
+    cfg = load_run(run_dir).cfg.model.transformer
+    qwen2 = settings["model_type"] == "qwen2"
+    assert (cfg.qkv_bias, cfg.bias) == (qwen2, settings["model_type"] == "gpt2")
+    if qwen2:  # its sliding_window is read only with use_sliding_window
+        assert cfg.window == (settings["sliding_window"] if settings["use_sliding_window"] else 0)
+
+
+@pytest.mark.parametrize("settings, window", [
+    ({"use_sliding_window": False, "sliding_window": 4, "max_window_layers": 0}, 0),
+    ({"use_sliding_window": True, "sliding_window": 4, "max_window_layers": 0}, 4),
+    ({"use_sliding_window": True, "sliding_window": 4}, 0),  # Qwen2Config's max_window_layers: 28 > 2 layers
+    ({"use_sliding_window": True, "sliding_window": 4, "max_window_layers": 2}, 0),
+    ({"use_sliding_window": True, "sliding_window": 4, "max_window_layers": 1,
+      "layer_types": ["sliding_attention"] * 2}, 4),  # layer_types, where given, is what transformers reads
+    ({"use_sliding_window": True, "sliding_window": 4, "max_window_layers": 0, "layer_types": ["full_attention"] * 2},
+     0),
+    ({"sliding_window": 4, "max_window_layers": 0}, 0),
+], ids=["off", "every-layer", "default-layers", "no-layer", "layer-types", "layer-types-none", "key-absent"])
+def test_qwen2s_window_is_every_layers_or_none(tmp_path, settings, window):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen2", "num_hidden_layers": 2, **settings}))
+    assert sliding_window(HFDirectory(tmp_path)) == window
+
+
 def test_commands_work_on_an_import(imported, tmp_path, capsys):
     _, run_dir = imported
     assert main(["generate", str(run_dir), "--prompt", "The", "--max-new-tokens", "8", "--temperature", "0"]) == 0
@@ -155,17 +186,30 @@ def test_fine_tuning_an_import_and_exporting_it(imported, tmp_path):
 GPT2_LIKE = {"positions": "learned", "activation": "gelu_tanh", "scale_embeddings": False}
 LLAMA_LIKE = {"positions": "rope", "norm": "rmsnorm", "activation": "swiglu", "bias": False, "n_kv_heads": 1,
               "scale_embeddings": False, "tie_output": False, "rope_theta": 1000.0}
+QWEN2_LIKE = {**LLAMA_LIKE, "qkv_bias": True}
 
 
-@pytest.mark.parametrize("options", [GPT2_LIKE, {**GPT2_LIKE, "bias": False, "activation": "gelu"}, LLAMA_LIKE,
-                                     {**LLAMA_LIKE, "window": 4}], ids=["gpt2", "nanogpt", "llama", "mistral"])
-def test_a_trained_character_model_exports(options, tmp_path):
+@pytest.mark.parametrize("options, architecture", [
+    (GPT2_LIKE, "GPT2LMHeadModel"), ({**GPT2_LIKE, "bias": False, "activation": "gelu"}, "GPT2LMHeadModel"),
+    (LLAMA_LIKE, "LlamaForCausalLM"), ({**LLAMA_LIKE, "window": 4}, "MistralForCausalLM"),
+    (QWEN2_LIKE, "Qwen2ForCausalLM"), ({**QWEN2_LIKE, "window": 4}, "Qwen2ForCausalLM"),
+], ids=["gpt2", "nanogpt", "llama", "mistral", "qwen2", "qwen2-window"])
+def test_a_trained_character_model_exports(options, architecture, tmp_path):
     (tmp_path / "train.txt").write_text(corpus(200), encoding="utf-8")
     train_lm(lm_config(tmp_path / "train.txt", model=options, train_options={"max_updates": 4, "valid_every": 4}),
              tmp_path / "run")
     assert main(["export", str(tmp_path / "run"), "--to", "huggingface", "-o", str(tmp_path / "hf")]) == 0
     run = load_run(tmp_path / "run")
-    reference, tokenizer = hf_model(tmp_path / "hf"), transformers.AutoTokenizer.from_pretrained(str(tmp_path / "hf"))
+    # transformers 5's AutoTokenizer builds Qwen2's own byte-level BPE for any qwen2 directory, whatever its
+    # tokenizer_class; PreTrainedTokenizerFast reads tokenizer.json as written (docs/language-models.md)
+    reading = transformers.PreTrainedTokenizerFast if architecture == "Qwen2ForCausalLM" else transformers.AutoTokenizer
+    reference, tokenizer = hf_model(tmp_path / "hf"), reading.from_pretrained(str(tmp_path / "hf"))
+    assert type(reference).__name__ == architecture
+    if options.get("qkv_bias"):  # trained biases on q, k and v, and none on o_proj or the MLP
+        assert run.model.layers[0].self_attn.in_proj.bias.abs().max() > 0
+        layer = reference.model.layers[0]
+        assert layer.self_attn.q_proj.bias is not None and layer.self_attn.o_proj.bias is None
+        assert reference.config.use_sliding_window == bool(options.get("window"))
     texts = corpus(12, seed=4).splitlines() + ["ROMEO: sweet night", "Zebra - unknown\tcharacters", "</s> <pad> x"]
     for text in texts:
         assert tokenizer(text)["input_ids"] == run.tok.encode_src([text])[0], text
@@ -205,7 +249,8 @@ def test_export_refuses_what_huggingface_cannot_hold(tmp_path, capsys):
 @pytest.fixture(scope="module")
 def sources(tmp_path_factory) -> dict[str, Path]:
     tmp = tmp_path_factory.mktemp("sources")
-    return {"gpt2": hf_models.gpt2_dir(tmp / "gpt2"), "llama": hf_models.llama_dir(tmp / "llama")}
+    return {"gpt2": hf_models.gpt2_dir(tmp / "gpt2"), "llama": hf_models.llama_dir(tmp / "llama"),
+            "qwen2": hf_models.qwen2_dir(tmp / "qwen2")}
 
 
 @pytest.mark.parametrize("family, file, changes, message", [
@@ -221,6 +266,15 @@ def sources(tmp_path_factory) -> dict[str, Path]:
     ("llama", "config.json", {"eos_token_id": [2, 0]}, "key 'eos_token_id' is [2, 0]"),
     ("llama", "tokenizer_config.json", {"add_eos_token": True}, "key 'add_eos_token' is true"),
     ("llama", "config.json", {"vocab_size": 100}, "more than config.json key 'vocab_size' (100)"),
+    ("qwen2", "config.json", {"use_sliding_window": True, "sliding_window": 4, "max_window_layers": 1},
+     "key 'use_sliding_window' is true with a window in 1 of 2 layers (max_window_layers 1)"),
+    ("qwen2", "config.json", {"use_sliding_window": True, "sliding_window": 4,
+                              "layer_types": ["full_attention", "sliding_attention"]},
+     "key 'use_sliding_window' is true with a window in 1 of 2 layers (layer_types)"),
+    ("qwen2", "config.json", {"use_sliding_window": True, "sliding_window": 4, "layer_types": ["chunked"] * 2},
+     "key 'layer_types' is ['chunked', 'chunked']"),
+    ("qwen2", "config.json", {"use_sliding_window": True, "sliding_window": 0, "max_window_layers": 0},
+     "key 'sliding_window' is 0"),
 ])
 def test_unsupported_configs_are_one_line_errors(sources, tmp_path, capsys, family, file, changes, message):
     bad = tmp_path / "bad"

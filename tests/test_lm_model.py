@@ -45,6 +45,8 @@ CONFIGS: dict[str, dict] = {
     "learned-window2": {"positions": "learned", "window": 2},
     "llama": {"positions": "rope", "norm": "rmsnorm", "activation": "swiglu", "bias": False, "n_kv_heads": 2,
               "rope_theta": 500000.0},
+    "qwen2": {"positions": "rope", "norm": "rmsnorm", "activation": "swiglu", "bias": False, "qkv_bias": True,
+              "n_kv_heads": 2, "rope_theta": 500000.0},
     "post-norm-gelu-tanh": {"positions": "sinusoidal", "norm_first": False, "activation": "gelu_tanh"},
 }
 POSITIONS = ["sinusoidal", "learned", "rope", "alibi", "none"]
@@ -288,6 +290,24 @@ def test_multihead_attention_equals_the_textbook_formula(n_kv_heads: int, positi
     torch.testing.assert_close(cache.v, v, atol=ATOL, rtol=ATOL)
 
 
+def test_qkv_bias_biases_the_query_key_and_value_projections_only() -> None:
+    """Qwen2: ``Q = x W^Q + b^Q`` (likewise K, V) and no bias on ``W^O``; the textbook formula with those biases."""
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(D_MODEL, HEADS, bias=False, qkv_bias=True, n_kv_heads=2, rotary=RotaryPositions(D_HEAD),
+                             causal=True)
+    assert mha.in_proj.bias is not None and mha.in_proj.bias.shape == ((HEADS + 2 * 2) * D_HEAD,)
+    assert mha.out_proj.bias is None
+    spread_weights_(mha, 0)
+    x = torch.randn(2, 9, D_MODEL, generator=torch.Generator().manual_seed(1))
+    expected, _, _ = reference_self_attention(mha, x, rope_theta=10000.0)
+    torch.testing.assert_close(mha(x)[0], expected, atol=ATOL, rtol=ATOL)
+    # in a model: one tensor more per layer than without, and nothing else changes
+    plain, qwen2 = make_lm(**CONFIGS["llama"]), make_lm(**CONFIGS["qwen2"])
+    assert set(plain.state_dict()) <= set(qwen2.state_dict())
+    assert set(qwen2.state_dict()) - set(plain.state_dict()) == {f"layers.{i}.self_attn.in_proj.bias"
+                                                                 for i in range(LAYERS)}
+
+
 @pytest.mark.parametrize("n_kv_heads", [2, 1])
 def test_repeat_kv_serves_consecutive_query_heads(n_kv_heads: int) -> None:
     x = torch.randn(2, n_kv_heads, 5, 3)
@@ -524,6 +544,14 @@ def test_key_value_heads_must_divide_the_heads() -> None:
         LanguageModel(TransformerConfig(d_model=D_MODEL, n_heads=HEADS, n_kv_heads=3), VOCAB)
 
 
+def test_qkv_bias_needs_bias_false() -> None:
+    with pytest.raises(ValueError, match="qkv_bias: true .* set bias: false"):
+        TransformerConfig(qkv_bias=True).validate()
+    with pytest.raises(ValueError, match="qkv_bias"):
+        LanguageModel(TransformerConfig(d_model=D_MODEL, n_heads=HEADS, qkv_bias=True), VOCAB)
+    TransformerConfig(qkv_bias=True, bias=False).validate()
+
+
 def test_rope_needs_an_even_head_size() -> None:
     cfg = TransformerConfig(d_model=12, n_heads=4, positions="rope")  # head size 3
     with pytest.raises(ValueError, match="even"):
@@ -534,7 +562,8 @@ def test_rope_needs_an_even_head_size() -> None:
 
 
 @pytest.mark.parametrize("option", [{"positions": "rope"}, {"positions": "alibi"}, {"n_kv_heads": 2},
-                                    {"window": 4}, {"norm": "rmsnorm"}, {"activation": "swiglu"}])
+                                    {"window": 4}, {"norm": "rmsnorm"}, {"activation": "swiglu"},
+                                    {"qkv_bias": True, "bias": False}])
 def test_an_encoder_decoder_refuses_language_model_options(option: dict) -> None:
     cfg = TransformerConfig(d_model=D_MODEL, n_heads=HEADS, d_ff=D_FF, encoder_layers=1, decoder_layers=1, **option)
     key = next(iter(option))

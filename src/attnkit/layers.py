@@ -10,8 +10,9 @@ Options that other published models use, each off by default (``attnkit import``
 Hugging Face checkpoints): the FFN's activation (``gelu`` in BERT, ``swish`` in Marian / OPUS-MT),
 no ``sqrt(d_model)`` scale (BERT), the sinusoids laid out in two halves (tensor2tensor, Marian),
 a token-type embedding and an embedding LayerNorm (BERT), and the LayerNorm epsilon (BERT: 1e-12);
-and for decoder-only models (GPT-2, Llama): RMSNorm, SwiGLU, no biases, grouped-query attention and
-positions inside attention (RoPE, ALiBi; :mod:`attnkit.positions`).
+and for decoder-only models (GPT-2, Llama): RMSNorm, SwiGLU, no biases (or biases on the query, key and value
+projections only: Qwen2), grouped-query attention and positions inside attention (RoPE, ALiBi;
+:mod:`attnkit.positions`).
 - :class:`EncoderLayer`: self-attention -> Add & Norm -> FFN -> Add & Norm.
 - :class:`DecoderLayer`: masked self-attention -> Add & Norm -> cross-attention -> Add & Norm -> FFN -> Add & Norm;
   without cross-attention (``cross_attention=False``) it is the layer of a decoder-only language model.
@@ -146,6 +147,7 @@ class LayerOptions:
     activation: Activation = "relu"
     norm: NormKind = "layernorm"
     bias: bool = True  # biases in the attention projections and the FFN (Llama has none)
+    qkv_bias: bool = False  # biases on the query, key and value projections even without ``bias`` (Qwen2)
     n_kv_heads: int | None = None  # grouped-query attention: key/value heads (None: n_heads)
     rotary: RotaryPositions | None = field(default=None, compare=False)  # RoPE, shared by every layer
     alibi: ALiBi | None = field(default=None, compare=False)  # ALiBi, shared by every layer
@@ -176,7 +178,8 @@ class _ResidualBlock(nn.Module):
     def attention(self, d_model: int, n_heads: int, o: LayerOptions, causal: bool = False) -> MultiHeadAttention:
         """A multi-head attention sub-layer built with ``o``."""
         return MultiHeadAttention(d_model, n_heads, dropout=o.attention_dropout, score=o.score, bias=o.bias,
-                                  n_kv_heads=o.n_kv_heads, rotary=o.rotary, alibi=o.alibi, causal=causal)
+                                  qkv_bias=o.qkv_bias, n_kv_heads=o.n_kv_heads, rotary=o.rotary, alibi=o.alibi,
+                                  causal=causal)
 
     def build(self, d_model: int, n_heads: int, d_ff: int, o: LayerOptions, *, causal: bool = False,
               cross_attention: bool = False) -> None:

@@ -16,8 +16,8 @@ Sampling with the softmax's inverse temperature ``beta`` is the seeds' soft atte
 The options of today's models are fields of :class:`~attnkit.transformer.TransformerConfig`:
 ``positions`` (sinusoidal, learned, rope, alibi, none; :mod:`attnkit.positions`), ``n_kv_heads``
 (grouped-query attention), ``window`` (sliding-window attention), ``norm`` (layernorm, rmsnorm),
-``activation`` (relu, gelu, gelu_tanh, swish, swiglu) and ``bias``. A language model is pre-norm
-unless ``norm_first: false`` (GPT-2 and every model since put the norm first, and a final norm
+``activation`` (relu, gelu, gelu_tanh, swish, swiglu), ``bias`` and ``qkv_bias`` (Qwen2). A language model
+is pre-norm unless ``norm_first: false`` (GPT-2 and every model since put the norm first, and a final norm
 after the last layer).
 
 Generation feeds one token at a time through :meth:`LanguageModel.step` with a key/value cache per

@@ -19,8 +19,9 @@ encoder memory once, on the first step, and reuses it.
 Options that decoder-only models use (each off by default; :mod:`attnkit.positions` has the formulas):
 ``n_kv_heads < n_heads`` is grouped-query attention (fewer key/value heads, each shared by
 ``n_heads / n_kv_heads`` query heads; the cache holds only those), ``rotary`` rotates queries and keys
-by their positions (RoPE), ``alibi`` adds ALiBi's distance bias to the scores, and ``causal`` applies
-the look-ahead mask inside the kernel (what lets the engine use a causal fused kernel).
+by their positions (RoPE), ``alibi`` adds ALiBi's distance bias to the scores, ``causal`` applies
+the look-ahead mask inside the kernel (what lets the engine use a causal fused kernel), and ``qkv_bias``
+with ``bias=False`` keeps the biases of ``in_proj`` only (Qwen2: ``Q = x W^Q + b^Q``, likewise K and V; no b^O).
 """
 
 from __future__ import annotations
@@ -65,6 +66,9 @@ class MultiHeadAttention(nn.Module):
     :param d_k: per-head query/key size (default ``d_model // n_heads``).
     :param d_v: per-head value size (default ``d_k``).
     :param dropout: dropout on the attention weights (training only).
+    :param bias: biases on every projection, ``in_proj`` and ``out_proj`` (Llama has none).
+    :param qkv_bias: biases on the query, key and value projections (``in_proj``) even without ``bias``, none on
+        ``out_proj`` (Qwen2).
     :param score: ``"scaled_dot"`` (the paper's ``q.k / sqrt(d_k)``) or ``"dot"`` (unscaled, for the
         seed 003 experiment of what the scale is for).
     :param n_kv_heads: key/value heads ``H_kv`` (default ``n_heads``); must divide ``n_heads``.
@@ -74,7 +78,7 @@ class MultiHeadAttention(nn.Module):
     """
 
     def __init__(self, d_model: int, n_heads: int, *, d_k: int | None = None, d_v: int | None = None,
-                 dropout: float = 0.0, bias: bool = True, score: ScoreName = "scaled_dot",
+                 dropout: float = 0.0, bias: bool = True, qkv_bias: bool = False, score: ScoreName = "scaled_dot",
                  n_kv_heads: int | None = None, rotary: RotaryPositions | None = None, alibi: ALiBi | None = None,
                  causal: bool = False) -> None:
         super().__init__()
@@ -94,8 +98,9 @@ class MultiHeadAttention(nn.Module):
         self.d_v = d_v or self.d_k
         self.rotary, self.alibi, self.causal = rotary, alibi, causal
         self.dropout = nn.Dropout(dropout)  # on the attention weights
+        # [W^Q; W^K; W^V], keys and values with H_kv heads; Qwen2 (qkv_bias) biases these three and not W^O
         self.in_proj = nn.Linear(d_model, n_heads * self.d_k + n_kv_heads * (self.d_k + self.d_v),
-                                 bias=bias)  # [W^Q; W^K; W^V], keys and values with H_kv heads
+                                 bias=bias or qkv_bias)
         self.out_proj = nn.Linear(n_heads * self.d_v, d_model, bias=bias)  # W^O
 
     def extra_repr(self) -> str:

@@ -67,6 +67,7 @@ class TransformerConfig:
     window: int = 0  # sliding-window attention: each position sees this many (0: all earlier positions)
     norm: NormKind = "layernorm"  # or rmsnorm (Llama)
     bias: bool = True  # biases in the attention and FFN projections (Llama: none)
+    qkv_bias: bool = False  # biases on the query, key and value projections even when bias: false (Qwen2)
 
     def validate(self) -> None:
         """:raises ValueError: for dimensions no model can have (the config loader reports it with the key)."""
@@ -80,6 +81,9 @@ class TransformerConfig:
             raise ValueError(f"n_kv_heads ({self.n_kv_heads}) must divide n_heads ({self.n_heads}), or be 0")
         if self.window < 0 or not self.rope_theta > 0:
             raise ValueError(f"window ({self.window}) must be >= 0 and rope_theta ({self.rope_theta}) > 0")
+        if self.qkv_bias and self.bias:
+            raise ValueError("qkv_bias: true adds only the query, key and value biases, which bias: true already "
+                             "has; set bias: false with it")
         if self.positions == "rope" and (self.d_model // self.n_heads) % 2:
             raise ValueError(f"rope rotates pairs of dimensions: the head size d_model / n_heads "
                              f"({self.d_model // self.n_heads}) must be even")
@@ -88,8 +92,8 @@ class TransformerConfig:
         """The options set here that only a decoder-only language model has (none for an encoder-decoder)."""
         defaults = TransformerConfig()
         found = [f"positions: {self.positions}"] if self.positions not in ADDITIVE_POSITIONS else []
-        found += [f"{key}: {getattr(self, key)}" for key in ("n_kv_heads", "window", "norm", "bias")
-                  if getattr(self, key) != getattr(defaults, key)]
+        keys = ("n_kv_heads", "window", "norm", "bias", "qkv_bias")
+        found += [f"{key}: {getattr(self, key)}" for key in keys if getattr(self, key) != getattr(defaults, key)]
         return found + ([f"activation: {self.activation}"] if self.activation in ("swiglu", "gelu_tanh") else [])
 
     def layer_options(self, norm_first_default: bool = False) -> LayerOptions:
@@ -99,7 +103,8 @@ class TransformerConfig:
         return LayerOptions(dropout=self.dropout, attention_dropout=self.attention_dropout,
                             activation_dropout=self.activation_dropout, norm_first=norm_first,
                             eps=self.norm_eps, score=self.attention_score, activation=self.activation,
-                            norm=self.norm, bias=self.bias, n_kv_heads=self.n_kv_heads or None)
+                            norm=self.norm, bias=self.bias, qkv_bias=self.qkv_bias,
+                            n_kv_heads=self.n_kv_heads or None)
 
 
 PRESETS: dict[str, TransformerConfig] = {

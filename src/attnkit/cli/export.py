@@ -3,8 +3,9 @@ the tokenizer files and attnkit-export.json; `attnkit translate OUT` reads a tra
 generate OUT` a language model's; an option CTranslate2 cannot represent is refused), or to Hugging Face
 (a MarianMTModel and MarianTokenizer directory for a translation run; a GPT2LMHeadModel directory for a
 language model with learned positions, LayerNorm and biases, a LlamaForCausalLM one (MistralForCausalLM with a
-window) for RoPE, RMSNorm and SwiGLU, each with a tokenizer.json; transformers' from_pretrained reads them, and
-an option without a Hugging Face equivalent is refused). RNN runs and classifiers cannot be exported.
+window, Qwen2ForCausalLM with qkv_bias) for RoPE, RMSNorm and SwiGLU, each with a tokenizer.json; transformers'
+from_pretrained reads them, and an option without a Hugging Face equivalent is refused). RNN runs and
+classifiers cannot be exported.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ def add(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("export", help=HELP, description=__doc__)
     p.add_argument("model", help="run directory or a .safetensors checkpoint inside one")
     p.add_argument("--to", required=True, choices=list(TARGETS),
-                   help="ctranslate2 (its inference engine) or huggingface (Marian, GPT-2 or Llama)")
+                   help="ctranslate2 (its inference engine) or huggingface (Marian, GPT-2, Llama, Mistral, Qwen2)")
     p.add_argument("-o", "--output", required=True, metavar="OUT", help="the directory to write")
     p.add_argument("--quantization", default="float32", choices=list(QUANTIZATIONS),
                    help="weights of a CTranslate2 export (default: float32; huggingface: float32)")

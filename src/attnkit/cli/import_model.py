@@ -1,10 +1,10 @@
 """Make an attnkit run from a local Hugging Face model directory: a Marian (OPUS-MT) translation model
 becomes a translation run; a BERT sequence classifier a classification run; a bare or masked-LM BERT a
 pretraining run that a classification config fine-tunes with model.init_from; a causal language model (GPT-2,
-Llama, Mistral) a language-model run (task: lm) that generate, evaluate and attention read and a task: lm config
-trains further with model.init_from, its tokenizer.json read by the tokenizers library. A config attnkit cannot
-represent (RoPE scaling, cross-attention, another activation, ...) is refused, naming the file and key.
-Nothing is downloaded.
+Llama, Mistral, Qwen2) a language-model run (task: lm) that generate, evaluate and attention read and a task: lm
+config trains further with model.init_from, its tokenizer.json read by the tokenizers library. A config attnkit
+cannot represent (RoPE scaling, cross-attention, another activation, a sliding window in some layers only, ...)
+is refused, naming the file and key. Nothing is downloaded.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import argparse
 
 from ..interop import import_model
 
-HELP = "make a run from a Hugging Face Marian, BERT, GPT-2, Llama or Mistral directory"
+HELP = "make a run from a Hugging Face Marian, BERT, GPT-2, Llama, Mistral or Qwen2 directory"
 
 
 def add(sub: argparse._SubParsersAction) -> None:

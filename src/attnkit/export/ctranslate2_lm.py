@@ -23,6 +23,8 @@ How :class:`~attnkit.lm.LanguageModel` maps onto the spec (the layers are the tr
  ``activation: swiglu``                   ``ffn_glu`` + ``SWISH``: ``linear_0`` = W_1 (gate),
                                          ``linear_0_noact`` = W_3 (up), ``linear_1`` = W_2
  ``bias: false``                          no ``bias`` in any ``LinearSpec``
+ ``qkv_bias`` (Qwen2)                     ``self_attention.linear[0].bias`` = ``[b^Q; b^K; b^V]``; none on
+                                         ``linear[1]`` (each ``LinearSpec``'s bias is optional on its own)
  ``positions: learned`` / ``sinusoidal``  ``position_encodings.encodings``, the table itself
  ``positions: rope``, ``rope_theta``      ``rotary_dim = 0`` (every dimension), ``rotary_interleave =
                                          False`` (pairs ``(i, i + d/2)``, attnkit's layout), ``rotary_base``

@@ -8,13 +8,14 @@
                                pretraining run
                                ``model_type: gpt2`` -> language-model run  ``interop/gpt2.py``,
                                (``task: lm``)                              ``interop/causal_lm.py``
-                               ``model_type: llama``, ``mistral`` ->       ``interop/llama.py``,
-                               language-model run                          ``interop/causal_lm.py``
+                               ``model_type: llama``, ``mistral``,         ``interop/llama.py``,
+                               ``qwen2`` -> language-model run             ``interop/causal_lm.py``
  ``attnkit export RUN --to      a translation run -> a ``MarianMTModel`` /  ``interop/marian.py``
  huggingface -o DIR``           ``MarianTokenizer`` directory
                                a language-model run -> a                   ``interop/causal_lm.py``
                                ``GPT2LMHeadModel`` or ``LlamaForCausalLM``
-                               (``MistralForCausalLM``) directory with its
+                               (``MistralForCausalLM``,
+                               ``Qwen2ForCausalLM``) directory with its
                                ``tokenizer.json``
 =============================  ==========================================  ===============================
 
@@ -42,7 +43,8 @@ __all__ = ["EXPORTERS", "IMPORTERS", "export_causal_lm", "export_huggingface", "
 
 #: ``config.json``'s ``model_type`` -> the function that writes its run.
 IMPORTERS: dict[str, Callable[..., Path]] = {"marian": import_marian, "bert": import_bert, "gpt2": import_causal_lm,
-                                             "llama": import_causal_lm, "mistral": import_causal_lm}
+                                             "llama": import_causal_lm, "mistral": import_causal_lm,
+                                             "qwen2": import_causal_lm}
 #: A run's ``task`` -> the function that writes its Hugging Face directory.
 EXPORTERS: dict[str, Callable[..., Path]] = {"translate": export_marian, "lm": export_causal_lm}
 
@@ -58,7 +60,7 @@ def import_model(source: str | Path, out: str | Path, *, force: bool = False) ->
 
 def export_huggingface(run: str | Path, out: str | Path, **options) -> Path:
     """Write the Hugging Face directory of run ``run`` into ``out``: Marian for a translation run, GPT-2 or Llama
-    for a language model (``options``: ``quantization``, ``force``) -> ``out``."""
+    (Mistral, Qwen2) for a language model (``options``: ``quantization``, ``force``) -> ``out``."""
     run_dir, _ = find_weights(Path(run))
     task = load_config(RunConfig, run_dir / CONFIG_FILE).task
     if task not in EXPORTERS:

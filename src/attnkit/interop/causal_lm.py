@@ -1,4 +1,5 @@
-"""Hugging Face causal language models (GPT-2, Llama, Mistral) to ``task: lm`` runs, and ``task: lm`` runs back.
+"""Hugging Face causal language models (GPT-2, Llama, Mistral, Qwen2) to ``task: lm`` runs, and ``task: lm`` runs
+back.
 
 ``attnkit import DIR -o RUN`` writes an ordinary language-model run (``config.yaml``, the tokenizer,
 ``imported.safetensors``) on which ``generate``, ``evaluate --data``, ``attention`` and fine-tuning with
@@ -18,12 +19,15 @@ Face's. Generation stops at the model's end-of-text token; attnkit never samples
 ``<s>`` (:data:`attnkit.sampling.NEVER_SAMPLED`), where Hugging Face's ``generate`` could.
 
 ``attnkit export RUN --to huggingface -o DIR`` writes a ``GPT2LMHeadModel`` (learned positions, LayerNorm,
-biases) or a ``LlamaForCausalLM`` (RoPE, RMSNorm, SwiGLU; ``MistralForCausalLM`` with a ``window``) directory
-that ``AutoModelForCausalLM`` and ``AutoTokenizer`` ``.from_pretrained`` load. An imported run goes back to
-its original ids and tokenizer files; a character-level run's tokenizer is written as a ``tokenizers`` JSON
-that encodes as attnkit does (one piece per character, ids unchanged, special pieces in the text read as text).
-A trained SentencePiece tokenizer is refused: ``tokenizers`` does not reproduce SentencePiece's
-normalisation exactly.
+biases) or a ``LlamaForCausalLM`` (RoPE, RMSNorm, SwiGLU; ``MistralForCausalLM`` with a ``window``,
+``Qwen2ForCausalLM`` with ``qkv_bias``) directory that ``AutoModelForCausalLM`` and ``AutoTokenizer``
+``.from_pretrained`` load. An imported run goes back to its original ids and tokenizer files; a character-level
+run's tokenizer is written as a ``tokenizers`` JSON that encodes as attnkit does (one piece per character, ids
+unchanged, special pieces in the text read as text). A trained SentencePiece tokenizer is refused:
+``tokenizers`` does not reproduce SentencePiece's normalisation exactly. One exception to ``AutoTokenizer``:
+transformers 5 ignores the ``tokenizer_class`` of a ``qwen2`` directory and builds Qwen2's byte-level BPE from
+``tokenizer.json``'s pieces, so a character-level run exported as Qwen2 is read exactly by
+``PreTrainedTokenizerFast.from_pretrained`` only.
 """
 
 from __future__ import annotations
@@ -64,6 +68,7 @@ FAMILIES: dict[str, tuple[Callable, Callable, tuple[str, ...]]] = {
     "gpt2": (gpt2_config, gpt2_state, ("GPT2LMHeadModel", "GPT2Model")),
     "llama": (llama_config, llama_state, ("LlamaForCausalLM", "LlamaModel")),
     "mistral": (llama_config, llama_state, ("MistralForCausalLM", "MistralModel")),
+    "qwen2": (llama_config, llama_state, ("Qwen2ForCausalLM", "Qwen2Model")),
 }
 #: The context ``attnkit evaluate`` scores with by default (``data.block_size``), at most the model's ``max_len``.
 BLOCK_SIZE = 1024
@@ -161,7 +166,8 @@ def renumber_rows(t: torch.Tensor, pieces: HFTokenizersModel) -> torch.Tensor:
 
 
 def import_causal_lm(hf: HFDirectory, out: str | Path, *, force: bool = False) -> Path:
-    """Write the ``task: lm`` run of the GPT-2, Llama or Mistral checkpoint ``hf`` into ``out`` (module doc)."""
+    """Write the ``task: lm`` run of the GPT-2, Llama, Mistral or Qwen2 checkpoint ``hf`` into ``out`` (module
+    doc)."""
     config_of, state_of, architectures = FAMILIES[hf.model_type]
     named = hf.config.get("architectures") or []
     if named and named[0] not in architectures:
@@ -245,8 +251,8 @@ def _json(value: object) -> str:
 
 
 def export_family(cfg: TransformerConfig, name: str) -> str:
-    """``gpt2`` or ``llama``: the Hugging Face architecture ``cfg`` is, or a one-line error naming the option that
-    has no equivalent."""
+    """``gpt2`` or ``llama`` (Llama, Mistral or Qwen2): the Hugging Face architecture ``cfg`` is, or a one-line error
+    naming the option that has no equivalent."""
     if cfg.positions == "learned":
         family, problem = "gpt2", gpt2_problem(cfg)
     elif cfg.positions == "rope":
@@ -261,8 +267,9 @@ def export_family(cfg: TransformerConfig, name: str) -> str:
 
 def export_causal_lm(run_path: str | Path, out: str | Path, *, quantization: str = "float32", force: bool = False
                      ) -> Path:
-    """Write a Hugging Face ``GPT2LMHeadModel`` or ``LlamaForCausalLM`` directory ``out`` from a ``task: lm`` run
-    (module doc): ``AutoModelForCausalLM`` and ``AutoTokenizer`` ``.from_pretrained(out)`` load it."""
+    """Write a Hugging Face ``GPT2LMHeadModel`` or ``LlamaForCausalLM`` (``MistralForCausalLM``,
+    ``Qwen2ForCausalLM``) directory ``out`` from a ``task: lm`` run (module doc): ``AutoModelForCausalLM`` and
+    ``AutoTokenizer`` ``.from_pretrained(out)`` load it."""
     if quantization != "float32":
         raise UserError(f"--quantization {quantization} is for CTranslate2; a Hugging Face export is float32")
     run = require(load_run(run_path), "lm", run_path, "run", "only translation and language-model runs can be "
