@@ -233,13 +233,16 @@ def test_a_trained_character_model_exports(options, architecture, tmp_path):
         assert torch.equal(value, ours[key]) if key in ours else (zero_biases and not value.any()), key
 
 
-def test_export_refuses_what_huggingface_cannot_hold(tmp_path, capsys):
+@pytest.mark.parametrize("model, message", [
+    ({"positions": "alibi"}, "model.transformer.positions: alibi has no equivalent"),
+    ({**LLAMA_LIKE, "bias": True, "window": 4}, "model.transformer.bias: True has no equivalent"),  # Mistral: none
+])
+def test_export_refuses_what_huggingface_cannot_hold(tmp_path, capsys, model, message):
     (tmp_path / "train.txt").write_text(corpus(120), encoding="utf-8")
-    train_lm(lm_config(tmp_path / "train.txt", model={"positions": "alibi"}, train_options={"max_updates": 1}),
-             tmp_path / "run")
+    train_lm(lm_config(tmp_path / "train.txt", model=model, train_options={"max_updates": 1}), tmp_path / "run")
     capsys.readouterr()
     code = main(["export", str(tmp_path / "run"), "--to", "huggingface", "-o", str(tmp_path / "hf")])
-    assert_one_line_error(code, capsys.readouterr().err, "model.transformer.positions: alibi has no equivalent")
+    assert_one_line_error(code, capsys.readouterr().err, message)
     assert not (tmp_path / "hf").exists()
 
 
@@ -286,3 +289,27 @@ def test_unsupported_configs_are_one_line_errors(sources, tmp_path, capsys, fami
     assert_one_line_error(code, capsys.readouterr().err, message, str(bad / file) if "vocab_size" not in changes
                           else "tokenizer.json")
     assert not (tmp_path / "run").exists()
+
+
+# -- streamed text --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("stop", [(), ("xyz",)])
+def test_streamed_text_is_the_prompts_continuation_through_split_characters(imported, stop):
+    """TextStream on a byte-level tokenizer (GPT-2's BPE, Llama's byte fallback) and Llama's space-stripping decoder:
+    the pieces add up to the text after the prompt, as the tokenizer decodes prompt + continuation; an emoji spelt
+    over several tokens is never shown half (U+FFFD), and the anchor's moves (TextStream.SPAN) change nothing."""
+    from attnkit.inference.language_model import TextStream
+
+    run = load_run(imported[1])
+    prompt = run.tok.encode_src(["The quick"])[0]
+    for text in ["brown fox 🙂 jumps — über 12 Größe " * 3, "🙂🙂 x", " a b  c"]:
+        continuation = run.tok.encode_src([text])[0]
+        if continuation and continuation[0] == BOS_ID:  # Llama's <s> belongs in front of the prompt only
+            continuation = continuation[1:]
+        stream = TextStream(run.tok, stop, context=prompt)
+        pieces = [stream.add(t) for t in continuation] + [stream.flush()]
+        whole = run.tok.decode_src([prompt + continuation])[0]
+        expected = whole[len(run.tok.decode_src([prompt])[0]):]
+        assert "".join(pieces) == expected == stream.text, (text, pieces)
+        assert not any("\ufffd" in p for p in pieces)

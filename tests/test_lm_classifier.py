@@ -99,8 +99,10 @@ def test_init_from_copies_every_language_model_weight(lm_run, tmp_path: Path) ->
     assert isinstance(model, DecoderClassifier)
     source, _ = load_weights(lm / "best.safetensors")
     own = model.state_dict()
-    assert source and all(torch.equal(own[f"lm.{k}"], v) for k, v in source.items())
+    body = {k: v for k, v in source.items() if not k.startswith("out_proj.")}  # the output layer is not a classifier's
+    assert body and all(torch.equal(own[f"lm.{k}"], v) for k, v in body.items())
     assert {k for k in own if not k.startswith("lm.")} == {"head.weight", "head.bias"}
+    assert {k[3:] for k in own if k.startswith("lm.")} == set(body)
     assert (tmp_path / "fine" / "tokenizer.json").read_bytes() == (lm / "tokenizer.json").read_bytes()
 
 
@@ -137,3 +139,18 @@ def test_the_wrong_kind_of_run_or_pooling_is_a_one_line_error(lm_run, tmp_path: 
     assert main(["train", str(write_yaml(tmp_path / "w.yaml", wider)), "--run-dir", str(tmp_path / "w")]) == 2
     assert "model.transformer.d_ff is 96 here but 64 in" in capsys.readouterr().err
     assert not any((tmp_path / d).exists() for d in "efw")
+
+
+def test_an_untied_language_model_gives_its_embedding_not_its_output_layer(tmp_path: Path) -> None:
+    """An untied language model (an imported Llama's) has an output layer apart from its embedding; the classifier
+    starts from the embedding, and has no output layer to be overwritten by it."""
+    texts, tsv = sentiment_files(tmp_path)
+    train_lm(lm_config(texts, documents="lines", model={"tie_output": False}, train_options={"max_updates": 3}),
+             tmp_path / "lm")
+    raw = classify_raw(tsv, tmp_path / "lm")
+    raw["model"]["transformer"]["tie_output"] = False
+    model = make_task(load_config(RunConfig, raw), tmp_path / "fine", quiet).build_model()
+    source, _ = load_weights(tmp_path / "lm" / "best.safetensors")
+    assert not torch.equal(source["embed.embedding.weight"], source["out_proj.weight"])
+    assert torch.equal(model.state_dict()["lm.embed.embedding.weight"], source["embed.embedding.weight"])
+    assert not any(k.startswith("lm.out_proj") for k in model.state_dict())

@@ -182,8 +182,7 @@ def test_a_stream_closed_early_frees_its_row_and_the_server_goes_on(lm_run):
     slow(served, 0.05)  # 40 tokens would take 2 s
     app = create_app([served], Limits(max_wait_ms=0, max_new_tokens=40))
     with TestClient(app) as client:
-        state = client.app_state if hasattr(client, "app_state") and "serve" in client.app_state else None
-        state = app.app.app.state.serve if state is None else state
+        state = app.app.app.state.serve  # Measured(_Gate(FastAPI)): the app's own state
         body = {"prompt": PROMPT, "max_new_tokens": 40, "temperature": 1.0, "seed": 2, "stream": True}
         started = time.monotonic()
         with client.stream("POST", "/generate", json=body) as response:

@@ -122,7 +122,8 @@ class DecoderClassifier(nn.Module):
             raise ValueError("a decoder-only classifier's first state has read one token; pool last, mean or max")
         self.pooling = pooling
         self.pad_id = pad_id
-        self.lm = LanguageModel(cfg, vocab_size, pad_id)  # its output layer is tied to its embedding: no new weights
+        self.lm = LanguageModel(cfg, vocab_size, pad_id)
+        self.lm.out_proj = None  # type: ignore[assignment]  # states are classified, not next tokens: no output layer
         self.head = nn.Linear(cfg.d_model, n_classes)
         self.dropout = nn.Dropout(cfg.dropout)  # on the pooled vector
         xavier_init_(self.head)

@@ -240,7 +240,6 @@ class Transformer(InputEmbedding):
             self.out_proj.weight = self.tgt_embed.weight
         self.add_embedding_options(cfg)
         self.state_type = TransformerState  # the engine's beam search shares the encoder side instead
-        self.cache_type: type[KVCache] = KVCache  # and its self-attention caches grow in place
         xavier_init_(self)
         if self.out_proj.bias is not None:
             nn.init.zeros_(self.out_proj.bias)
@@ -318,7 +317,7 @@ class Transformer(InputEmbedding):
     def init_decoder(self, src: Tensor, use_cache: bool = True) -> TransformerState:
         """Run the encoder once; the returned state starts before ``<s>``."""
         memory, memory_mask = self.encode(src)
-        caches = [(self.cache_type(), KVCache()) for _ in self.layers] if use_cache else None  # (self, cross)
+        caches = [(KVCache(), KVCache()) for _ in self.layers] if use_cache else None
         tokens = src.new_zeros(src.size(0), 0)
         return self.state_type(memory, memory_mask, tokens, caches)
 

@@ -14,7 +14,7 @@ the running batch (at most --max-batch rows), and each request leaves it when it
                     "prompt_tokens", "finish_reason": "eos" | "length" | "stop", "seed"}; with
                     "stream": true, server-sent events: one per token, data: {"token", "id"}, then
                     one with the counts and finish_reason. The same seed and options give the
-                    text `attnkit generate --seed` gives, whatever else is generated beside it.
+                    text `attnkit generate --seed` gives, in float32 whatever else is generated beside it.
   GET  /metrics     Prometheus text format: requests by route and status, latency, queued texts,
                     batch sizes (texts, tokens), queue wait, time per stage; for language models
                     time to first token, tokens generated, tokens/s, active streams

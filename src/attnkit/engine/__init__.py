@@ -56,8 +56,8 @@ def accelerate(model: nn.Module) -> nn.Module:
 
     Every ``nn.Dropout`` becomes a :class:`ByteDropout` of the same rate, every
     :class:`MultiHeadAttention` computes with :func:`fast_attend`, a :class:`Transformer`
-    decodes with :class:`SharedMemoryState`, and its or a :class:`LanguageModel`'s self-attention
-    caches are :class:`GrowingKVCache` s.
+    decodes with :class:`SharedMemoryState`, and a :class:`LanguageModel`'s self-attention caches are
+    :class:`GrowingKVCache` s.
     """
     for module in list(model.modules()):
         for name, child in module.named_children():
@@ -69,6 +69,6 @@ def accelerate(model: nn.Module) -> nn.Module:
             module.kernel = fast_attend
         if isinstance(module, Transformer):
             module.state_type = SharedMemoryState
-        if isinstance(module, Transformer | LanguageModel):
+        if isinstance(module, LanguageModel):  # not beam search's Transformer: it reorders its caches every step
             module.cache_type = GrowingKVCache
     return model

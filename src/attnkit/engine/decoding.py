@@ -63,7 +63,8 @@ class GrowingKVCache(KVCache):
     for more: :meth:`append` writes the new positions in place instead of copying the cache.
 
     Appending twice to the same cache would write into the same room, so a cache is extended once (decoding
-    does: each step's cache replaces the last); a cache that is reordered (:meth:`select`) gets its own buffers.
+    does: each step's cache replaces the last); a cache that is reordered (:meth:`select`) gets its own buffers,
+    with no room: the next append makes some (so beam search, which reorders every step, is not given these).
     With gradients enabled it appends by concatenation, as the reference does (an in-place write would break
     the backward pass).
     """

@@ -282,7 +282,7 @@ class ExportedGenerator:
         """The continuation of one prompt as text pieces, as :func:`attnkit.inference.language_model.continue_text`
         gives them: streamed, ending at ``</s>``, after ``max_new_tokens`` or at the first ``stop`` string (not
         yielded)."""
-        text = TextStream(self.tok, stop)
+        text = TextStream(self.tok, stop, context=prompt)
         for token in self.stream(prompt, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p):
             if piece := text.add(token):
                 yield piece

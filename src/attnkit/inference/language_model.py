@@ -174,35 +174,63 @@ class TextStream:
     """A continuation's text as its tokens come (not ``</s>``): :meth:`add` returns what can be shown now, and
     :meth:`flush` the rest at the end; ``stopped`` once a ``stop`` string appeared (the text ends before it).
 
-    The last ``len(longest stop) - 1`` characters are held back, since they may begin a stop string. The pieces
-    add up to :attr:`text`.
+    The pieces add up to :attr:`text`. Held back for now:
+
+    * the last ``len(longest stop) - 1`` characters, which may begin a stop string;
+    * an incomplete character: a byte-level tokenizer (GPT-2's BPE, Llama's byte fallback) may spell one
+      character over several tokens, and decodes the first ones as U+FFFD.
+
+    The text is decoded after ``context`` (the prompt's last tokens), as the prompt's continuation: a
+    tokenizer that strips the space before a text's first word (Llama's) keeps the one after the prompt.
+    Decoding starts from an anchor that moves past the text already settled, so a step costs the same
+    however long the text has grown.
     """
 
-    def __init__(self, tok: Tokenizer, stop: Sequence[str] = ()) -> None:
+    #: tokens decoded before the anchor, for their spacing (more than one: a character may span two)
+    CONTEXT = 4
+    #: the anchor moves once this many tokens follow it
+    SPAN = 32
+
+    def __init__(self, tok: Tokenizer, stop: Sequence[str] = (), context: Sequence[int] = ()) -> None:
         self.tok, self.stop = tok, tuple(stop)
         self.ids: list[int] = []
         self.text = ""  # what was shown so far
         self.stopped = False
         self._hold = max((len(s) for s in self.stop), default=1) - 1  # characters kept back
+        self._context = list(context)[-self.CONTEXT:]  # the tokens before the anchor
+        self._anchor, self._settled = 0, ""  # ids[:anchor] decode to settled
+
+    def _decoded(self) -> str:
+        """The whole continuation's text so far."""
+        before = self.tok.decode_src([self._context])[0] if self._context else ""
+        after = self.tok.decode_src([self._context + self.ids[self._anchor:]])[0]
+        tail = after[len(before):] if after.startswith(before) else after  # the text of ids[anchor:]
+        text = self._settled + tail
+        if len(self.ids) - self._anchor >= self.SPAN and not tail.endswith("\ufffd"):
+            self._settled, self._anchor = text, len(self.ids)  # settle: later steps decode from here
+            self._context = self.ids[-self.CONTEXT:]
+        return text
 
     def add(self, token: int) -> str:
         """Take ``token`` -> the text it lets show (maybe ``""``)."""
         if self.stopped:
             raise ValueError("the text already ended at a stop string")
         self.ids.append(token)
-        text = self.tok.decode_src([self.ids])[0]
-        cut = min((i for i in (text.find(s) for s in self.stop) if i >= 0), default=-1)
+        text = self._decoded()
+        cut = min((i for i in (text.find(s, len(self.text)) for s in self.stop) if i >= 0), default=-1)
         if cut >= 0:
             self.stopped = True
             return self._show(text, cut) if cut > len(self.text) else ""
+        if text.endswith("\ufffd"):  # an incomplete character: its next token completes it
+            return ""
         safe = len(text) - self._hold
         return self._show(text, safe) if safe > len(self.text) and text.startswith(self.text) else ""
 
     def flush(self) -> str:
-        """The text held back, at the end (none after a stop string)."""
-        if self.stopped:
+        """The text held back, at the end (none after a stop string; an incomplete last character as U+FFFD)."""
+        if self.stopped or not self.ids:
             return ""
-        text = self.tok.decode_src([self.ids])[0]
+        text = self._decoded()
         return self._show(text, len(text)) if text.startswith(self.text) and len(text) > len(self.text) else ""
 
     def _show(self, text: str, end: int) -> str:
@@ -217,7 +245,7 @@ def continue_text(model: nn.Module, tok: Tokenizer, ids: list[int], max_new_toke
 
     Ends at ``</s>``, after ``max_new_tokens``, or at the first ``stop`` string (which is not yielded).
     """
-    text = TextStream(tok, stop)
+    text = TextStream(tok, stop, context=ids)
     for token in generate(model, [ids], max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                           generator=generator):
         t = int(token[0])

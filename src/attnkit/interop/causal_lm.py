@@ -220,10 +220,9 @@ def _export_vocabulary(tok: Tokenizer, run_dir: Path, max_len: int) -> tuple[lis
     """``(rows, ids, files)``: the attnkit id of each exported id, the exported bos/eos/pad ids, and the tokenizer
     files by name."""
     if tok.kind == HF_TOKENIZERS:  # back to the checkpoint's own ids and files
-        meta = json.loads((run_dir / "tokenizer.json").read_text(encoding="utf-8"))
-        pieces = HFTokenizersModel(read_tokenizers_json((run_dir / HF_TOKENIZER_FILE).read_text(encoding="utf-8"),
-                                                        str(run_dir / HF_TOKENIZER_FILE)),
-                                   meta["specials"], meta["hf_vocab_size"])
+        pieces = tok._src  # the run's own piece model, its files checked when the tokenizer was loaded
+        if not isinstance(pieces, HFTokenizersModel):
+            raise TypeError(f"a {HF_TOKENIZERS} tokenizer holds an HFTokenizersModel, not {type(pieces).__name__}")
         pad, _, bos, eos = pieces.specials
         files = {TOKENIZER_JSON: (run_dir / HF_TOKENIZER_FILE).read_text(encoding="utf-8")}
         if (run_dir / HF_TOKENIZER_CONFIG_FILE).is_file():
@@ -276,7 +275,8 @@ def export_causal_lm(run_path: str | Path, out: str | Path, *, quantization: str
                                                              "exported to Hugging Face")
     cfg = run.model.cfg
     family = export_family(cfg, str(run_path))
-    assert run.run_dir is not None
+    if run.run_dir is None:
+        raise ValueError("exporting needs the run's directory (its tokenizer files)")
     rows, ids, files = _export_vocabulary(run.tok, run.run_dir, cfg.max_len)
     sd = {k: v.detach().float().cpu() for k, v in run.model.state_dict().items()}
     index = torch.tensor(rows)

@@ -162,6 +162,8 @@ def llama_problem(cfg: TransformerConfig) -> str | None:
     for key, value in wanted:
         if getattr(cfg, key) != value:
             return f"{key}: {getattr(cfg, key)}"
+    if cfg.bias and cfg.window:  # Mistral's config has no attention_bias or mlp_bias (Llama's has)
+        return f"bias: {cfg.bias}"
     return None
 
 

@@ -45,7 +45,7 @@ worker runs their requests by continuous batching (:mod:`attnkit.engine.continuo
 is run between two decoding steps and its row joins the running batch; its tokens go to the event loop as
 they are chosen (an :class:`asyncio.Queue` per streamed request), and a request whose client goes away
 leaves the batch at the next step. A request samples with its own seeded generator, so its text is
-``attnkit generate``'s for the same seed and options, whatever else runs beside it. A CTranslate2 export of a
+``attnkit generate``'s for the same seed and options, in float32 whatever else runs beside it. A CTranslate2 export of a
 language model runs the requests that arrive together with the same options as one batch.
 
 **Routes.** ``/generate`` is :func:`~attnkit.serve.generate_route.generate_text` (:mod:`attnkit.serve.generate_route`),

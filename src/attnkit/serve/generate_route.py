@@ -14,10 +14,12 @@ import json
 import logging
 import re
 from functools import partial
+from typing import Any
 
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 from starlette.exceptions import HTTPException
+from starlette.types import Receive, Scope, Send
 
 from ..common.errors import UserError
 from ..engine.continuous_lm import Sampling
@@ -35,6 +37,25 @@ __all__ = ["DEFAULT_NEW_TOKENS", "generate_text"]
 DEFAULT_NEW_TOKENS = 256
 
 
+class _EventStream(StreamingResponse):
+    """The events of a streamed request. Whatever ends the response (the events' end, an error, or the client going
+    away before the first event, when the events' own ``finally`` never runs), the job is cancelled and its stream
+    slot given back (both idempotent)."""
+
+    def __init__(self, job: GenerationJob, future: asyncio.Future, stream: _Stream, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.job, self.future, self.stream = job, future, stream
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            if not self.future.done():
+                self.job.cancel()
+                self.future.cancel()
+            self.stream.close()
+
+
 async def generate_text(req: GenerateRequest, request: Request) -> GenerateResponse | Response:
     state = app_state(request)
     servable = pick(state, req.model, "generate")
@@ -50,8 +71,9 @@ async def generate_text(req: GenerateRequest, request: Request) -> GenerateRespo
         stream.close()
         raise
     if queue is not None:
-        return StreamingResponse(_events(request, servable, job, future, queue, stream), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        return _EventStream(job, future, stream, _events(request, servable, job, future, queue, stream),
+                            media_type="text/event-stream",
+                            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
     try:
         result = await _generated(request, servable, job, future)
     finally:

@@ -145,7 +145,7 @@ class ContinuousGeneration:
         for job in jobs:
             handle = next(self._handles)
             handles.append(handle)
-            progress = _Progress(job, TextStream(self.tok, job.stop))
+            progress = _Progress(job, TextStream(self.tok, job.stop, context=job.ids))
             if job.cancelled:  # its client left while it was queued
                 self._ended.append((handle, progress.result("cancelled")))
                 continue
@@ -216,7 +216,7 @@ def generate_exported(generator: Any, jobs: list[GenerationJob]) -> list[Generat
         streams = [iter(ids) for ids in batch]
     results = []
     for job, ids in zip(jobs, streams, strict=True):
-        progress = _Progress(job, TextStream(generator.tok, job.stop))
+        progress = _Progress(job, TextStream(generator.tok, job.stop, context=job.ids))
         reason: FinishReason | None = None
         for i, token in enumerate(ids, start=1):
             if job.cancelled:

@@ -291,6 +291,9 @@ class ExportedGeneration(ExportedServable):
     def translate(self, texts: list[str], *, beam: int, n_best: int, lenpen: float) -> list[list[str]]:
         raise UserError(f"{self.info.name} is a language model")
 
+    def classify(self, texts: list[str]) -> list[list[float]]:
+        raise UserError(f"{self.info.name} is a language model")
+
     def prompt_ids(self, prompt: str, max_new_tokens: int) -> list[int]:
         return prompt_ids(self.generator.tok, prompt, self.info.context, max_new_tokens)
 

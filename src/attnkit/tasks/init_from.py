@@ -6,7 +6,7 @@ A classification run with ``model.init_from: RUN`` starts from a pretrained body
  ``model.classifier``           RUN must be            weights copied
 =============================  ====================  ===================================================
  ``encoder`` (default)          a ``task: pretrain``   ``encoder.*`` (embeddings included)
- ``decoder``                    a ``task: lm`` run     the whole language model, as ``lm.*``
+ ``decoder``                    a ``task: lm`` run     the language model but its output layer, as ``lm.*``
 =============================  ====================  ===================================================
 
 A language-model run (``task: lm``) with ``model.init_from: RUN`` continues training a ``task: lm`` run (one
@@ -115,20 +115,23 @@ def copy_pretrained_tokenizer(cfg: RunConfig, run_dir: Path, log=print) -> Token
 
 def load_pretrained_body(model: nn.Module, cfg: RunConfig) -> list[str]:
     """Copy the weights of the run ``model.init_from`` names into ``model``: a pretraining run's ``encoder.*``
-    (embeddings included), or a language model's every weight under ``lm.*`` (a :class:`DecoderClassifier`).
+    (embeddings included), or a language model's every weight but its output layer, under ``lm.*`` (a
+    :class:`DecoderClassifier`).
 
     :return: the names of the copied tensors.
     :raises UserError: one line listing the missing, unexpected and mis-shaped keys (another architecture or
         vocabulary).
     """
-    assert cfg.model.init_from is not None
+    if cfg.model.init_from is None:
+        raise ValueError("load_pretrained_body needs a config with model.init_from")
     task = source_task(cfg)
     _, weights = pretrained_run(cfg.model.init_from, task)
     state, _ = load_weights(weights)
     if cfg.task == "lm":  # the same language model, trained on
         prefix, pretrained = "", state
     elif task == "lm":
-        prefix, pretrained = "lm.", {f"lm.{k}": v for k, v in state.items()}
+        # every weight but the output layer (a classifier has none; tied, it is the embedding, which is copied)
+        prefix, pretrained = "lm.", {f"lm.{k}": v for k, v in state.items() if not k.startswith("out_proj.")}
     else:
         prefix, pretrained = "encoder.", {k: v for k, v in state.items() if k.startswith("encoder.")}
     own = {k: v for k, v in model.state_dict().items() if k.startswith(prefix)}
