@@ -124,6 +124,17 @@ def markdown_table(results: dict) -> str:
                      "measured"], rows, "llrrrrrl")
 
 
+def markdown_brief(results: dict) -> str:
+    """The README's table: :func:`markdown_table` without its descriptions (docs/results.md has them)."""
+    rows = []
+    for name, (_, target, _) in TARGETS.items():
+        r = results["results"].get(f"configs/{name}.yaml")
+        if r is not None:
+            rows.append([f"`{r['config']}`", held_out_text(r), "" if target is None else f"{target:.1f}",
+                         f"{r['train_minutes']:.1f}", num(r["updates"]), f"{r['date'][:10]}, `{r['commit']}`"])
+    return markdown(["config", "held-out", "target (test)", "minutes", "updates", "measured"], rows, "lrrrrl")
+
+
 def markdown_trials(trials: dict) -> str:
     """README: every run of every config in ``imdb-trials.json``, the reported one marked, with its settings.
 

@@ -86,6 +86,7 @@ TABLES: dict[str, Table] = {
                      "markdown_ceiling"),
     "sst2": Table((f"{RESULTS}/sst2.json", f"{RESULTS}/earlier/sst2.*.json"), "benchmarks/sst2.py"),
     "imdb": Table(f"{RESULTS}/imdb.json", "benchmarks/imdb.py"),
+    "imdb-brief": Table(f"{RESULTS}/imdb.json", "benchmarks/imdb.py", "markdown_brief"),
     "nbsvm": Table(f"{RESULTS}/nbsvm.json", "benchmarks/nbsvm.py"),
     "reading": Table(f"{RESULTS}/reading.json", "benchmarks/reading.py"),
     "imdb-trials": Table(f"{RESULTS}/imdb-trials.json", "benchmarks/imdb.py", "markdown_trials"),
