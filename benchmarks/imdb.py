@@ -6,8 +6,8 @@
     python benchmarks/imdb.py configs/imdb.yaml --trial "what differs"  # also append it to imdb-trials.json
 
 Each config trains into ``runs/<config name>`` (the path ``model.init_from`` of a fine-tuning
-config points at) with ``train.threads=1``: these are accuracy runs on a 2-core machine shared
-with other sessions, not speed measurements. A classifier is then scored with its best checkpoint
+config points at) with the threads its config gives (recorded with the result): these are accuracy
+runs on a shared machine, not speed measurements. A classifier is then scored with its best checkpoint
 on the validation rows its config holds out of the training file (10% of the IMDB reviews, by
 movie; the IMDB test set is scored independently by others), and its predictions go to
 ``benchmarks/results/<name>.valid-pred.txt``; a pretraining run records its best validation MLM
