@@ -138,18 +138,31 @@ class LanguageModel(nn.Module):
         T = tokens.size(1)
         x = self.embed_input(tokens, offset)  # (B, T, d_model)
         mask = self.self_mask(T, offset + T, tokens.device)  # (T, t + T) or None
-        caches = state.caches if state is not None else [None] * len(self.layers)
+        x, all_weights, new_caches = self.decode_layers(x, mask, state.caches if state is not None else None,
+                                                        need_weights=need_weights)
+        return x, all_weights, (LMState(new_caches, offset + T) if state is not None else None)
+
+    def decode_layers(self, x: Tensor, mask: Tensor | None, caches: list[KVCache] | None, *,
+                      offset: Tensor | None = None, need_weights: bool = False
+                      ) -> tuple[Tensor, list[Tensor], list[KVCache]]:
+        """The layer stack and the final norm on the embedded input ``x`` ``(B, T, d_model)``.
+
+        :param mask: what each query may see besides the look-ahead mask (the window; a continuous batch's padding).
+        :param caches: one per layer, or None (no cache kept).
+        :param offset: ``(B,)`` each row's position of its first query (rows at different positions; RoPE).
+        :returns: ``(hidden (B, T, d_model), per-layer self-attention when need_weights, new caches or [])``.
+        """
         new_caches, all_weights = [], []
-        for layer, cache in zip(self.layers, caches, strict=True):
+        for layer, cache in zip(self.layers, caches or [None] * len(self.layers), strict=True):
             x, weights, new_cache = layer(x, None, mask, None, cache=None if cache is None else (cache, None),
-                                          need_weights=need_weights)
+                                          need_weights=need_weights, offset=offset)
             if new_cache is not None:
                 new_caches.append(new_cache[0])
             if weights is not None:
                 all_weights.append(weights[0])
         if self.final_norm is not None:
             x = self.final_norm(x)
-        return x, all_weights, (LMState(new_caches, offset + T) if state is not None else None)
+        return x, all_weights, new_caches
 
     def forward(self, tokens: Tensor) -> Tensor:
         """Teacher forcing: ``tokens`` ``(B, T)`` -> next-token logits ``(B, T, V)`` (row ``t`` predicts ``t + 1``)."""

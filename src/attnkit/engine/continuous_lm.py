@@ -168,11 +168,7 @@ class ContinuousSampler:
         if self.window:  # the query (column t) sees the keys less than `window` columns (= positions) back
             mask = mask & (torch.arange(t + 1, device=x.device) > t - self.window)
         mask = mask[:, None, None, :]  # (B, 1, 1, t + 1)
-        caches = []
-        for layer, cache in zip(model.layers, self.caches, strict=True):
-            x, _, new_cache = layer(x, None, mask, None, cache=(cache, None), offset=self.pos)
-            caches.append(new_cache[0])
-        hidden = model.final_norm(x) if model.final_norm is not None else x
+        hidden, _, caches = model.decode_layers(x, mask, self.caches, offset=self.pos)  # (B, 1, d_model)
         logits = model.out_proj(hidden[:, 0])  # (B, V)
         self.caches, self.valid, self.pos = caches, keys, self.pos + 1
         tokens = self._choose(self.rows, logits)
