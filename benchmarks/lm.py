@@ -60,6 +60,7 @@ from tables import markdown, measured, num  # noqa: E402
 
 DATA = ROOT.parent / "shared" / "data" / "shakespeare" / "input.txt"
 CONFIG = ROOT / "configs" / "shakespeare-char.yaml"
+HOUR_CONFIG = ROOT / "configs" / "shakespeare-char-hour.yaml"
 OUT = ROOT / "benchmarks" / "results" / "lm.json"
 DATASET = "attnkit_shakespeare_char"
 #: nanoGPT's README, "I only have a macbook": the documented CPU command.
@@ -130,9 +131,10 @@ def score_nanogpt(nanogpt: Path, ckpt_path: Path) -> float:
     return total / n
 
 
-def attnkit_train(run_dir: Path, overrides: list[str], val: Path, logs: Path, name: str) -> dict:
-    """``attnkit train`` of the shakespeare config with ``overrides``, then ``attnkit evaluate`` on the split."""
-    cmd = [sys.executable, "-m", "attnkit", "train", str(CONFIG), "--run-dir", str(run_dir), *overrides]
+def attnkit_train(run_dir: Path, overrides: list[str], val: Path, logs: Path, name: str, config: Path = CONFIG
+                  ) -> dict:
+    """``attnkit train`` of ``config`` with ``overrides``, then ``attnkit evaluate`` on the split."""
+    cmd = [sys.executable, "-m", "attnkit", "train", str(config), "--run-dir", str(run_dir), *overrides]
     seconds, output = run_timed(cmd, ROOT, logs / f"{name}.log")
     updates = re.findall(r"trained (\d+) updates in ([\d.]+) min", output)
     _, scored = run_timed([sys.executable, "-m", "attnkit", "evaluate", str(run_dir), "--data", str(val)], ROOT,
@@ -180,6 +182,14 @@ def row_budget(nanogpt: Path, val: Path, work: Path, minutes: float) -> list[dic
     ng = nanogpt_train(nanogpt, work / "ng-budget", nanogpt_args_like(cfg, iters), work, "nanogpt-budget")
     ak = attnkit_train(work / "ak-budget", [f"train.max_minutes={minutes}"], val, work, "attnkit-budget")
     return [{"row": "budget", "contender": "nanoGPT", **ng}, {"row": "budget", "contender": "attnkit", **ak}]
+
+
+def row_hour(val: Path, work: Path, threads: int) -> list[dict]:
+    """attnkit alone for an hour (``configs/shakespeare-char-hour.yaml``), against the bar of nanoGPT's README
+    result for its ``train_shakespeare_char`` model on an A100 GPU."""
+    extra = [f"train.threads={threads}"] if threads else []
+    ak = attnkit_train(work / "ak-hour", extra, val, work, "attnkit-hour", config=HOUR_CONFIG)
+    return [{"row": "hour", "contender": "attnkit", "threads": threads or torch.get_num_threads(), **ak}]
 
 
 def row_throughput(nanogpt: Path, work: Path, iters: int = 8, warmup: int = 3) -> list[dict]:
@@ -249,9 +259,10 @@ def markdown_table(results: dict) -> str:
         for r in run["rows"]:
             what = {"documented": "nanoGPT's documented CPU command; attnkit for the same time",
                     "budget": f"{run['minutes']:g} minutes of training each",
+                    "hour": f"60 minutes of training, {r.get('threads')} thread(s)",
                     "throughput": "training tokens/s, 6 layers x 384, block 256, batch 64",
                     "sampling": f"sampling tokens/s, batch {r.get('batch')}"}[r["row"]]
-            if r["row"] in ("documented", "budget"):
+            if r["row"] in ("documented", "budget", "hour"):
                 steps = r.get("iterations") or r.get("updates")
                 value = f"valid loss **{r['valid_loss']:.4f}** ({steps:,} updates, {r['train_seconds'] / 60:.1f} min)"
                 if r["contender"] != "nanoGPT":  # its command without the run directory, so the row can be rerun
@@ -269,7 +280,10 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--nanogpt", type=Path, required=True, help="a nanoGPT checkout (see the module docstring)")
     p.add_argument("--rows", nargs="+", default=["documented", "budget", "throughput", "sampling"],
-                   choices=["documented", "budget", "throughput", "sampling"])
+                   choices=["documented", "budget", "hour", "throughput", "sampling"],
+                   help="which rows (default: all but hour, which takes an hour by itself)")
+    p.add_argument("--threads", type=int, default=0,
+                   help="the hour row's train.threads (default 0: torch's default)")
     p.add_argument("--minutes", type=float, default=15.0, help="the budget row's training minutes")
     p.add_argument("--sampling-batches", type=int, nargs="+", default=[1, 32],
                    help="the sampling row's batch sizes (default 1 32)")
@@ -289,6 +303,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"row {name} ...", flush=True)
         rows += {"documented": lambda: row_documented(args.nanogpt, val, work),
                  "budget": lambda: row_budget(args.nanogpt, val, work, args.minutes),
+                 "hour": lambda: row_hour(val, work, args.threads),
                  "throughput": lambda: row_throughput(args.nanogpt, work),
                  "sampling": lambda: row_sampling(args.nanogpt, tuple(args.sampling_batches))}[name]()
         print(json.dumps([r for r in rows if r["row"] == name], indent=1), flush=True)
@@ -298,6 +313,7 @@ def main(argv: list[str] | None = None) -> int:
                   "command": "python benchmarks/lm.py --nanogpt NANOGPT " + " ".join(
                       (["--rows", *args.rows] if args.rows != p.get_default("rows") else [])
                       + ([f"--minutes {args.minutes:g}"] if args.minutes != 15 else [])
+                      + ([f"--threads {args.threads}"] if args.threads else [])
                       + (["--sampling-batches", *map(str, args.sampling_batches)]
                          if args.sampling_batches != [1, 32] else [])),
                   "nanogpt_commit": nanogpt_commit, "minutes": args.minutes,
