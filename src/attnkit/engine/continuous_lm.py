@@ -144,7 +144,7 @@ class ContinuousSampler:
             def joined(own: Tensor, new: Tensor) -> Tensor:
                 return torch.cat([_pad_to(own, 2, t, left=True), _pad_to(new, 2, t, left=True)])  # (B + 1, H, t, d)
 
-            self.caches = [KVCache(joined(own.k, new.k), joined(own.v, new.v))
+            self.caches = [self._cache(joined(own.k, new.k), joined(own.v, new.v))
                            for own, new in zip(self.caches, state.caches, strict=True)]
             self.valid = torch.cat([_pad_to(self.valid, 1, t, left=True, value=False),
                                     _pad_to(new_valid, 1, t, left=True, value=False)])  # (B + 1, t)
@@ -198,6 +198,11 @@ class ContinuousSampler:
             tokens.append(Token(row.handle, token, finish))
         return tokens
 
+    def _cache(self, k: Tensor, v: Tensor) -> KVCache:
+        """The batch's cache of one layer as the model's cache type: the engine's grows in place at every step
+        (:class:`~attnkit.engine.decoding.GrowingKVCache`) instead of copying every row's keys and values."""
+        return self.model.cache_type(k, v)
+
     def drop(self, handles: list[int]) -> None:
         """Take the rows ``handles`` out of the batch (unknown handles are ignored: those rows ended already)."""
         gone = set(handles)
@@ -215,6 +220,6 @@ class ContinuousSampler:
         valid = self.valid.index_select(0, index)  # (B', t)
         drop = int(valid.any(dim=0).long().argmax())  # leading columns that no kept row uses
         self.valid = valid[:, drop:]
-        self.caches = [KVCache(c.k.index_select(0, index)[:, :, drop:], c.v.index_select(0, index)[:, :, drop:])
+        self.caches = [self._cache(c.k.index_select(0, index)[:, :, drop:], c.v.index_select(0, index)[:, :, drop:])
                        for c in self.caches]
         self.prev, self.pos = self.prev.index_select(0, index), self.pos.index_select(0, index)
