@@ -214,6 +214,17 @@ def test_init_from_with_another_shape_lists_the_mismatched_keys(tmp_path: Path, 
             load_pretrained_body(other, cfg)
 
 
+def test_init_from_compares_norm_first_as_the_layers_read_it(tmp_path: Path, pretrained: Path, capsys) -> None:
+    """Unset norm_first is an encoder's post-norm: a config that says false starts from a run that left it unset
+    (and an imported BERT's false from a config that leaves it unset, configs/imdb-bert.yaml); true is refused."""
+    same = write_yaml(tmp_path / "f.yaml", classify_raw(tmp_path, pretrained, norm_first=False))
+    assert main(["train", str(same), "--run-dir", str(tmp_path / "fine")]) == 0
+    capsys.readouterr()
+    other = write_yaml(tmp_path / "g.yaml", classify_raw(tmp_path, pretrained, norm_first=True))
+    assert main(["train", str(other), "--run-dir", str(tmp_path / "fine2")]) == 2
+    assert "model.transformer.norm_first is True here but False in" in capsys.readouterr().err
+
+
 def test_init_from_reads_longer_windows_when_the_positions_have_no_weights(tmp_path: Path, pretrained: Path, text: Path,
                                                                           capsys) -> None:
     """Sinusoidal positions: a classifier may read longer texts than the pretraining windows (imdb-finetune.yaml);

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import filecmp
 import shutil
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 
 from torch import nn
@@ -50,10 +50,15 @@ def check_same_body(cfg: RunConfig, run_dir: Path) -> None:
 
     ``max_len`` may differ unless the positions are ``learned``: a sinusoidal table has no weights (and RoPE
     and ALiBi none either), so a classifier may read longer windows than the pretraining did
-    (configs/imdb-finetune.yaml does).
+    (configs/imdb-finetune.yaml does). ``norm_first`` is compared as the layers read it: unset (None) is the
+    body's convention, pre-norm for a language model and post-norm (the paper's) for an encoder, so a config that
+    leaves it unset starts from an imported BERT (``norm_first: false``).
     """
     theirs = load_config(RunConfig, run_dir / CONFIG_FILE).model.transformer
     ours = cfg.model.transformer
+    pre_norm = source_task(cfg) == "lm"  # the body's convention where norm_first is None
+    ours, theirs = (replace(t, norm_first=t.layer_options(norm_first_default=pre_norm).norm_first)
+                    for t in (ours, theirs))
     unused = "encoder_layers" if source_task(cfg) == "lm" else "decoder_layers"  # the depth the body does not read
     free = set(REGULARISATION) | {unused, "share_embeddings"} | ({"tie_output"} if cfg.task != "lm" else set())
     if ours.positions != "learned":
