@@ -26,7 +26,7 @@ from types import ModuleType
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = (ROOT / "README.md", ROOT / "benchmarks" / "README.md", ROOT / "docs" / "experiments.md",
-         ROOT / "docs" / "results.md", ROOT / "docs" / "language-models.md")
+         ROOT / "docs" / "results.md", ROOT / "docs" / "language-models.md", ROOT / "docs" / "sentiment.md")
 SECTION = re.compile(r"(<!-- generated: (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /generated: (?P=name) -->)", re.S)
 
 
@@ -87,6 +87,7 @@ TABLES: dict[str, Table] = {
     "sst2": Table((f"{RESULTS}/sst2.json", f"{RESULTS}/earlier/sst2.*.json"), "benchmarks/sst2.py"),
     "imdb": Table(f"{RESULTS}/imdb.json", "benchmarks/imdb.py"),
     "imdb-brief": Table(f"{RESULTS}/imdb.json", "benchmarks/imdb.py", "markdown_brief"),
+    "imdb-outside": Table(f"{RESULTS}/imdb.json", "benchmarks/imdb.py", "markdown_outside"),
     "nbsvm": Table(f"{RESULTS}/nbsvm.json", "benchmarks/nbsvm.py"),
     "reading": Table(f"{RESULTS}/reading.json", "benchmarks/reading.py"),
     "imdb-trials": Table(f"{RESULTS}/imdb-trials.json", "benchmarks/imdb.py", "markdown_trials"),
