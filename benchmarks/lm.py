@@ -271,8 +271,10 @@ def markdown_table(results: dict) -> str:
             else:
                 value = f"{num(r['tok_s'])} tok/s"
             rows.append([what, r["contender"], value])
-        parts.append(markdown(["row", "contender", "result"], rows) + f"\n\n{run['cpu']}, {run['threads']} threads, "
-                     f"{run['precision']}; measured {measured(run)} by `{run['command']}`.")
+        threads = f"{run['threads']} thread" + ("s" if run["threads"] != 1 else "")
+        note = f" {run['note']}" if run.get("note") else ""
+        parts.append(markdown(["row", "contender", "result"], rows) + f"\n\n{run['cpu']}, {threads}, "
+                     f"{run['precision']}; measured {measured(run)} by `{run['command']}`.{note}")
     return "\n\n".join(parts)
 
 
@@ -287,6 +289,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--minutes", type=float, default=15.0, help="the budget row's training minutes")
     p.add_argument("--sampling-batches", type=int, nargs="+", default=[1, 32],
                    help="the sampling row's batch sizes (default 1 32)")
+    p.add_argument("--note", default="", help="a line kept with the run (e.g. what else ran on the machine)")
     p.add_argument("--work", type=Path, default=None, help="where runs and logs go (default: a temporary folder)")
     args = p.parse_args(argv)
     if not (args.nanogpt / "model.py").exists() or not (args.nanogpt / "train.py").exists():
@@ -296,7 +299,6 @@ def main(argv: list[str] | None = None) -> int:
     val = prepare_nanogpt_data(args.nanogpt)
     started = time.time()
     rows: list[dict] = []
-    runs = json.loads(OUT.read_text(encoding="utf-8"))["runs"] if OUT.exists() else []
     nanogpt_commit = subprocess.run(["git", "-C", str(args.nanogpt), "rev-parse", "--short", "HEAD"],
                                     capture_output=True, text=True).stdout.strip() or None
     for name in args.rows:
@@ -317,7 +319,11 @@ def main(argv: list[str] | None = None) -> int:
                       + (["--sampling-batches", *map(str, args.sampling_batches)]
                          if args.sampling_batches != [1, 32] else [])),
                   "nanogpt_commit": nanogpt_commit, "minutes": args.minutes,
-                  "run_seconds": round(time.time() - started), "rows": rows}
+                  "started": round(started), "run_seconds": round(time.time() - started), "rows": rows,
+                  **({"note": args.note} if args.note else {})}
+        # read again before each write: another run (on another core) may have written its rows meanwhile
+        runs = json.loads(OUT.read_text(encoding="utf-8"))["runs"] if OUT.exists() else []
+        runs = [r for r in runs if r.get("started") != result["started"]]
         OUT.write_text(json.dumps({**{k: result[k] for k in ("date", "commit")}, "runs": [*runs, result]}, indent=2)
                        + "\n", encoding="utf-8")  # after every row: a failure later loses nothing measured
     print(markdown_table({"runs": [result]}))
