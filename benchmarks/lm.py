@@ -261,7 +261,7 @@ def markdown_table(results: dict) -> str:
                     "budget": f"{run['minutes']:g} minutes of training each",
                     "hour": f"60 minutes of training, {r.get('threads')} thread(s)",
                     "throughput": "training tokens/s, 6 layers x 384, block 256, batch 64",
-                    "sampling": f"sampling tokens/s, batch {r.get('batch')}"}[r["row"]]
+                    "sampling": f"sampling tokens/s, batch {r.get('batch')} (float32)"}[r["row"]]
             if r["row"] in ("documented", "budget", "hour"):
                 steps = r.get("iterations") or r.get("updates")
                 value = f"valid loss **{r['valid_loss']:.4f}** ({steps:,} updates, {r['train_seconds'] / 60:.1f} min)"
