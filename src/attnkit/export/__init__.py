@@ -25,6 +25,7 @@ from pathlib import Path
 from ..inference.translate import translate_texts
 from ..interop import export_huggingface
 from ..runs.load import LoadedRun, load_run
+from ..tasks import spec
 from .ctranslate2 import ExportedTranslator, check_quantization, export_translation, is_exported
 from .ctranslate2_lm import export_language_model
 
@@ -33,12 +34,12 @@ __all__ = ["TARGETS", "Translator", "export", "export_to_ctranslate2", "is_expor
 
 def export_to_ctranslate2(run: str | Path, out: str | Path, *, quantization: str = "float32",
                           force: bool = False) -> Path:
-    """``--to ctranslate2``: a language model (``task: lm``) as a ``ctranslate2.Generator`` model
+    """``--to ctranslate2``: a run whose task generates text (a language model) as a ``ctranslate2.Generator`` model
     (:mod:`.ctranslate2_lm`), any other run as a ``Translator`` one (:mod:`.ctranslate2`, which refuses what it
     cannot export)."""
     check_quantization(quantization)
     loaded = load_run(run)
-    if loaded.task == "lm":
+    if spec(loaded.task).serves == "generate":
         return export_language_model(loaded, out, quantization=quantization, force=force)
     return export_translation(loaded, run, out, quantization=quantization, force=force)
 

@@ -56,10 +56,10 @@ def check_same_body(cfg: RunConfig, run_dir: Path) -> None:
     """
     theirs = load_config(RunConfig, run_dir / CONFIG_FILE).model.transformer
     ours = cfg.model.transformer
-    pre_norm = source_task(cfg) == "lm"  # the body's convention where norm_first is None
-    ours, theirs = (replace(t, norm_first=t.layer_options(norm_first_default=pre_norm).norm_first)
+    lm_body = source_task(cfg) == "lm"  # a language model's layers: pre-norm where norm_first is None
+    ours, theirs = (replace(t, norm_first=t.layer_options(norm_first_default=lm_body).norm_first)
                     for t in (ours, theirs))
-    unused = "encoder_layers" if source_task(cfg) == "lm" else "decoder_layers"  # the depth the body does not read
+    unused = "encoder_layers" if lm_body else "decoder_layers"  # the depth the body does not read
     free = set(REGULARISATION) | {unused, "share_embeddings"} | ({"tie_output"} if cfg.task != "lm" else set())
     if ours.positions != "learned":
         free.add("max_len")
