@@ -95,6 +95,7 @@ TABLES: dict[str, Table] = {
     "recipe-probes": Table(f"{RESULTS}/recipe-probes.json", "experiments/recipe_probes.py"),
     "electra-diagnosis": Table((f"{RESULTS}/electra-diagnosis*.json",), "experiments/electra_diagnosis.py",
                                "markdown_runs"),
+    "electra-chain": Table(f"{RESULTS}/electra-chain.json", "experiments/electra_chain.py"),
     "demo": Table((f"{RESULTS}/demo.json", f"{RESULTS}/earlier/demo.*.json"), "benchmarks/demo.py"),
     "decode": Table((f"{RESULTS}/decode.json", f"{RESULTS}/earlier/decode.*.json"), "benchmarks/decode.py"),
     "decode-probes": Table(f"{RESULTS}/decode-probes.json", "experiments/decode_probes.py"),

@@ -16,7 +16,7 @@ model (``model.transformer``), objective (``mlm``) and optimiser (Adam with ``tr
 * ``rtd_acc``: the discriminator's accuracy over every position, against ``prior``, the share of
   originals in the corrupted input (what calling everything original scores).
 
-Writes ``benchmarks/results/electra-chain.json``; :func:`markdown` renders it (``electra-chain`` in
+Writes ``benchmarks/results/electra-chain.json``; :func:`markdown_table` renders it (``electra-chain`` in
 docs/sentiment.md). ``tests/test_electra.py`` runs :func:`train_on_chain` with the committed learning rate.
 """
 
@@ -109,7 +109,7 @@ def train_on_chain(cfg: RunConfig, lr: float, *, warmup: int = 100, updates: int
     return curve
 
 
-def markdown(results: dict) -> str:
+def markdown_table(results: dict) -> str:
     """One row per learning rate and seed: the last measures, and how far the discriminator is above the prior."""
     rows = []
     for run in results["runs"]:
@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
                "warmup": args.warmup, "command": "python experiments/electra_chain.py" + (
                    " " + " ".join(argv) if argv else ""), "runs": runs}
     OUT.write_text(json.dumps(results, indent=2) + "\n")
-    print(markdown(results))
+    print(markdown_table(results))
     return 0
 
 
