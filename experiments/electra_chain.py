@@ -16,6 +16,9 @@ model (``model.transformer``), objective (``mlm``) and optimiser (Adam with ``tr
 * ``rtd_acc``: the discriminator's accuracy over every position, against ``prior``, the share of
   originals in the corrupted input (what calling everything original scores).
 
+``--variants LR`` also trains the model with one change at a time (:data:`VARIANTS`: GELU, post-norm,
+learned positions with unscaled embeddings) at that rate, to tell the rate from the architecture.
+
 Writes ``benchmarks/results/electra-chain.json``; :func:`markdown_table` renders it (``electra-chain`` in
 docs/sentiment.md). ``tests/test_electra.py`` runs :func:`train_on_chain` with the committed learning rate.
 """
@@ -64,6 +67,11 @@ def corrupt(tokens: torch.Tensor, select: float, generator: torch.Generator) -> 
     """ELECTRA's input: ``select`` of the words -> ``<mask>`` (as the pretraining task corrupts)."""
     return mask_tokens(tokens, mask_id=MASK_ID, special_ids=SPECIALS, vocab_size=FIRST_WORD + WORDS, select=select,
                        mask=1.0, random=0.0, generator=generator)
+
+
+#: changes to the committed model tried at the committed-before rate 5e-3 (``--variants``): is it the rate?
+VARIANTS = {"committed": {}, "GELU": {"activation": "gelu"}, "post-norm": {"norm_first": False},
+            "learned positions, unscaled embeddings": {"positions": "learned", "scale_embeddings": False}}
 
 
 def train_on_chain(cfg: RunConfig, lr: float, *, warmup: int = 100, updates: int = 300, every: int = 100,
@@ -115,11 +123,12 @@ def markdown_table(results: dict) -> str:
     for run in results["runs"]:
         last = run["curve"][-1]
         committed = " (committed)" if run["lr"] == results["committed_lr"] else ""
-        rows.append([f"{run['lr']:g}{committed}", run["seed"], last["update"], f"{last['gen_acc']:.1f}",
+        rows.append([run.get("variant", "committed"), f"{run['lr']:g}{committed}", run["seed"], last["update"],
+                     f"{last['gen_acc']:.1f}",
                      f"{last['rtd_acc']:.1f}", f"{last['prior']:.1f}", f"{last['rtd_acc'] - last['prior']:+.1f}"])
-    header = ["learning rate", "seed", "updates", f"generator accuracy (unigram {100 / WORDS:.1f})",
+    header = ["model", "learning rate", "seed", "updates", f"generator accuracy (unigram {100 / WORDS:.1f})",
               "discriminator accuracy", "prior", "above the prior"]
-    return (table(header, rows, "lrrrrrr") + "\n\n"
+    return (table(header, rows, "llrrrrrr") + "\n\n"
             f"`{results['command']}` ({measured(results)}, {results['cpu']}, {results['threads']} thread): the "
             f"model, objective and optimiser of `configs/imdb-electra-pretrain.yaml` at each learning rate, warmed up "
             f"over {results['warmup']} updates, batches of {BATCH} chains of {LENGTH} words; accuracies in %.")
@@ -131,6 +140,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--updates", type=int, default=300)
     p.add_argument("--warmup", type=int, default=100)
+    p.add_argument("--variants", type=float, default=5e-3, metavar="LR",
+                   help="also train each of VARIANTS (seed 0) at this rate (0: none)")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     cfg = load_config(RunConfig, CONFIG)
@@ -139,8 +150,16 @@ def main(argv: list[str] | None = None) -> int:
         for seed in args.seeds:
             start = time.perf_counter()
             curve = train_on_chain(cfg, lr, warmup=args.warmup, updates=args.updates, seed=seed)
-            runs.append({"lr": lr, "seed": seed, "seconds": round(time.perf_counter() - start, 1), "curve": curve})
+            runs.append({"lr": lr, "seed": seed, "variant": "committed",
+                         "seconds": round(time.perf_counter() - start, 1), "curve": curve})
             print(json.dumps(runs[-1]["curve"][-1] | {"lr": lr, "seed": seed}), flush=True)
+    for name, change in VARIANTS.items() if args.variants else ():
+        if change:
+            model = replace(cfg.model, transformer=replace(cfg.model.transformer, **change))
+            curve = train_on_chain(replace(cfg, model=model), args.variants, warmup=args.warmup,
+                                   updates=args.updates)
+            runs.append({"lr": args.variants, "seed": 0, "variant": name, "curve": curve})
+            print(json.dumps(curve[-1] | {"lr": args.variants, "variant": name}), flush=True)
     results = {**stamp(), "cpu": cpu_model(), "threads": 1, "committed_lr": cfg.train.lr,
                "warmup": args.warmup, "command": "python experiments/electra_chain.py" + (
                    " " + " ".join(argv) if argv else ""), "runs": runs}
