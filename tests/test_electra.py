@@ -189,6 +189,7 @@ def test_init_from_an_electra_run_copies_exactly_the_discriminators_encoder(tmp_
     ("mlm.generator_width=0", "in 'mlm': generator_width must be in (0, 1], got 0.0"),
     ("mlm.generator_width=1.5", "in 'mlm': generator_width must be in (0, 1], got 1.5"),
     ("mlm.electra_weight=-1", "in 'mlm': electra_weight must be a finite number >= 0, got -1.0"),
+    ("mlm.generator_lr=0", "in 'mlm': generator_lr must be a finite number > 0, got 0.0"),
 ])
 def test_config_errors_name_the_key(tmp_path: Path, override: str, message: str) -> None:
     with pytest.raises(UserError, match=None) as err:
@@ -199,6 +200,23 @@ def test_config_errors_name_the_key(tmp_path: Path, override: str, message: str)
 def test_the_defaults_keep_bert(tmp_path: Path) -> None:
     m = load_config(RunConfig, pretrain_raw(tmp_path / "t.txt")).mlm
     assert (m.objective, m.generator_width, m.electra_weight) == ("mlm", 0.25, 50.0)
+
+
+def test_the_generator_can_learn_at_its_own_rate(tmp_path: Path, text: Path) -> None:
+    """``mlm.generator_lr: 5``: every generator parameter in a group at 5 x the rate, the rest (the shared
+    embeddings included) at the rate; after an update the optimiser's rates follow the schedule in that ratio."""
+    raw = electra_raw(text, max_updates=1)
+    raw["mlm"]["generator_lr"] = 5.0
+    trainer = Trainer(load_config(RunConfig, raw), tmp_path / "run", log=quiet)
+    names = {id(p): n for n, p in trainer.model.named_parameters()}
+    base, gen = trainer.optimizer.param_groups
+    assert all(names[id(p)].startswith("generator.") for p in gen["params"])
+    assert not any(names[id(p)].startswith("generator.") for p in base["params"])
+    assert len(base["params"]) + len(gen["params"]) == len(names)
+    trainer.run()
+    assert gen["lr"] == pytest.approx(5 * base["lr"]) and base["lr"] > 0
+    plain = Trainer(load_config(RunConfig, electra_raw(text, max_updates=1)), tmp_path / "one", log=quiet)
+    assert len(plain.optimizer.param_groups) == 1  # the paper's one rate by default
 
 
 # -- does the committed recipe learn? (issue 38) ------------------------------------------------------

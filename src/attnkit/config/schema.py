@@ -118,6 +118,7 @@ class MLMConfig:
     objective: Literal["mlm", "electra"] = "mlm"
     generator_width: float = 0.25  # electra: the generator's d_model, d_ff and heads as a share of the encoder's
     electra_weight: float = 50.0  # electra: lambda, the weight of the discriminator's loss (the paper's 50)
+    generator_lr: float = 1.0  # electra: the generator's learning rate as a multiple of train.lr (the paper: 1)
 
     def validate(self) -> None:
         if not 0.0 < self.select < 1.0:
@@ -128,6 +129,8 @@ class MLMConfig:
             raise UserError(f"generator_width must be in (0, 1], got {self.generator_width}")
         if not 0.0 <= self.electra_weight < float("inf"):
             raise UserError(f"electra_weight must be a finite number >= 0, got {self.electra_weight}")
+        if not 0.0 < self.generator_lr < float("inf"):
+            raise UserError(f"generator_lr must be a finite number > 0, got {self.generator_lr}")
 
 
 @dataclass

@@ -40,6 +40,7 @@ class Task(Protocol):
     rate_unit: str  # what the loss is averaged over, as the progress line counts it per second: "tok" -> tok_s
 
     def build_model(self) -> nn.Module: ...
+    def parameter_groups(self, model: nn.Module) -> list[dict]: ...  # the optimiser's groups, each with lr_scale
     def objective(self, model: nn.Module) -> nn.Module: ...
     def batches(self, epoch: int) -> Batches: ...
     def collate(self, indices: Sequence[int], device: torch.device) -> Any: ...  # the task's batch
@@ -87,6 +88,10 @@ class EpochTask:
 
     def build_model(self) -> nn.Module:
         return build_model(self.cfg, self.tok, self.classes)
+
+    def parameter_groups(self, model: nn.Module) -> list[dict]:
+        """The optimiser's parameter groups: one, at ``train.lr`` (``lr_scale`` 1) unless a task says otherwise."""
+        return [{"params": list(model.parameters()), "lr_scale": 1.0}]
 
     def batches(self, epoch: int) -> Batches:
         return self._batches(epoch)

@@ -171,6 +171,16 @@ class PretrainTask(EpochTask):
             f"({int(self.x.lengths.sum())} subwords); {len(self.valid_x)} validation windows; {len(batches)} batches "
             f"per epoch, {padding:.1%} of positions padding")
 
+    def parameter_groups(self, model: nn.Module) -> list[dict]:
+        """ELECTRA: the generator's parameters at ``mlm.generator_lr`` times ``train.lr``, the rest at ``train.lr``
+        (the shared embeddings are the discriminator's). MLM: one group."""
+        scale = self.cfg.mlm.generator_lr
+        if self.cfg.mlm.objective != "electra" or scale == 1.0:
+            return super().parameter_groups(model)
+        named = list(model.named_parameters())
+        return [{"params": [p for n, p in named if not n.startswith("generator.")], "lr_scale": 1.0},
+                {"params": [p for n, p in named if n.startswith("generator.")], "lr_scale": scale}]
+
     def objective(self, model: nn.Module) -> nn.Module:
         """The reference loss, or the engine's fused one (``train.engine``); the same value. ELECTRA: its loss."""
         if self.cfg.mlm.objective == "electra":

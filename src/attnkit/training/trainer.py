@@ -123,7 +123,7 @@ class Trainer:
         if self.workers.enabled:  # one dropout stream per rank
             torch.manual_seed(distributed.rank_seed(self.tc.seed, self.workers.rank, 0))
         # fused: one kernel over all parameters (CPU and CUDA)
-        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=self.tc.lr, betas=self.tc.betas,
+        self.optimizer = torch.optim.Adam(self.task.parameter_groups(self.model), lr=self.tc.lr, betas=self.tc.betas,
                                           eps=self.tc.eps, weight_decay=self.tc.weight_decay,
                                           fused=self.device.type in ("cpu", "cuda"))
         self.step, self.epoch, self.batch_pos = 0, 0, 0
@@ -303,7 +303,7 @@ class Trainer:
         tc, w = self.tc, self.workers
         lr = learning_rate(self.step + 1, tc, model_width(self.model), self.clock)
         for g in self.optimizer.param_groups:
-            g["lr"] = lr
+            g["lr"] = lr * g.get("lr_scale", 1.0)  # a task may train some parameters faster (mlm.generator_lr)
         share = distributed.shard(group, w.rank, w.world_size)
         batches = [(self.task.collate(b, self.device), weight) for b, weight in share]
         n_total = sum(b.n_targets for b, weight in batches if weight)
