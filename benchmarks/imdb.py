@@ -43,8 +43,6 @@ TARGETS: dict[str, tuple[str, float | None, float]] = {
     "imdb": ("the best from scratch", 89.0, 20),
     "imdb-pretrain": ("MLM on the IMDB text: training reviews and the 50k unlabelled ones", None, 60),
     "imdb-finetune": ("fine-tuned from imdb-pretrain", 91.5, 60),
-    "imdb-electra-pretrain": ("replaced-token detection on IMDB + the 50k unlabelled reviews", None, 60),
-    "imdb-electra-finetune": ("fine-tuned from imdb-electra-pretrain", 91.5, 60),
     "imdb-lm": ("a causal language model of the IMDB text: training reviews and the 50k unlabelled ones", None, 60),
     "imdb-lm-finetune": ("fine-tuned from imdb-lm as a decoder-only classifier", 91.5, 60),
     "sst2-pretrain": ("MLM on IMDB + SST-2 training text", None, 0),
@@ -55,6 +53,16 @@ TARGETS: dict[str, tuple[str, float | None, float]] = {
 OUTSIDE: dict[str, str] = {
     "imdb-minilm": "sentence-transformers/all-MiniLM-L6-v2 (6 x 384, pretrained on outside text), fine-tuned",
 }
+#: experiments, not supported recipes (``experiments/configs/``): described, in no table but the trials
+EXPERIMENTS: dict[str, str] = {
+    "imdb-electra-pretrain": "replaced-token detection on IMDB + the 50k unlabelled reviews",
+    "imdb-electra-finetune": "fine-tuned from imdb-electra-pretrain",
+}
+
+
+def describe(name: str) -> str:
+    """What the config ``name`` is for, from :data:`TARGETS`, :data:`OUTSIDE` or :data:`EXPERIMENTS`."""
+    return TARGETS[name][0] if name in TARGETS else OUTSIDE.get(name, EXPERIMENTS.get(name, ""))
 
 
 def read_metrics(run_dir: Path) -> list[dict]:
@@ -78,7 +86,9 @@ def measure(config: str, record_only: bool, overrides: list[str]) -> dict:
         cpu_minutes_total = round((time.process_time() - cpu_start) / 60, 2)  # the CPU it had of them, on a shared host
     cfg = load_config(RunConfig, run_dir / "config.yaml")
     metrics = read_metrics(run_dir)
-    result = {"config": f"configs/{name}.yaml", "what": TARGETS.get(name, (OUTSIDE.get(name, ""), None, 0))[0],
+    path = Path(config).resolve()
+    shown = path.relative_to(ROOT).as_posix() if path.is_relative_to(ROOT) else str(config)  # experiments/configs/...
+    result = {"config": shown, "what": describe(name),
               "task": cfg.task, "train_minutes": metrics[-1]["minutes"], "minutes_total": minutes_total,
               "updates": metrics[-1]["step"], "threads": cfg.train.threads, "run_dir": f"runs/{name}", **stamp()}
     if cpu_minutes_total is not None:

@@ -2,8 +2,8 @@
 
     python experiments/electra_chain.py                       # lr 5e-3, 1e-3 and 5e-4, 3 seeds: a few minutes
 
-Issue 38: on IMDB the discriminator of ``configs/imdb-electra-pretrain.yaml`` ended every run calling
-each subword original (its accuracy equal to the share of originals, the prior). Real text cannot say
+Issue 38: on IMDB the discriminator of ``experiments/configs/imdb-electra-pretrain.yaml`` ended every run
+calling each subword original (its accuracy equal to the share of originals, the prior). Real text cannot say
 why: the generator also sat on the unigram plateau there. This corpus takes the text out of the question.
 Each row is a chain through a fixed random permutation of ``WORDS`` words, ``x_{t+1} = perm(x_t)``, so
 any visible neighbour gives a masked word away and a replaced word contradicts its neighbours.
@@ -46,7 +46,7 @@ from nbsvm import cpu_model  # noqa: E402
 from tables import markdown as table  # noqa: E402
 from tables import measured  # noqa: E402
 
-CONFIG = ROOT / "configs" / "imdb-electra-pretrain.yaml"
+CONFIG = ROOT / "experiments" / "configs" / "imdb-electra-pretrain.yaml"
 OUT = ROOT / "benchmarks" / "results" / "electra-chain.json"
 WORDS, FIRST_WORD, MASK_ID, SPECIALS = 60, 5, 4, (1, 2, 3)  # ids 0-4: <pad>, <unk>, <s>, </s>, <mask>
 LENGTH, BATCH = 32, 16  # (rows, words) of a training batch
@@ -130,8 +130,9 @@ def markdown_table(results: dict) -> str:
               "discriminator accuracy", "prior", "above the prior"]
     return (table(header, rows, "llrrrrrr") + "\n\n"
             f"`{results['command']}` ({measured(results)}, {results['cpu']}, {results['threads']} thread): the "
-            f"model, objective and optimiser of `configs/imdb-electra-pretrain.yaml` at each learning rate, warmed up "
-            f"over {results['warmup']} updates, batches of {BATCH} chains of {LENGTH} words; accuracies in %.")
+            f"model, objective and optimiser of `experiments/configs/imdb-electra-pretrain.yaml` at each learning "
+            f"rate, warmed up over {results['warmup']} updates, batches of {BATCH} chains of {LENGTH} words; "
+            f"accuracies in %.")
 
 
 def main(argv: list[str] | None = None) -> int:

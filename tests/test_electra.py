@@ -231,8 +231,8 @@ def electra_chain():
 
 
 def test_the_committed_electra_recipe_learns_on_a_corpus_whose_answer_is_known() -> None:
-    """The model, objective and learning rate of ``configs/imdb-electra-pretrain.yaml`` on chains through a
-    permutation, where a neighbour gives every word away. After 200 updates the generator is far above the
+    """The model, objective and learning rate of ``experiments/configs/imdb-electra-pretrain.yaml`` on chains
+    through a permutation, where a neighbour gives every word away. After 200 updates the generator is far above the
     unigram baseline and the discriminator above the prior (calling every word original). At the learning
     rate committed before issue 38, 5e-3, the discriminator stayed exactly at the prior: this failed then."""
     chain = electra_chain()
