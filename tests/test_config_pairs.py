@@ -1,4 +1,4 @@
-"""Every pretrain -> fine-tune pair of committed configs runs, as the README tells a new user to run it.
+"""Every pretrain -> fine-tune pair of committed configs (configs/ and experiments/configs/) runs, as documented.
 
 A fine-tuning config names its pretraining run with ``model.init_from: runs/NAME``; when
 ``configs/NAME.yaml`` exists, the two are a pair. Each pair is trained here from the committed files
@@ -18,7 +18,7 @@ import yaml
 from attnkit.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
-CONFIGS = ROOT / "configs"
+CONFIG_DIRS = (ROOT / "configs", ROOT / "experiments" / "configs")  # recipes, and experiments kept runnable
 SHARED = ROOT.parent / "shared"
 ROWS = 300  # lines kept of each data file (a header included)
 #: the data keys that name files, and how many files each holds
@@ -29,20 +29,25 @@ FEW_UPDATES = ["train.max_updates=3", "train.valid_every=3", "train.warmup=2", "
 
 
 def pairs() -> list[tuple[str, str]]:
-    """``(pretraining config, fine-tuning config)`` names: every ``model.init_from: runs/NAME`` with a
-    ``configs/NAME.yaml``."""
+    """``(pretraining config, fine-tuning config)`` paths from the repository root: every ``model.init_from:
+    runs/NAME`` with a ``NAME.yaml`` beside it."""
     found = []
-    for path in sorted(CONFIGS.glob("*.yaml")):
-        init_from = (yaml.safe_load(path.read_text()).get("model") or {}).get("init_from")
-        if init_from and (CONFIGS / f"{Path(init_from).name}.yaml").exists():
-            found.append((Path(init_from).name, path.stem))
+    for folder in CONFIG_DIRS:
+        for path in sorted(folder.glob("*.yaml")):
+            init_from = (yaml.safe_load(path.read_text()).get("model") or {}).get("init_from")
+            if init_from and (folder / f"{Path(init_from).name}.yaml").exists():
+                found.append(((folder / f"{Path(init_from).name}.yaml").relative_to(ROOT).as_posix(),
+                              path.relative_to(ROOT).as_posix()))
     return found
 
 
 def test_the_committed_pairs_are_found() -> None:
     """The discovery itself can fail: the pairs committed when this test was written are among them."""
-    assert {("imdb-pretrain", "imdb-finetune"), ("sst2-pretrain", "sst2-finetune"),
-            ("imdb-lm", "imdb-lm-finetune")} <= set(pairs())
+    assert {("configs/imdb-pretrain.yaml", "configs/imdb-finetune.yaml"),
+            ("configs/sst2-pretrain.yaml", "configs/sst2-finetune.yaml"),
+            ("configs/imdb-lm.yaml", "configs/imdb-lm-finetune.yaml"),
+            ("experiments/configs/imdb-electra-pretrain.yaml", "experiments/configs/imdb-electra-finetune.yaml"),
+            } <= set(pairs())
 
 
 def head(source: Path, out_dir: Path, rows: int = ROWS) -> Path:
@@ -60,8 +65,8 @@ def head(source: Path, out_dir: Path, rows: int = ROWS) -> Path:
 
 
 def shrunk_data(config: str, out_dir: Path) -> list[str]:
-    """Overrides that point every data file of ``configs/CONFIG.yaml`` at its first rows."""
-    data = yaml.safe_load((CONFIGS / f"{config}.yaml").read_text())["data"]
+    """Overrides that point every data file of ``config`` (a path from the repository root) at its first rows."""
+    data = yaml.safe_load((ROOT / config).read_text())["data"]
     overrides = []
     for key in FILE_KEYS:
         value = data.get(key)
@@ -79,11 +84,11 @@ def test_a_config_pair_trains_as_documented(pretrain: str, finetune: str, tmp_pa
     monkeypatch.chdir(ROOT)  # the configs' paths are relative to the repository root, as the README runs them
     data = tmp_path / "data"
     data.mkdir()
-    first, second = tmp_path / pretrain, tmp_path / finetune
-    assert main(["train", f"configs/{pretrain}.yaml", "--run-dir", str(first),
+    first, second = tmp_path / Path(pretrain).stem, tmp_path / Path(finetune).stem
+    assert main(["train", pretrain, "--run-dir", str(first),
                  *shrunk_data(pretrain, data), *FEW_UPDATES]) == 0
-    assert main(["train", f"configs/{finetune}.yaml", "--run-dir", str(second), f"model.init_from={first}",
+    assert main(["train", finetune, "--run-dir", str(second), f"model.init_from={first}",
                  *shrunk_data(finetune, data), *FEW_UPDATES]) == 0
-    train = yaml.safe_load((CONFIGS / f"{finetune}.yaml").read_text())["data"]["train"]
+    train = yaml.safe_load((ROOT / finetune).read_text())["data"]["train"]
     (tmp_path / "few").mkdir()
     assert main(["evaluate", str(second), "--data", str(head(ROOT / train, tmp_path / "few", 40))]) == 0
