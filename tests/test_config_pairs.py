@@ -1,7 +1,7 @@
 """Every pretrain -> fine-tune pair of committed configs (configs/ and experiments/configs/) runs, as documented.
 
 A fine-tuning config names its pretraining run with ``model.init_from: runs/NAME``; when
-``configs/NAME.yaml`` exists, the two are a pair. Each pair is trained here from the committed files
+``NAME.yaml`` is beside it, the two are a pair. Each pair is trained here from the committed files
 themselves, with overrides that shrink only the data (the first rows of each file) and the time (a
 few updates), so a check or a setting that stops the documented commands fails CI instead of a user
 (issue 38: ``imdb-finetune.yaml`` once stopped at its ``max_len`` after 40 minutes of pretraining).
