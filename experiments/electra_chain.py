@@ -70,7 +70,7 @@ def corrupt(tokens: torch.Tensor, select: float, generator: torch.Generator) -> 
 
 
 #: changes to the committed model tried at the committed-before rate 5e-3 (``--variants``): is it the rate?
-VARIANTS = {"committed": {}, "GELU": {"activation": "gelu"}, "post-norm": {"norm_first": False},
+VARIANTS = {"GELU": {"activation": "gelu"}, "post-norm": {"norm_first": False},
             "learned positions, unscaled embeddings": {"positions": "learned", "scale_embeddings": False}}
 
 
@@ -155,12 +155,10 @@ def main(argv: list[str] | None = None) -> int:
                          "seconds": round(time.perf_counter() - start, 1), "curve": curve})
             print(json.dumps(runs[-1]["curve"][-1] | {"lr": lr, "seed": seed}), flush=True)
     for name, change in VARIANTS.items() if args.variants else ():
-        if change:
-            model = replace(cfg.model, transformer=replace(cfg.model.transformer, **change))
-            curve = train_on_chain(replace(cfg, model=model), args.variants, warmup=args.warmup,
-                                   updates=args.updates)
-            runs.append({"lr": args.variants, "seed": 0, "variant": name, "curve": curve})
-            print(json.dumps(curve[-1] | {"lr": args.variants, "variant": name}), flush=True)
+        model = replace(cfg.model, transformer=replace(cfg.model.transformer, **change))
+        curve = train_on_chain(replace(cfg, model=model), args.variants, warmup=args.warmup, updates=args.updates)
+        runs.append({"lr": args.variants, "seed": 0, "variant": name, "curve": curve})
+        print(json.dumps(curve[-1] | {"lr": args.variants, "variant": name}), flush=True)
     results = {**stamp(), "cpu": cpu_model(), "threads": 1, "committed_lr": cfg.train.lr,
                "warmup": args.warmup, "command": "python experiments/electra_chain.py" + (
                    " " + " ".join(argv) if argv else ""), "runs": runs}
