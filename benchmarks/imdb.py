@@ -90,7 +90,8 @@ def measure(config: str, record_only: bool, overrides: list[str]) -> dict:
     shown = path.relative_to(ROOT).as_posix() if path.is_relative_to(ROOT) else str(config)  # experiments/configs/...
     result = {"config": shown, "what": describe(name),
               "task": cfg.task, "train_minutes": metrics[-1]["minutes"], "minutes_total": minutes_total,
-              "updates": metrics[-1]["step"], "threads": cfg.train.threads, "run_dir": f"runs/{name}", **stamp()}
+              "updates": metrics[-1]["step"], "threads": cfg.train.threads, "seed": cfg.train.seed,
+              "run_dir": f"runs/{name}", **stamp()}
     if cpu_minutes_total is not None:
         result["cpu_minutes_total"] = cpu_minutes_total
     if cfg.model.init_from:
@@ -182,6 +183,36 @@ def markdown_trials(trials: dict) -> str:
                          f"{r['date'][:10]}, `{r['commit']}`"])
     return markdown(["config", "held-out accuracy", "train minutes", "updates", "threads", "settings", "measured"],
                     rows, "lrrrrll")
+
+
+#: The runs of the committed recipe that measure its spread over seeds: their settings begin so.
+VARIANCE_RUNS = "the committed recipe at 1 thread"
+
+
+def markdown_variance(trials: dict) -> str:
+    """docs/sentiment.md: the committed recipe over seeds (item 3 of issue 38), every run, then mean and spread.
+
+    The runs are the pairs in ``imdb-trials.json`` whose settings begin with :data:`VARIANCE_RUNS` (a pretraining
+    run and the fine-tuning run with the same settings), each at 1 thread on its own core."""
+    runs = trials["runs"]
+    pretrain = {r["settings"]: r for r in runs.get("configs/imdb-pretrain.yaml", [])}
+    rows, accuracies = [], []
+    for r in runs.get("configs/imdb-finetune.yaml", []):
+        if not r.get("settings", "").startswith(VARIANCE_RUNS):
+            continue
+        p = pretrain.get(r["settings"])
+        seed = r.get("seed", 1)  # runs before results carried their seed used the default, 1
+        accuracies.append(r["valid_accuracy"])
+        rows.append([seed, f"{r['valid_accuracy']:.2f}", "" if p is None else num(p["updates"]), num(r["updates"]),
+                     r["threads"], f"{r['date'][:10]}, `{r['commit']}`"])
+    if not accuracies:
+        return "(no runs yet)"
+    mean = sum(accuracies) / len(accuracies)
+    sd = (sum((a - mean) ** 2 for a in accuracies) / (len(accuracies) - 1)) ** 0.5 if len(accuracies) > 1 else 0.0
+    table = markdown(["seed", "held-out accuracy", "pretraining updates", "fine-tuning updates", "threads",
+                      "measured"], rows, "rrrrrl")
+    return (f"{table}\n\n{len(accuracies)} seeds: mean **{mean:.2f}**, sample standard deviation {sd:.2f}, "
+            f"range {min(accuracies):.2f} to {max(accuracies):.2f}.")
 
 
 def append_trial(result: dict, settings: str, reported: bool = True) -> None:

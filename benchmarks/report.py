@@ -91,6 +91,7 @@ TABLES: dict[str, Table] = {
     "nbsvm": Table(f"{RESULTS}/nbsvm.json", "benchmarks/nbsvm.py"),
     "reading": Table(f"{RESULTS}/reading.json", "benchmarks/reading.py"),
     "imdb-trials": Table(f"{RESULTS}/imdb-trials.json", "benchmarks/imdb.py", "markdown_trials"),
+    "imdb-variance": Table(f"{RESULTS}/imdb-trials.json", "benchmarks/imdb.py", "markdown_variance"),
     "mlm-probes": Table(f"{RESULTS}/mlm-probes.json", "benchmarks/imdb.py", "markdown_probes"),
     "recipe-probes": Table(f"{RESULTS}/recipe-probes.json", "experiments/recipe_probes.py"),
     "electra-diagnosis": Table((f"{RESULTS}/electra-diagnosis*.json",), "experiments/electra_diagnosis.py",
