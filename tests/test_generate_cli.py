@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch._dynamo
 from torch import nn
 
 from attnkit.common.errors import UserError
@@ -82,6 +83,16 @@ def test_temperature_zero_is_greedy_decoding_by_hand(lm_run, lm, capsys):
     assert len(greedy) >= 12 and len(set(greedy)) >= 4  # a real continuation: not </s> at once, not one character
     assert generated(capsys, lm_run, "--max-new-tokens", "40", "--temperature", "0") == PROMPT + greedy + "\n"
     assert generated(capsys, lm_run, "--max-new-tokens", "40", "--temperature", "0", "--no-echo") == greedy + "\n"
+
+
+def test_compile_decodes_the_same_text(lm_run, lm, capsys):
+    """``--compile`` (the engine's compiled step): greedy text by hand, and the same sample for a seed."""
+    torch._dynamo.reset()  # a fresh compile cache: this test's graphs do not count towards another's recompile limit
+    greedy = greedy_by_hand(lm, PROMPT, 40)
+    assert generated(capsys, lm_run, "--max-new-tokens", "40", "--temperature", "0", "--compile") == \
+        PROMPT + greedy + "\n"
+    sample = ("--max-new-tokens", "40", "--temperature", "1", "--seed", "3")
+    assert generated(capsys, lm_run, *sample, "--compile") == generated(capsys, lm_run, *sample)
 
 
 @pytest.mark.parametrize("options", [("--top-k", "1"), ("--top-p", "1e-6"), ("--top-k", "1", "--top-p", "0.5")])

@@ -111,7 +111,8 @@ class RotaryPositions(nn.Module):
     only through their offset ``t - s``. The pairs are ``(i, i + d/2)`` (GPT-NeoX, Llama and Hugging Face lay
     them out so) rather than the paper's ``(2i, 2i+1)``: the same function up to one fixed permutation of
     the dimensions of both ``q`` and ``k``, which no dot product sees. The cos/sin tables are computed once
-    and grown when a longer sequence comes (not parameters: nothing is saved).
+    and grown when a longer sequence comes (not parameters: nothing is saved); rows at positions of their own (a
+    tensor ``offset``) compute their angles directly instead.
 
     :param d_head: the per-head size ``d_k`` (even).
     :param theta: the base (10,000 in the paper and Llama 2; Llama 3 uses 500,000).
@@ -145,10 +146,11 @@ class RotaryPositions(nn.Module):
 
         ``offset`` may be a ``(B,)`` tensor: each row at its own positions (rows of a continuous batch)."""
         T = x.size(-2)
-        if isinstance(offset, Tensor):
-            cos, sin = self.tables(int(offset.max()) + T)
+        if isinstance(offset, Tensor):  # the angles themselves: no table, no Python number (a compiled step)
             at = offset[:, None] + torch.arange(T, device=offset.device)  # (B, T) each row's positions
-            cos, sin = cos[at][:, None].to(x.dtype), sin[at][:, None].to(x.dtype)  # (B, 1, T, d)
+            angle = at[..., None].double() * self.inv_freq  # (B, T, d/2), as the table computes it
+            angle = torch.cat([angle, angle], dim=-1)[:, None]  # (B, 1, T, d)
+            cos, sin = angle.cos().float().to(x.dtype), angle.sin().float().to(x.dtype)
         else:
             cos, sin = self.tables(offset + T)
             cos, sin = cos[offset:].to(x.dtype), sin[offset:].to(x.dtype)  # (T, d)

@@ -24,9 +24,14 @@ positions only
 per sentence in beam search
 :class:`GrowingKVCache`: room to append to    :class:`attnkit.multihead.KVCache`            ``engine/decoding.py``
 in place
+:class:`CompiledDecoder`: a language model's  :meth:`attnkit.lm.LanguageModel.step`        ``compiled_decoding.py``
+step compiled (``torch.compile``) over
+static key/value buffers (opt-in)
 ============================================  ============================================  =======================
 
-Each has a test against its reference in ``tests/test_engine.py``.
+Each has a test against its reference in ``tests/test_engine.py`` (the compiled decoder in
+``tests/test_compiled_decoding.py``). The compiled decoder is not part of :func:`accelerate`: compiling costs
+seconds, so ``attnkit generate --compile`` and the benchmarks ask for it.
 """
 
 from __future__ import annotations

@@ -84,7 +84,7 @@ def soft_attention_in_dtype(e: Tensor, mask: Tensor | None, beta: float) -> Tens
     weights = torch.softmax(logits, dim=-1)
     if mask is not None:
         has_key = mask.any(dim=-1, keepdim=True)
-        if not bool(has_key.all()):
+        if torch.compiler.is_compiling() or not bool(has_key.all()):  # no Python branch on data in a graph
             weights = weights * has_key
     return weights
 
@@ -125,7 +125,10 @@ def fast_attend(
         causal = False  # one query at the newest position sees every key
     p = _dropout_rate(dropout)
     grouped_kv = q.dim() == 4 and k.dim() == 4 and k.size(1) != q.size(1)
-    if not need_weights and normalizer == "softmax" and score in ("dot", "scaled_dot") and _fused_is_faster(q, k):
+    # In a compiled graph, one query's matmul + softmax become generated kernels, faster than the fused kernel
+    compiled_step = T_q == 1 and torch.compiler.is_compiling()
+    if not need_weights and normalizer == "softmax" and score in ("dot", "scaled_dot") and _fused_is_faster(q, k) \
+            and not compiled_step:
         scale = 1.0 / math.sqrt(q.size(-1)) if score == "scaled_dot" else 1.0
         scale *= 1.0 if beta is None else beta
         is_causal = causal and mask is None and bias is None and T_q == T_k  # the kernel's own look-ahead mask

@@ -35,6 +35,7 @@ from ..lm import LanguageModel, LMState
 from ..multihead import KVCache
 from ..sampling import choose_next
 from ..vocab import EOS_ID
+from .compiled_decoding import embed_at
 from .continuous import _pad_to
 
 __all__ = ["ContinuousSampler", "Sampling", "Token"]
@@ -158,11 +159,7 @@ class ContinuousSampler:
             return []
         model = self.model
         B, t = len(self.rows), self.width
-        x = model.embed(self.prev[:, None])  # (B, 1, d_model)
-        if model.positions is not None:
-            table = model.positions(int(self.pos.max()) + 1)  # (P, d_model)
-            x = x + table[self.pos][:, None]  # + PE at each row's own position
-        x = model.dropout(x)
+        x = embed_at(model, self.prev[:, None], self.pos, int(self.pos.max()) + 1)  # (B, 1, d_model)
         keys = torch.cat([self.valid, torch.ones(B, 1, dtype=torch.bool, device=x.device)], dim=1)  # (B, t + 1)
         mask = keys
         if self.window:  # the query (column t) sees the keys less than `window` columns (= positions) back

@@ -31,7 +31,7 @@ from ..data.labelled import LabelledReader
 from ..data.readers import base_suffix, read_lines, read_text
 from ..data.tokenizer import EOS_ID, UNK_ID, Tokenizer
 from ..runs.load import LoadedRun
-from ..sampling import generate
+from ..sampling import StepModel, generate
 
 #: The most tokens one prompt may ask for (``--max-new-tokens``, the server's ``max_new_tokens``).
 MAX_NEW_TOKENS = 4096
@@ -238,7 +238,7 @@ class TextStream:
         return piece
 
 
-def continue_text(model: nn.Module, tok: Tokenizer, ids: list[int], max_new_tokens: int, *,
+def continue_text(model: StepModel, tok: Tokenizer, ids: list[int], max_new_tokens: int, *,
                   temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, stop: Sequence[str] = (),
                   generator: torch.Generator | None = None) -> Iterator[str]:
     """The continuation of one prompt, yielded as text pieces as it is generated (concatenated: the whole text).

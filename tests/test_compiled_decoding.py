@@ -1,0 +1,143 @@
+"""The engine's compiled decoding step (:mod:`attnkit.engine.compiled_decoding`) against the textbook's step."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from attnkit.engine import accelerate, compiled_decoding
+from attnkit.engine.compiled_decoding import CompiledDecoder, StaticKVCache, static_mask
+from attnkit.lm import LanguageModel
+from attnkit.multihead import KVCache
+from attnkit.sampling import generate
+from attnkit.transformer import TransformerConfig
+from test_continuous_lm import CONFIGS
+from test_lm_model import spread_weights_
+
+VOCAB, MAX_LEN = 40, 64
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def make_lm(**options) -> LanguageModel:
+    """A random tiny language model with unit-variance activations (so that positions and masks matter)."""
+    torch.manual_seed(3)
+    cfg = TransformerConfig(d_model=32, n_heads=4, d_ff=64, decoder_layers=2, dropout=0.0, max_len=MAX_LEN, **options)
+    model = LanguageModel(cfg, VOCAB)
+    spread_weights_(model, seed=4)
+    return model.eval()
+
+
+def prompts(B: int, T: int) -> torch.Tensor:
+    return torch.randint(4, VOCAB, (B, T), generator=torch.Generator().manual_seed(7))
+
+
+@pytest.mark.parametrize("fast", [False, True], ids=["reference", "engine"])
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_the_static_cache_step_gives_the_logits_of_a_full_forward(name: str, fast: bool) -> None:
+    """Every kind of positions, GQA and windows: feeding tokens one by one through static buffers (eager) gives,
+    at every position, the logits of one forward pass over the whole sequence."""
+    model = make_lm(**CONFIGS[name])
+    model = accelerate(copy.deepcopy(model)).eval() if fast else model
+    decoder = CompiledDecoder(model, compile=False)
+    tokens = prompts(3, 20)  # (B, T)
+    with torch.inference_mode():
+        full = model(tokens)  # (B, T, V)
+        logits, state = decoder.step(tokens[:, :5], decoder.init_state())  # the prefill, then static buffers
+        assert isinstance(state.caches[0], StaticKVCache)
+        stepped = [logits]
+        for t in range(5, 20):
+            logits, state = decoder.step(tokens[:, t: t + 1], state)
+            stepped.append(logits)
+    torch.testing.assert_close(torch.stack(stepped, 1), full[:, 4:], atol=1e-4, rtol=1e-4)
+    assert state.length == 20 and state.caches[0].pos.tolist() == [20, 20, 20]
+
+
+def test_greedy_tokens_are_generate_s_and_the_model_s_context_is_enforced() -> None:
+    model = accelerate(make_lm(positions="learned"))
+    decoder = CompiledDecoder(model, compile=False)
+    prompt = prompts(2, 6).tolist()
+    fits = MAX_LEN - 6 + 1  # the last token chosen is never fed: 6 + (fits - 1) = MAX_LEN positions
+    ours = torch.stack(list(generate(decoder, prompt, fits, temperature=0.0, ignore_eos=True)), 1)
+    theirs = torch.stack(list(generate(model, prompt, fits, temperature=0.0, ignore_eos=True)), 1)
+    assert torch.equal(ours, theirs)
+    for m in (model, decoder):  # one more needs position 65: the textbook's error, and the same one here
+        with pytest.raises(ValueError, match="position 65 exceeds max_len=64"):
+            list(generate(m, prompt, fits + 1, temperature=0.0, ignore_eos=True))
+
+
+def test_buffers_grow_for_positions_without_a_table(monkeypatch: pytest.MonkeyPatch) -> None:
+    """RoPE has no context: a sequence longer than the first capacity gets buffers twice as long, same logits."""
+    monkeypatch.setattr(compiled_decoding, "FIRST_CAPACITY", 8)
+    model = make_lm(positions="rope", n_kv_heads=2)
+    decoder = CompiledDecoder(model, compile=False)
+    tokens = prompts(2, 30)
+    with torch.inference_mode():
+        full = model(tokens)
+        logits, state = decoder.step(tokens[:, :3], decoder.init_state())
+        capacities = {state.caches[0].k.size(2)}
+        for t in range(3, 30):
+            logits, state = decoder.step(tokens[:, t: t + 1], state)
+            capacities.add(state.caches[0].k.size(2))
+    torch.testing.assert_close(logits, full[:, -1], atol=1e-4, rtol=1e-4)
+    assert capacities == {8, 16, 32}
+
+
+def test_reordered_rows_carry_their_own_caches_and_positions() -> None:
+    """``LMState.select`` on a static state (a beam's reordering) keeps each row's buffers and position."""
+    model = make_lm(positions="alibi")
+    decoder = CompiledDecoder(model, compile=False)
+    tokens = prompts(3, 9)
+    with torch.inference_mode():
+        _, state = decoder.step(tokens[:, :8], decoder.init_state())
+        index = torch.tensor([2, 0, 0])
+        logits, _ = decoder.step(tokens[index, 8:], state.select(index))
+        expected = model(tokens[index])[:, -1]
+    torch.testing.assert_close(logits, expected, atol=1e-4, rtol=1e-4)
+
+
+def test_the_static_mask_hides_unwritten_and_out_of_window_keys() -> None:
+    mask = static_mask(torch.tensor([0, 3, 5]), 6, window=3)[:, 0, 0]  # (B, capacity)
+    assert mask.tolist() == [[True, False, False, False, False, False],
+                             [False, True, True, True, False, False],
+                             [False, False, False, True, True, True]]
+
+
+def test_a_static_cache_writes_each_row_at_its_own_position_in_place() -> None:
+    k = torch.zeros(2, 1, 4, 1)
+    cache = StaticKVCache(k, k.clone(), torch.tensor([1, 3]))
+    new = cache.append(torch.tensor([[[[5.0]]], [[[7.0]]]]), torch.ones(2, 1, 1, 1))
+    assert new.k is k and k[:, 0, :, 0].tolist() == [[0, 5, 0, 0], [0, 0, 0, 7]]
+    assert new.pos.tolist() == [2, 4]
+    with pytest.raises(ValueError, match="one new position"):
+        cache.append(torch.zeros(2, 1, 2, 1), torch.zeros(2, 1, 2, 1))
+    assert StaticKVCache.of(KVCache(torch.ones(1, 1, 2, 1), torch.ones(1, 1, 2, 1)), 5).pos.tolist() == [2]
+
+
+@pytest.mark.parametrize("name", ["learned", "rope-gqa-window3"])
+def test_the_compiled_step_equals_the_textbook_step(name: str) -> None:
+    """``torch.compile`` of the static step (the engine's kernels, batch 1 and 3): greedy tokens are the textbook
+    ``generate``'s, and the logits agree."""
+    torch._dynamo.reset()
+    reference = make_lm(**CONFIGS[name])
+    model = accelerate(copy.deepcopy(reference)).eval()
+    decoder = CompiledDecoder(model)
+    for B in (1, 3):
+        prompt = prompts(B, 5).tolist()
+        ours = torch.stack(list(generate(decoder, prompt, 20, temperature=0.0, ignore_eos=True)), 1)
+        theirs = torch.stack(list(generate(reference, prompt, 20, temperature=0.0, ignore_eos=True)), 1)
+        assert torch.equal(ours, theirs)
+        sequence = torch.cat([torch.tensor(prompt), theirs], 1)
+        with torch.inference_mode():
+            logits, state = decoder.step(sequence[:, :5], decoder.init_state())
+            for t in range(5, sequence.size(1)):
+                logits, state = decoder.step(sequence[:, t: t + 1], state)
+            torch.testing.assert_close(logits, reference(sequence)[:, -1], atol=1e-4, rtol=1e-4)
