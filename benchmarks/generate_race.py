@@ -9,7 +9,9 @@ trained for ``--updates`` updates), exported with ``attnkit export --to huggingf
 same weights. The workload: greedy decoding of ``NEW_TOKENS`` new tokens after prompts of ``PROMPT_CHARS``
 characters of tiny Shakespeare's validation text, at batch 1 and batch 32 (32 different prompts of one
 length). Every contender is timed one at a time, ``--repeats`` times at each thread count (1 and 2), after an
-untimed warm-up, the passes of the contenders interleaved; a row reports the best thread count and every pass.
+untimed warm-up pass of the whole batch, the passes of the contenders interleaved; a row reports the best thread
+count and every pass. attnkit runs eagerly and compiled (``attnkit.engine.compiled_decoding``: a static cache and
+``torch.compile``, which compiles on the warm-up pass; the warm-up times are kept, as the cost of compiling).
 Tokens per second count the tokens each contender generated (a row that stopped at ``</s>`` counts what it
 made), and ``same`` says whether its greedy tokens equal attnkit's float32 ones.
 
@@ -37,6 +39,7 @@ import time
 from pathlib import Path
 
 import torch
+import torch._dynamo
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -50,6 +53,8 @@ from nbsvm import cpu_model  # noqa: E402
 from tables import append_run, markdown, measured  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "results" / "generate-race.json"
+#: Each compiled contender (precision x thread count) compiles its step once per batch size: room for them all.
+torch._dynamo.config.recompile_limit = 64
 TEXT = ROOT.parent / "shared" / "data" / "shakespeare" / "input.txt"
 NEW_TOKENS, PROMPT_CHARS, BATCHES, STREAMS = 128, 64, (1, 32), 32
 ATTNKIT = [sys.executable, "-m", "attnkit"]
@@ -75,9 +80,12 @@ def train_model(work: Path, updates: int) -> Path:
 # -- the offline contenders: prompt ids (B, T) -> generated ids, a list per row -------------------
 
 
-def attnkit_contender(run: Path, bf16: bool):
+def attnkit_contender(run: Path, bf16: bool, compiled: bool = False):
     from attnkit.engine import accelerate
+    from attnkit.engine.compiled_decoding import CompiledDecoder
     model = accelerate(load_run(run).model).eval()
+    if compiled:
+        model = CompiledDecoder(model)  # compiled on the warm-up pass of each batch size
 
     def run_batch(ids: list[list[int]]) -> list[list[int]]:
         with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
@@ -118,22 +126,25 @@ def offline(run: Path, hf: Path, exports: dict[str, Path], threads: list[int], r
     ids = {b: tok.encode_src(prompts(b)) for b in BATCHES}
     if len({len(x) for b in BATCHES for x in ids[b]}) != 1:
         raise SystemExit("the prompts must all be one length in tokens (a character model gives that)")
-    names = ["attnkit float32"] + (["attnkit bf16"] if cpu_has_fast_bf16() else []) + ["transformers generate"] + [
-        f"CTranslate2 {q}" for q in exports]
-    rows, reference = [], {}
+    precisions = ["float32"] + (["bf16"] if cpu_has_fast_bf16() else [])
+    names = [f"attnkit {p}" for p in precisions] + [f"attnkit compiled {p}" for p in precisions] + [
+        "transformers generate"] + [f"CTranslate2 {q}" for q in exports]
+    rows, warmups, reference = [], [], {}
     for t in threads:
         torch.set_num_threads(t)
         contenders = {}
         for name in names:  # built at this thread count
             if name.startswith("attnkit"):
-                contenders[name] = attnkit_contender(run, bf16=name.endswith("bf16"))
+                contenders[name] = attnkit_contender(run, bf16=name.endswith("bf16"), compiled="compiled" in name)
             elif name.startswith("transformers"):
                 contenders[name] = transformers_contender(hf)
             else:
                 contenders[name] = ctranslate2_contender(exports[name.split()[-1]], t)
         for b in BATCHES:
-            for contender in contenders.values():
-                contender(ids[b][:1])  # warm-up
+            for name, contender in contenders.items():  # warm-up, the whole batch: compiles a compiled step
+                start = time.perf_counter()
+                contender(ids[b])
+                warmups.append({"contender": name, "threads": t, "batch": b, "seconds": time.perf_counter() - start})
             for r in range(repeats):
                 for name, contender in contenders.items():  # one at a time
                     start = time.perf_counter()
@@ -148,7 +159,7 @@ def offline(run: Path, hf: Path, exports: dict[str, Path], threads: list[int], r
                     print(f"{name}, {t} thread(s), batch {b}, pass {r + 1}: {made / seconds:.0f} tok/s "
                           f"(same greedy tokens as attnkit: {sum(same)}/{len(same)})", flush=True)
         del contenders
-    return rows
+    return rows, warmups
 
 
 # -- served ------------------------------------------------------------------------------------
@@ -245,7 +256,7 @@ def measure(args: argparse.Namespace) -> dict:
         exports[q] = work / f"ct2-{q}"
         subprocess.run([*ATTNKIT, "export", str(run), "--to", "ctranslate2", "--quantization", q, "-o",
                         str(exports[q])], check=True)
-    rows = offline(run, work / "hf", exports, args.threads, args.repeats)
+    rows, warmups = offline(run, work / "hf", exports, args.threads, args.repeats)
     serving = [served(run, t, args.repeats) for t in args.threads] if not args.no_serve else []
     forward = {str(t): prompt_forward_seconds(run, t) for t in args.threads}  # JSON keys are strings
     cfg = load_run(run).cfg.model.transformer
@@ -254,7 +265,8 @@ def measure(args: argparse.Namespace) -> dict:
             "command": "python benchmarks/generate_race.py" + (f" --run {args.run}" if args.run else ""),
             "model": {"layers": cfg.decoder_layers, "d_model": cfg.d_model, "heads": cfg.n_heads,
                       "parameters": sum(p.numel() for p in load_run(run).model.parameters())},
-            "new_tokens": NEW_TOKENS, "prompt_chars": PROMPT_CHARS, "offline": rows, "served": serving,
+            "new_tokens": NEW_TOKENS, "prompt_chars": PROMPT_CHARS, "offline": rows, "warmups": warmups,
+            "served": serving,
             "prompt_forward_s": forward}
 
 
@@ -274,16 +286,27 @@ def markdown_table(runs: dict) -> str:
     out = []
     for run in runs["runs"]:
         rows, names = run["offline"], list(dict.fromkeys(r["contender"] for r in run["offline"]))
+        compiled = "attnkit compiled float32" in names  # runs since the compiled step have it
         table = []
         for b in BATCHES:
             ours = best(rows, "attnkit float32", b)[0]
+            ours_compiled = best(rows, "attnkit compiled float32", b)[0] if compiled else 0.0
             for name in names:
                 rate, passes, t = best(rows, name, b)
                 same = min(r["same_as_attnkit"] for r in rows if r["contender"] == name and r["batch"] == b)
                 table.append([b, name, t, f"{rate:.0f}", " / ".join(f"{p:.0f}" for p in passes),
-                              f"{ours / rate:.2f}x", f"{same:.0%}"])
-        out.append(markdown(["batch", "contender", "threads", "tok/s (median)", "every pass",
-                             "attnkit float32 is", "same greedy tokens"], table, "rllrrrr"))
+                              f"{ours / rate:.2f}x"] + ([f"{ours_compiled / rate:.2f}x"] if compiled else [])
+                             + [f"{same:.0%}"])
+        out.append(markdown(["batch", "contender", "threads", "tok/s (median)", "every pass", "attnkit float32 is"]
+                            + (["attnkit compiled float32 is"] if compiled else []) + ["same greedy tokens"], table,
+                            "rllrrr" + ("r" if compiled else "") + "r"))
+        if compiled:
+            first = {}
+            for w in run["warmups"]:
+                if "compiled" in w["contender"]:
+                    first.setdefault(w["contender"], []).append(w["seconds"])
+            out.append("Compiling (each compiled contender's warm-up pass, at each thread count and batch size): "
+                       + "; ".join(f"{name} {min(x):.0f} to {max(x):.0f} s" for name, x in first.items()) + ".")
         if run["served"]:
             offline32 = best(rows, "attnkit float32", 32)[0]
             served_rows = []
