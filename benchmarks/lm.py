@@ -142,7 +142,17 @@ def attnkit_train(run_dir: Path, overrides: list[str], val: Path, logs: Path, na
     loss = float(re.search(r"loss ([\d.]+) nats/token", scored).group(1))
     return {"command": "attnkit " + " ".join(cmd[3:]).replace(str(ROOT) + "/", ""), "wall_seconds": round(seconds, 1),
             "updates": int(updates[-1][0]) if updates else None,
-            "train_seconds": round(float(updates[-1][1]) * 60, 1) if updates else None, "valid_loss": loss}
+            "train_seconds": round(float(updates[-1][1]) * 60, 1) if updates else None, "valid_loss": loss,
+            "validations": validations(run_dir)}
+
+
+def validations(run_dir: Path) -> list[list[float]]:
+    """The run's validations during training, ``[update, minutes, valid loss]`` each (its ``metrics.jsonl``)."""
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return []
+    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return [[m["step"], m["minutes"], m["valid_loss"]] for m in rows if "valid_loss" in m]
 
 
 #: attnkit with the documented command's model and batch: 4 layers, 4 heads, 128 wide, block 64, 12 blocks a batch,
@@ -265,6 +275,11 @@ def markdown_table(results: dict) -> str:
             if r["row"] in ("documented", "budget", "hour"):
                 steps = r.get("iterations") or r.get("updates")
                 value = f"valid loss **{r['valid_loss']:.4f}** ({steps:,} updates, {r['train_seconds'] / 60:.1f} min)"
+                if r.get("validations"):  # where the best checkpoint came from, and how the last validation ended
+                    best = min(r["validations"], key=lambda v: v[2])
+                    last = r["validations"][-1]
+                    value += (f", lowest validation during training at update {best[0]:,} ({best[1]:.0f} min), "
+                              f"{last[2]:.4f} at the end")
                 if r["contender"] != "nanoGPT":  # its command without the run directory, so the row can be rerun
                     words = r["command"].split(" ")
                     value += f"; `{' '.join(words[:3] + words[5:])}`"
