@@ -161,7 +161,8 @@ class CompiledDecoder:
             values = [c.v for c in caches]
             pos = caches[0].pos
             logits = self._step(tokens[:, j: j + 1], pos, keys, values)  # writes the buffers in place
-            caches = [StaticKVCache(k, v, pos + 1) for k, v in zip(keys, values, strict=True)]
+            after = pos + 1
+            caches = [StaticKVCache(k, v, after) for k, v in zip(keys, values, strict=True)]
             length += 1
         return logits, LMState(list(caches), length)
 
