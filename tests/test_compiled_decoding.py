@@ -12,28 +12,14 @@ from attnkit.engine.compiled_decoding import CompiledDecoder, StaticKVCache, sta
 from attnkit.lm import LanguageModel
 from attnkit.multihead import KVCache
 from attnkit.sampling import generate
-from attnkit.transformer import TransformerConfig
-from test_continuous_lm import CONFIGS
-from test_lm_model import spread_weights_
-
-VOCAB, MAX_LEN = 40, 64
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+from test_continuous_lm import CONFIGS, MAX_LEN, VOCAB
+from test_continuous_lm import make_lm as continuous_lm
+from test_lm_model import one_thread  # noqa: F401  (autouse: one intra-op thread for this module's tiny tensors)
 
 
 def make_lm(**options) -> LanguageModel:
-    """A random tiny language model with unit-variance activations (so that positions and masks matter)."""
-    torch.manual_seed(3)
-    cfg = TransformerConfig(d_model=32, n_heads=4, d_ff=64, decoder_layers=2, dropout=0.0, max_len=MAX_LEN, **options)
-    model = LanguageModel(cfg, VOCAB)
-    spread_weights_(model, seed=4)
-    return model.eval()
+    """:func:`test_continuous_lm.make_lm` without its raised ``</s>`` (a zero bias): rows run to the end."""
+    return continuous_lm(eos_bias=0.0, **options)
 
 
 def prompts(B: int, T: int) -> torch.Tensor:

@@ -112,7 +112,6 @@ class CompiledDecoder:
         if not isinstance(model, LanguageModel):
             raise TypeError(f"a compiled decoder needs a LanguageModel, got {type(model).__name__}")
         self.model = model
-        self.compiled = compile
         device = next(model.parameters()).device
         for dtype in (torch.float32, torch.bfloat16):  # probe the fused kernel now: a probe in the graph would split it
             _fused_zeroes_empty_rows(device, dtype)
@@ -148,10 +147,9 @@ class CompiledDecoder:
             capacity = self.capacity_for(state.length + 1)
             return logits, LMState([StaticKVCache.of(c, capacity) for c in state.caches], state.length)
         caches = [c for c in state.caches if isinstance(c, StaticKVCache)]
-        length = state.length
+        length, context = state.length, self.model.context
         logits = tokens.new_empty(0)
         for j in range(tokens.size(1)):  # one position at a time
-            context = self.model.context
             if context is not None and length + 1 > context:
                 raise ValueError(f"position {length + 1} exceeds max_len={context}")
             if length + 1 > caches[0].k.size(2):  # out of room: copy into buffers twice as long
