@@ -24,7 +24,8 @@ Rows (``--rows``):
   ``configs/shakespeare-char.yaml``; nanoGPT with :data:`NANOGPT_BEST_15` (the better of the two settings in
   ``shared/docs/PERF-NOTES.md``), its ``max_iters`` set from its measured time per iteration so that it trains
   for about as long (nanoGPT has no time budget).
-* ``hour``: attnkit alone with ``configs/shakespeare-char-hour.yaml`` for 60 minutes (not in the default rows).
+* ``hour``: attnkit alone with ``configs/shakespeare-char-hour.yaml`` for 60 minutes (not in the default rows;
+  ``--set KEY=VALUE`` overrides its settings).
 * ``throughput``: training tokens/s at nanoGPT's ``train_shakespeare_char`` shape (6 layers, 6 heads, 384 wide,
   block 256, batch 64), after warm-up iterations.
 * ``sampling``: tokens/s generating 256 new tokens after a one-token prompt at batch 1 and 32, the same shape
@@ -194,10 +195,10 @@ def row_budget(nanogpt: Path, val: Path, work: Path, minutes: float) -> list[dic
     return [{"row": "budget", "contender": "nanoGPT", **ng}, {"row": "budget", "contender": "attnkit", **ak}]
 
 
-def row_hour(val: Path, work: Path, threads: int) -> list[dict]:
-    """attnkit alone for an hour (``configs/shakespeare-char-hour.yaml``), against the bar of nanoGPT's README
-    result for its ``train_shakespeare_char`` model on an A100 GPU."""
-    extra = [f"train.threads={threads}"] if threads else []
+def row_hour(val: Path, work: Path, threads: int, settings: list[str]) -> list[dict]:
+    """attnkit alone for an hour (``configs/shakespeare-char-hour.yaml`` with ``settings``), against the bar of
+    nanoGPT's README result for its ``train_shakespeare_char`` model on an A100 GPU."""
+    extra = [*([f"train.threads={threads}"] if threads else []), *settings]
     ak = attnkit_train(work / "ak-hour", extra, val, work, "attnkit-hour", config=HOUR_CONFIG)
     return [{"row": "hour", "contender": "attnkit", "threads": threads or torch.get_num_threads(), **ak}]
 
@@ -301,6 +302,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="which rows (default: all but hour, which takes an hour by itself)")
     p.add_argument("--threads", type=int, default=0,
                    help="the hour row's train.threads (default 0: torch's default)")
+    p.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
+                   help="config overrides for the hour row (e.g. model.transformer.dropout=0.2)")
     p.add_argument("--minutes", type=float, default=15.0, help="the budget row's training minutes")
     p.add_argument("--sampling-batches", type=int, nargs="+", default=[1, 32],
                    help="the sampling row's batch sizes (default 1 32)")
@@ -320,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"row {name} ...", flush=True)
         rows += {"documented": lambda: row_documented(args.nanogpt, val, work),
                  "budget": lambda: row_budget(args.nanogpt, val, work, args.minutes),
-                 "hour": lambda: row_hour(val, work, args.threads),
+                 "hour": lambda: row_hour(val, work, args.threads, args.set),
                  "throughput": lambda: row_throughput(args.nanogpt, work),
                  "sampling": lambda: row_sampling(args.nanogpt, tuple(args.sampling_batches))}[name]()
         print(json.dumps([r for r in rows if r["row"] == name], indent=1), flush=True)
@@ -331,6 +334,7 @@ def main(argv: list[str] | None = None) -> int:
                       (["--rows", *args.rows] if args.rows != p.get_default("rows") else [])
                       + ([f"--minutes {args.minutes:g}"] if args.minutes != 15 else [])
                       + ([f"--threads {args.threads}"] if args.threads else [])
+                      + (["--set", *args.set] if args.set else [])
                       + (["--sampling-batches", *map(str, args.sampling_batches)]
                          if args.sampling_batches != [1, 32] else [])),
                   "nanogpt_commit": nanogpt_commit, "minutes": args.minutes,
