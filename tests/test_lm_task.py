@@ -278,6 +278,19 @@ def test_collate_shifts_targets_by_one(tmp_path):
             assert int(batch.inputs.min()) >= 3 and int(batch.inputs.max()) < task.tok.src_vocab_size
 
 
+def test_valid_blocks_validates_on_the_first_blocks_of_the_held_out_text(tmp_path, capsys):
+    (tmp_path / "train.txt").write_text(corpus(300), encoding="utf-8")
+    whole = prepared(lm_config(tmp_path / "train.txt"), tmp_path / "whole").valid_ids
+    assert len(whole) > 3 * 16 + 1
+    sample = prepared(lm_config(tmp_path / "train.txt", valid_blocks=3), tmp_path / "sample").valid_ids
+    assert np.asarray(sample).tolist() == np.asarray(whole[: 3 * 16 + 1]).tolist()  # 3 windows of 16, each scored
+    many = prepared(lm_config(tmp_path / "train.txt", valid_blocks=10 ** 6), tmp_path / "many").valid_ids
+    assert np.asarray(many).tolist() == np.asarray(whole).tolist()  # more blocks than there are: all of it
+    config = write_yaml(tmp_path / "bad.yaml", lm_config(tmp_path / "train.txt", valid_blocks=-1))
+    code, _, err = cli(capsys, "train", config, "--run-dir", tmp_path / "bad")
+    assert_one_line_error(code, err, "data.valid_blocks")
+
+
 # -- scoring a text ------------------------------------------------------------------------
 
 

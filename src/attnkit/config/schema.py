@@ -72,6 +72,7 @@ class DataConfig:
     #                     classification: texts are cut to this many subwords
     block_size: int = 256  # language models: tokens of context each training example has
     documents: Literal["text", "lines"] = "lines"  # language models: a file is one document, or one per line
+    valid_blocks: int = 0  # language models: validate while training on the first this many blocks (0: all)
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
     imported_from: str = ""  # the Hugging Face model directory `attnkit import` read (such a run has no data files)
 
@@ -84,6 +85,8 @@ class DataConfig:
             raise UserError(f"data.valid_fraction must be in [0, 1), got {self.valid_fraction}")
         if self.valid_fraction and self.valid:
             raise UserError("give data.valid or data.valid_fraction, not both")
+        if self.valid_blocks < 0:
+            raise UserError(f"data.valid_blocks must be 0 (all) or positive, got {self.valid_blocks}")
         if self.generate == "none" and not self.valid and not self.valid_fraction:
             raise UserError("data.valid is empty: give a validation file (or data.valid_fraction)")
 

@@ -154,11 +154,14 @@ class LanguageModelTask(EpochTask):
         if len(ids) < 2:
             raise UserError(f"{cfg.data.valid or cfg.data.train}: no validation text; set data.valid_fraction "
                             f"(e.g. 0.1) or data.valid")
+        if cfg.data.valid_blocks:  # a sample: the first blocks of the held-out text, so validating costs less
+            ids = ids[: cfg.data.valid_blocks * self.block + 1]
         self.valid_ids = ids
         self.chars = characters_per_id(self.tok)
         batches = self.batches(0)
         log(f"language-model data: {len(self.stream)} training tokens in {len(batches)} batches of {self.per_batch} "
-            f"blocks of {self.block}; {len(self.valid_ids)} validation tokens")
+            f"blocks of {self.block}; {len(self.valid_ids)} validation tokens"
+            + (f" (the first {cfg.data.valid_blocks} blocks, data.valid_blocks)" if cfg.data.valid_blocks else ""))
 
     def build_model(self) -> nn.Module:
         """The language model, starting from the weights of the run ``model.init_from`` names, if any."""
