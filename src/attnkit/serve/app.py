@@ -69,6 +69,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import socket
+import sys
 from collections.abc import Callable
 from dataclasses import asdict
 from functools import partial
@@ -307,6 +308,13 @@ def listen(host: str, port: int) -> socket.socket:
     return sock
 
 
+#: CPython's GIL switch interval while serving (its default is 5 ms). The model worker and the event loop are two
+#: threads of one process: a thread that wants the GIL while the other runs Python waits up to this long for it, so
+#: with the default a token's event could wait 5 ms to be sent, and the next step as long for the loop to let go
+#: (experiments/serve_switch_interval.py compares the two).
+SWITCH_INTERVAL_S = 0.001
+
+
 def serve(paths: list[str], *, host: str = "127.0.0.1", port: int = 8000, threads: int | None = None,
           api_key: str | None = None, limits: Limits | None = None, precision: str = "float32",
           continuous: bool = False) -> None:
@@ -319,6 +327,7 @@ def serve(paths: list[str], *, host: str = "127.0.0.1", port: int = 8000, thread
     import uvicorn
 
     share_one_heap()  # before the workers' threads start: then an idle trim gives back all they freed
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
     if threads is not None:
         torch.set_num_threads(threads)
     app = create_app([load_servable(p, threads or 0, precision, continuous) for p in paths], limits, api_key)
