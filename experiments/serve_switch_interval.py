@@ -5,13 +5,14 @@
 The model worker (one thread) and uvicorn's event loop (another) share CPython's GIL. A thread that wants it while
 the other runs Python code waits up to the switch interval (CPython's default: 5 ms), so a token's event can wait
 that long to be sent, and a decode step as long for the loop. ``attnkit serve`` sets
-:data:`attnkit.serve.app.SWITCH_INTERVAL_S`; this probe starts the server once per interval (patching that
-constant), the intervals alternating over ``--rounds`` rounds, and measures what ``benchmarks/generate_race.py``
-measures when serving (its :func:`served`): one streaming client (time to the first token, tokens/s), then 32
-concurrent streams (tokens/s), greedy, 128 new tokens each, with the server at ``--threads`` threads. The
-prompt's forward pass (the race's yardstick for the first token) is timed in this process at the end.
+:data:`attnkit.serve.app.SWITCH_INTERVAL_S` (CPython's default, kept after this probe); this probe starts the
+server once per interval (patching that constant), the intervals alternating over ``--rounds`` rounds, and
+measures what ``benchmarks/generate_race.py`` measures when serving (its :func:`served`): one streaming client
+(time to the first token, tokens/s), then 32 concurrent streams (tokens/s), greedy, 128 new tokens each, with the
+server at ``--threads`` threads. The prompt's forward pass (the race's yardstick for the first token) is timed in
+this process at the end.
 
-Writes ``benchmarks/results/serve-switch-interval.json`` (every run kept); :func:`markdown_table` renders it.
+Writes ``benchmarks/results/gil-switch-interval.json`` (every run kept); :func:`markdown_table` renders it.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from attnkit.common.measure import stamp  # noqa: E402
 from nbsvm import cpu_model  # noqa: E402
 from tables import append_run, markdown, measured  # noqa: E402
 
-OUT = ROOT / "benchmarks" / "results" / "serve-switch-interval.json"
+OUT = ROOT / "benchmarks" / "results" / "gil-switch-interval.json"
 
 
 def server_command(interval: float) -> list[str]:

@@ -308,11 +308,10 @@ def listen(host: str, port: int) -> socket.socket:
     return sock
 
 
-#: CPython's GIL switch interval while serving (its default is 5 ms). The model worker and the event loop are two
-#: threads of one process: a thread that wants the GIL while the other runs Python waits up to this long for it, so
-#: with the default a token's event could wait 5 ms to be sent, and the next step as long for the loop to let go
-#: (experiments/serve_switch_interval.py compares the two).
-SWITCH_INTERVAL_S = 0.001
+#: CPython's GIL switch interval while serving. The model worker and the event loop are two threads of one process:
+#: a thread that wants the GIL while the other runs Python waits up to this long for it. CPython's default of 5 ms
+#: is kept: 1 ms was no faster for a language model's streams (experiments/serve_switch_interval.py).
+SWITCH_INTERVAL_S = 0.005
 
 
 def serve(paths: list[str], *, host: str = "127.0.0.1", port: int = 8000, threads: int | None = None,
