@@ -166,8 +166,10 @@ def markdown_brief(results: dict) -> str:
         r = results["results"].get(f"configs/{name}.yaml")
         if r is not None:
             rows.append([f"`{r['config']}`", held_out_text(r), "" if target is None else f"{target:.1f}",
-                         f"{r['train_minutes']:.1f}", num(r["updates"]), f"{r['date'][:10]}, `{r['commit']}`"])
-    return markdown(["config", "held-out", "target (test)", "minutes", "updates", "measured"], rows, "lrrrrl")
+                         f"{r['train_minutes']:.1f}", num(r["updates"]), r["threads"] or "",
+                         f"{r['date'][:10]}, `{r['commit']}`"])
+    return markdown(["config", "held-out", "target (test)", "minutes", "updates", "threads", "measured"], rows,
+                    "lrrrrrl")
 
 
 def markdown_trials(trials: dict) -> str:
