@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import statistics
 import sys
 import time
 from datetime import datetime, timezone
@@ -209,8 +210,8 @@ def markdown_variance(trials: dict) -> str:
                      r["threads"], f"{r['date'][:10]}, `{r['commit']}`"])
     if not accuracies:
         return "(no runs yet)"
-    mean = sum(accuracies) / len(accuracies)
-    sd = (sum((a - mean) ** 2 for a in accuracies) / (len(accuracies) - 1)) ** 0.5 if len(accuracies) > 1 else 0.0
+    mean = statistics.mean(accuracies)
+    sd = statistics.stdev(accuracies) if len(accuracies) > 1 else 0.0
     table = markdown(["seed", "held-out accuracy", "pretraining updates", "fine-tuning updates", "threads",
                       "measured"], rows, "rrrrrl")
     return (f"{table}\n\n{len(accuracies)} seeds: mean **{mean:.2f}**, sample standard deviation {sd:.2f}, "

@@ -131,14 +131,19 @@ class RotaryPositions(nn.Module):
     def extra_repr(self) -> str:
         return f"d_head={self.d_head}, theta={self.theta:g}"
 
+    def cos_sin(self, positions: Tensor) -> tuple[Tensor, Tensor]:
+        """``cos``, ``sin`` ``(..., d_head)`` of the angles ``t theta_i`` at ``positions`` ``(...)``, computed in
+        float64 and returned in float32."""
+        angle = positions[..., None].double() * self.inv_freq  # (..., d/2)
+        angle = torch.cat([angle, angle], dim=-1)  # (..., d): pair i uses angle i in both halves
+        return angle.cos().float(), angle.sin().float()
+
     def tables(self, end: int) -> tuple[Tensor, Tensor]:
         """``cos``, ``sin`` ``(end, d_head)`` for positions ``0..end-1`` (cached; regrown in powers of two)."""
         if self.cos.size(0) < end:
             size = 1 << max(end - 1, 1).bit_length()
             with torch.inference_mode(False):  # a cache made while sampling must still serve training's backward
-                angle = torch.arange(size, dtype=torch.float64, device=self.inv_freq.device)[:, None] * self.inv_freq
-                angle = torch.cat([angle, angle], dim=-1)  # (L, d): pair i uses angle i in both halves
-                self.cos, self.sin = angle.cos().float(), angle.sin().float()
+                self.cos, self.sin = self.cos_sin(torch.arange(size, device=self.inv_freq.device))  # (L, d)
         return self.cos[:end], self.sin[:end]
 
     def forward(self, x: Tensor, offset: int | Tensor = 0) -> Tensor:
@@ -148,9 +153,8 @@ class RotaryPositions(nn.Module):
         T = x.size(-2)
         if isinstance(offset, Tensor):  # the angles themselves: no table, no Python number (a compiled step)
             at = offset[:, None] + torch.arange(T, device=offset.device)  # (B, T) each row's positions
-            angle = at[..., None].double() * self.inv_freq  # (B, T, d/2), as the table computes it
-            angle = torch.cat([angle, angle], dim=-1)[:, None]  # (B, 1, T, d)
-            cos, sin = angle.cos().float().to(x.dtype), angle.sin().float().to(x.dtype)
+            cos, sin = self.cos_sin(at)  # (B, T, d)
+            cos, sin = cos[:, None].to(x.dtype), sin[:, None].to(x.dtype)  # (B, 1, T, d)
         else:
             cos, sin = self.tables(offset + T)
             cos, sin = cos[offset:].to(x.dtype), sin[offset:].to(x.dtype)  # (T, d)
