@@ -17,7 +17,7 @@ from attnkit.config.schema import RunConfig, TrainConfig
 from attnkit.data import dates
 from attnkit.inference.translate import translate_texts
 from attnkit.runs.checkpoint import load_training_state, load_weights
-from attnkit.training.trainer import Trainer, learning_rate
+from attnkit.training.trainer import Trainer, learning_rate, make_optimizer
 
 
 def raw_config(dropout: float = 0.0, **train) -> dict:
@@ -99,6 +99,29 @@ def test_tiny_model_overfits_tiny_corpus(tmp_path):
     assert metrics["valid_exact"] == 100.0
     hyps = translate_texts(trainer.model, trainer.task.tok, [s for s, _ in pairs], beam=1)
     assert [h[0] for h in hyps] == [t for _, t in pairs]
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_adamw_decays_the_matrices_apart_from_the_gradient(fused):
+    """With zero gradients Adam's moments stay 0, so AdamW's step is its decay alone: ``w (1 - lr lambda)`` for
+    matrices, nothing for biases and norm gains; Adam's L2 decay, by contrast, enters the normalised step."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.LayerNorm(3))
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    cfg = TrainConfig(optimizer="adamw", lr=0.1, weight_decay=0.5, betas=(0.9, 0.99), eps=1e-8)
+    opt = make_optimizer([{"params": list(model.parameters()), "lr_scale": 2.0}], cfg, fused=fused)
+    assert [g["lr_scale"] for g in opt.param_groups] == [2.0, 2.0]  # a task's scale survives the split
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    opt.step()
+    for n, p in model.named_parameters():
+        expected = before[n] * (1 - 0.1 * 0.5) if p.dim() >= 2 else before[n]
+        torch.testing.assert_close(p.detach(), expected, msg=n)
+    adam = make_optimizer([{"params": list(model.parameters()), "lr_scale": 1.0}],
+                          TrainConfig(optimizer="adam", lr=0.1, weight_decay=0.5), fused=fused)
+    old = model[1].weight.detach().clone()
+    adam.step()  # L2: the decay is the gradient, normalised, so every parameter moves by about lr
+    assert (model[1].weight.detach() - old).abs().min() > 0.05  # a norm gain too
 
 
 @pytest.mark.parametrize("schedule", ["inverse_sqrt", "noam", "constant", "linear"])

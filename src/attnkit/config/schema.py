@@ -156,6 +156,9 @@ class TrainConfig:
     warmup: int = 4000
     betas: tuple[float, float] = (0.9, 0.98)
     eps: float = 1e-9
+    # adam: weight_decay is Adam's L2 term on every parameter; adamw: decoupled decay (Loshchilov & Hutter 2019)
+    # of the matrices only (2+ dims; nanoGPT's choice), not of biases and norm gains
+    optimizer: Literal["adam", "adamw"] = "adam"
     weight_decay: float = 0.0
     label_smoothing: float = 0.1
     clip_norm: float = 1.0  # 0 = no clipping

@@ -87,6 +87,26 @@ def accumulation(cfg: TrainConfig, world_size: int) -> int:
     return cfg.tokens_per_update // per_pass
 
 
+def make_optimizer(groups: list[dict], cfg: TrainConfig, fused: bool) -> torch.optim.Optimizer:
+    """Adam (Kingma & Ba 2015) over the task's parameter groups, or AdamW with ``train.optimizer: adamw``.
+
+    Adam's ``weight_decay`` adds ``lambda theta`` to the gradient (an L2 term, scaled by Adam's step size per
+    parameter); AdamW (Loshchilov & Hutter 2019) decays apart from the gradient, ``theta <- theta - lr lambda theta``,
+    and here only the matrices (2+ dims: embeddings, projections), as nanoGPT and GPT-2 do: biases and norm gains
+    keep their scale. Each task group splits in two, keeping its ``lr_scale``.
+    """
+    if cfg.optimizer == "adam":
+        return torch.optim.Adam(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay,
+                                fused=fused)
+    split = []
+    for group in groups:
+        for decay in (True, False):
+            params = [p for p in group["params"] if (p.dim() >= 2) == decay]
+            if params:
+                split.append({**group, "params": params, "weight_decay": cfg.weight_decay if decay else 0.0})
+    return torch.optim.AdamW(split, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, fused=fused)
+
+
 def model_width(model: nn.Module) -> int | None:
     """The model's width for the ``noam`` schedule: a Transformer's ``d_model``, an RNN's ``hidden_size``."""
     cfg = getattr(model, "cfg", None)
@@ -123,9 +143,8 @@ class Trainer:
         if self.workers.enabled:  # one dropout stream per rank
             torch.manual_seed(distributed.rank_seed(self.tc.seed, self.workers.rank, 0))
         # fused: one kernel over all parameters (CPU and CUDA)
-        self.optimizer = torch.optim.Adam(self.task.parameter_groups(self.model), lr=self.tc.lr, betas=self.tc.betas,
-                                          eps=self.tc.eps, weight_decay=self.tc.weight_decay,
-                                          fused=self.device.type in ("cpu", "cuda"))
+        self.optimizer = make_optimizer(self.task.parameter_groups(self.model), self.tc,
+                                        fused=self.device.type in ("cpu", "cuda"))
         self.step, self.epoch, self.batch_pos = 0, 0, 0
         self.best_score, self.bad_validations = -math.inf, 0
         self.seconds_before = 0.0  # wall-clock training time of earlier sessions (resume)
