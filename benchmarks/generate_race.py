@@ -23,6 +23,11 @@ client against one forward pass of the prompt (``LanguageModel.step`` on the pro
 Targets (issue 37): attnkit >= 2x transformers; >= 1x CTranslate2 float32 and >= 0.8x int8 at batch 1;
 32 served streams >= 0.8x the offline batch; time to first token <= 1.5x a forward pass of the prompt.
 Writes ``benchmarks/results/generate-race.json`` (every run kept); :func:`markdown_table` renders it.
+
+On a GPU (``--device cuda``, issue 37's GPU check), every contender runs there: attnkit, transformers, CTranslate2
+(where its build finds the CUDA libraries it needs; else the row says why not) and the server
+(``attnkit serve --device cuda``), and the run goes to ``benchmarks/results/generate-race-gpu.json``. ``--set``
+overrides the briefly trained model's config, for a model big enough to keep a GPU busy.
 """
 
 from __future__ import annotations
@@ -53,6 +58,7 @@ from nbsvm import cpu_model  # noqa: E402
 from tables import append_run, markdown, measured  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "results" / "generate-race.json"
+OUT_GPU = ROOT / "benchmarks" / "results" / "generate-race-gpu.json"
 #: Each compiled contender (precision x thread count) compiles its step once per batch size: room for them all.
 torch._dynamo.config.recompile_limit = 64
 TEXT = ROOT.parent / "shared" / "data" / "shakespeare" / "input.txt"
@@ -68,11 +74,11 @@ def prompts(n: int) -> list[str]:
     return [tail[i * step: i * step + PROMPT_CHARS] for i in range(n)]
 
 
-def train_model(work: Path, updates: int) -> Path:
+def train_model(work: Path, updates: int, settings: list[str]) -> Path:
     run = work / "lm"
     subprocess.run([*ATTNKIT, "train", "configs/shakespeare-char.yaml", "--run-dir", str(run),
                     f"train.max_updates={updates}", f"train.valid_every={updates}", "train.progress=false",
-                    "data.block_size=256", "model.transformer.max_len=256"],  # room for the prompt + 128 tokens
+                    "data.block_size=256", "model.transformer.max_len=256", *settings],  # the prompt + 128 tokens
                    check=True, cwd=ROOT)
     return run
 
@@ -80,27 +86,27 @@ def train_model(work: Path, updates: int) -> Path:
 # -- the offline contenders: prompt ids (B, T) -> generated ids, a list per row -------------------
 
 
-def attnkit_contender(run: Path, bf16: bool, compiled: bool = False):
+def attnkit_contender(run: Path, bf16: bool, compiled: bool, device: torch.device):
     from attnkit.engine import accelerate
     from attnkit.engine.compiled_decoding import CompiledDecoder
-    model = accelerate(load_run(run).model).eval()
+    model = accelerate(load_run(run, device).model).eval()
     if compiled:
         model = CompiledDecoder(model)  # compiled on the warm-up pass of each batch size
 
     def run_batch(ids: list[list[int]]) -> list[list[int]]:
-        with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        with torch.inference_mode(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
             steps = list(generate(model, ids, NEW_TOKENS, temperature=0.0, ignore_eos=True))
         return torch.stack(steps, 1).tolist()  # (B, NEW_TOKENS)
 
     return run_batch
 
 
-def transformers_contender(hf: Path):
+def transformers_contender(hf: Path, device: torch.device):
     from transformers import AutoModelForCausalLM
-    model = AutoModelForCausalLM.from_pretrained(str(hf), dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(str(hf), dtype=torch.float32).to(device).eval()
 
     def run_batch(ids: list[list[int]]) -> list[list[int]]:
-        x = torch.tensor(ids)
+        x = torch.tensor(ids, device=device)
         with torch.inference_mode():
             out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=NEW_TOKENS,
                                  min_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0)
@@ -109,9 +115,9 @@ def transformers_contender(hf: Path):
     return run_batch
 
 
-def ctranslate2_contender(export: Path, threads: int):
+def ctranslate2_contender(export: Path, threads: int, device: torch.device):
     from attnkit.export.ctranslate2_lm import ExportedGenerator
-    engine = ExportedGenerator(export, threads=threads)
+    engine = ExportedGenerator(export, threads=threads, device=device.type)
 
     def run_batch(ids: list[list[int]]) -> list[list[int]]:
         return engine.generate_batch(ids, NEW_TOKENS, temperature=0.0)
@@ -119,31 +125,53 @@ def ctranslate2_contender(export: Path, threads: int):
     return run_batch
 
 
-def offline(run: Path, hf: Path, exports: dict[str, Path], threads: list[int], repeats: int) -> list[dict]:
+def ctranslate2_runs_on(export: Path, device: torch.device, missing: dict[str, str], name: str) -> bool:
+    """Whether CTranslate2 opens ``export`` on ``device``, tried in a child process (a build without the CUDA
+    libraries it was made for may abort the process); if not, ``missing[name]`` says why."""
+    probe = f"import ctranslate2; ctranslate2.Generator({str(export)!r}, device={device.type!r})"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    if done.returncode != 0:
+        lines = (done.stderr.strip() or f"exit status {done.returncode}").splitlines()
+        missing[name] = lines[-1]
+        print(f"{name}: cannot run on {device.type}: {missing[name]}", flush=True)
+    return done.returncode == 0
+
+
+def offline(run: Path, hf: Path, exports: dict[str, Path], threads: list[int], repeats: int, device: torch.device
+            ) -> tuple[list[dict], list[dict], dict[str, str]]:
     """Every contender at each thread count, its passes interleaved with the others' (pass 1 of each, then pass 2
-    of each, ...), so that a slow spell of this shared machine falls on all of them alike."""
+    of each, ...), so that a slow spell of this shared machine falls on all of them alike. Also returns the
+    contenders that could not run here, with why (CTranslate2 on a GPU without the CUDA libraries it needs)."""
     tok = load_run(run).tok
     ids = {b: tok.encode_src(prompts(b)) for b in BATCHES}
     if len({len(x) for b in BATCHES for x in ids[b]}) != 1:
         raise SystemExit("the prompts must all be one length in tokens (a character model gives that)")
-    precisions = ["float32"] + (["bf16"] if cpu_has_fast_bf16() else [])
+    precisions = ["float32"] + (["bf16"] if fast_bf16(device) else [])
     names = [f"attnkit {p}" for p in precisions] + [f"attnkit compiled {p}" for p in precisions] + [
         "transformers generate"] + [f"CTranslate2 {q}" for q in exports]
-    rows, warmups, reference = [], [], {}
+    rows, warmups, reference, missing = [], [], {}, {}
     for t in threads:
         torch.set_num_threads(t)
         contenders = {}
         for name in names:  # built at this thread count
             if name.startswith("attnkit"):
-                contenders[name] = attnkit_contender(run, bf16=name.endswith("bf16"), compiled="compiled" in name)
+                contenders[name] = attnkit_contender(run, name.endswith("bf16"), "compiled" in name, device)
             elif name.startswith("transformers"):
-                contenders[name] = transformers_contender(hf)
-            else:
-                contenders[name] = ctranslate2_contender(exports[name.split()[-1]], t)
+                contenders[name] = transformers_contender(hf, device)
+            elif device.type == "cpu" or ctranslate2_runs_on(exports[name.split()[-1]], device, missing, name):
+                contenders[name] = ctranslate2_contender(exports[name.split()[-1]], t, device)
         for b in BATCHES:
-            for name, contender in contenders.items():  # warm-up, the whole batch: compiles a compiled step
+            for name, contender in list(contenders.items()):  # warm-up, the whole batch: compiles a compiled step
                 start = time.perf_counter()
-                contender(ids[b])
+                try:
+                    contender(ids[b])
+                except Exception as e:  # on a GPU, a contender that cannot run there is reported, not fatal
+                    if device.type == "cpu":
+                        raise
+                    missing[name] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+                    print(f"{name}: cannot run on {device.type}: {missing[name]}", flush=True)
+                    del contenders[name]
+                    continue
                 warmups.append({"contender": name, "threads": t, "batch": b, "seconds": time.perf_counter() - start})
             for r in range(repeats):
                 for name, contender in contenders.items():  # one at a time
@@ -159,7 +187,7 @@ def offline(run: Path, hf: Path, exports: dict[str, Path], threads: list[int], r
                     print(f"{name}, {t} thread(s), batch {b}, pass {r + 1}: {made / seconds:.0f} tok/s "
                           f"(same greedy tokens as attnkit: {sum(same)}/{len(same)})", flush=True)
         del contenders
-    return rows, warmups
+    return rows, warmups, missing
 
 
 # -- served ------------------------------------------------------------------------------------
@@ -196,12 +224,13 @@ async def served_load(port: int, texts: list[str]) -> tuple[list[tuple[float, fl
         return list(results), time.perf_counter() - start
 
 
-def served(run: Path, threads: int, repeats: int) -> dict:
+def served(run: Path, threads: int, repeats: int, device: torch.device) -> dict:
     """One client, then :data:`STREAMS` concurrent ones, against ``attnkit serve RUN``."""
     port = free_port()
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
     server = subprocess.Popen([*ATTNKIT, "serve", str(run), "--port", str(port), "--threads", str(threads),
-                               "--max-streams", str(2 * STREAMS), "--max-batch", str(STREAMS)], env=env,
+                               "--max-streams", str(2 * STREAMS), "--max-batch", str(STREAMS),
+                               "--device", device.type], env=env,
                               stdout=subprocess.DEVNULL)
     try:
         import httpx
@@ -229,18 +258,19 @@ def served(run: Path, threads: int, repeats: int) -> dict:
         server.wait(timeout=30)
 
 
-def prompt_forward_seconds(run: Path, threads: int, repeats: int = 20) -> float:
-    """The median time of one forward pass over a prompt (``LanguageModel.step`` from an empty cache)."""
+def prompt_forward_seconds(run: Path, threads: int, device: torch.device, repeats: int = 20) -> float:
+    """The median time of one forward pass over a prompt (``LanguageModel.step`` from an empty cache), its logits
+    read back to the host as a served first token's are."""
     from attnkit.engine import accelerate
     torch.set_num_threads(threads)
-    loaded = load_run(run)
+    loaded = load_run(run, device)
     model = accelerate(loaded.model).eval()
-    x = torch.tensor(loaded.tok.encode_src(prompts(1)))
+    x = torch.tensor(loaded.tok.encode_src(prompts(1)), device=device)
     times = []
     with torch.inference_mode():
         for _ in range(repeats + 3):
             start = time.perf_counter()
-            model.step(x, model.init_state())
+            model.step(x, model.init_state())[0].argmax(-1).tolist()
             times.append(time.perf_counter() - start)
     return sorted(times[3:])[repeats // 2]
 
@@ -248,26 +278,34 @@ def prompt_forward_seconds(run: Path, threads: int, repeats: int = 20) -> float:
 def measure(args: argparse.Namespace) -> dict:
     import ctranslate2
     import transformers
+    device = torch.device(args.device)
     work = Path(tempfile.mkdtemp(prefix="generate-race-"))
-    run = args.run or train_model(work, args.updates)
+    run = args.run or train_model(work, args.updates, args.set)
     subprocess.run([*ATTNKIT, "export", str(run), "--to", "huggingface", "-o", str(work / "hf")], check=True)
     exports = {}
     for q in ("float32", "int8"):
         exports[q] = work / f"ct2-{q}"
         subprocess.run([*ATTNKIT, "export", str(run), "--to", "ctranslate2", "--quantization", q, "-o",
                         str(exports[q])], check=True)
-    rows, warmups = offline(run, work / "hf", exports, args.threads, args.repeats)
-    serving = [served(run, t, args.repeats) for t in args.threads] if not args.no_serve else []
-    forward = {str(t): prompt_forward_seconds(run, t) for t in args.threads}  # JSON keys are strings
+    rows, warmups, missing = offline(run, work / "hf", exports, args.threads, args.repeats, device)
+    serving = [served(run, t, args.repeats, device) for t in args.threads] if not args.no_serve else []
+    forward = {str(t): prompt_forward_seconds(run, t, device) for t in args.threads}  # JSON keys are strings
     cfg = load_run(run).cfg.model.transformer
-    return {**stamp(), "cpu": cpu_model(), "bf16": cpu_has_fast_bf16(), "torch": torch.__version__,
+    command = " ".join(["python benchmarks/generate_race.py", *sys.argv[1:]])
+    gpu = {"device": "cuda", "gpu": torch.cuda.get_device_name(device)} if device.type == "cuda" else {}
+    return {**stamp(), "cpu": cpu_model(), **gpu, "bf16": fast_bf16(device), "torch": torch.__version__,
             "transformers": transformers.__version__, "ctranslate2": ctranslate2.__version__,
-            "command": "python benchmarks/generate_race.py" + (f" --run {args.run}" if args.run else ""),
+            "command": command, "not_run": missing,
             "model": {"layers": cfg.decoder_layers, "d_model": cfg.d_model, "heads": cfg.n_heads,
                       "parameters": sum(p.numel() for p in load_run(run).model.parameters())},
             "new_tokens": NEW_TOKENS, "prompt_chars": PROMPT_CHARS, "offline": rows, "warmups": warmups,
             "served": serving,
             "prompt_forward_s": forward}
+
+
+def fast_bf16(device: torch.device) -> bool:
+    """Whether bfloat16 is a contender: a GPU that supports it, or a CPU with AVX512-BF16 / AMX."""
+    return torch.cuda.is_bf16_supported() if device.type == "cuda" else cpu_has_fast_bf16()
 
 
 def best(rows: list[dict], name: str, batch: int) -> tuple[float, list[float], int]:
@@ -292,6 +330,8 @@ def markdown_table(runs: dict) -> str:
             ours = best(rows, "attnkit float32", b)[0]
             ours_compiled = best(rows, "attnkit compiled float32", b)[0] if compiled else 0.0
             for name in names:
+                if not any(r["contender"] == name and r["batch"] == b for r in rows):
+                    continue  # it could not run at this batch size (the run's not_run says why)
                 rate, passes, t = best(rows, name, b)
                 same = min(r["same_as_attnkit"] for r in rows if r["contender"] == name and r["batch"] == b)
                 table.append([b, name, t, f"{rate:.0f}", " / ".join(f"{p:.0f}" for p in passes),
@@ -319,9 +359,11 @@ def markdown_table(runs: dict) -> str:
             out.append(markdown(["threads", "first token, 1 client", "forward pass of the prompt", "ratio",
                                  f"{STREAMS} streams tok/s", "of the offline batch 32"], served_rows, "rrrrrr"))
         m = run["model"]
+        where = f"GPU: {run['gpu']} (host CPU {run['cpu']}; bf16: " if run.get("gpu") else f"CPU: {run['cpu']} (bf16: "
+        not_run = "".join(f" {name} did not run there: {why}" for name, why in run.get("not_run", {}).items())
         out.append(f"Model: {m['layers']} layers x {m['d_model']}, {m['heads']} heads, {m['parameters']:,} "
-                   f"parameters; greedy, {run['new_tokens']} new tokens. CPU: {run['cpu']} (bf16: "
-                   f"{'yes' if run['bf16'] else 'no, so attnkit bf16 is not a contender'}). {measured(run)}")
+                   f"parameters; greedy, {run['new_tokens']} new tokens. {where}"
+                   f"{'yes' if run['bf16'] else 'no, so attnkit bf16 is not a contender'}).{not_run} {measured(run)}")
     return "\n\n".join(out)
 
 
@@ -332,11 +374,16 @@ def main() -> None:
     p.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--no-serve", action="store_true", help="only the offline race")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                   help="where every contender runs (cuda: written to results/generate-race-gpu.json)")
+    p.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
+                   help="config overrides for the model trained without --run (e.g. model.transformer.d_model=768)")
     args = p.parse_args()
     result = measure(args)
-    append_run(OUT, result)
+    out = OUT_GPU if args.device == "cuda" else OUT
+    append_run(out, result)
     print(markdown_table({"runs": [result]}))
-    print(f"wrote {OUT}")
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":

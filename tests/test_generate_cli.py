@@ -294,6 +294,15 @@ def test_hostile_input_is_a_one_line_error(lm_run, capsys, case):
     assert out == ""  # every prompt is checked before anything is printed
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA GPU is here: tests/test_cuda.py generates on it")
+@pytest.mark.parametrize("command", ["generate", "serve"])
+def test_device_cuda_without_a_gpu_is_a_one_line_error(lm_run, capsys, command):
+    argv = ["--prompt", "the"] if command == "generate" else ["--port", "0"]
+    code, out, err = cli(capsys, command, lm_run, *argv, "--device", "cuda")
+    assert_one_line_error(code, err, "--device cuda", "no CUDA GPU")
+    assert out == ""
+
+
 def test_the_prompt_may_fill_the_positions_exactly(lm_run, capsys):
     out = generated(capsys, lm_run, "--max-new-tokens", "7", "--temperature", "0", prompt=LONG)  # 41 + 7 = 48
     assert out.startswith(LONG) and len(out) <= len(LONG) + 7 + 1

@@ -29,7 +29,7 @@ from ..export.ctranslate2 import is_exported
 from ..export.ctranslate2_lm import ExportedGenerator
 from ..inference.language_model import MAX_NEW_TOKENS, check_sampling, continue_text, prompt_ids
 from ..runs.load import load_run, require
-from .options import POSITIVE_INT, number, read_input
+from .options import POSITIVE_INT, add_device_option, number, pick_device, read_input
 
 HELP = "continue text with a language model, streamed"
 
@@ -52,6 +52,7 @@ def add(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--num-samples", type=POSITIVE_INT, default=1, help="continuations per prompt (default 1)")
     p.add_argument("--stop", action="append", default=[], help="stop at this string (repeatable)")
     p.add_argument("--no-echo", action="store_true", help="print only the continuation, not the prompt")
+    add_device_option(p, "the model (a run; the same --seed gives the same text on the same device)")
     p.add_argument("--compile", action="store_true",
                    help="decode through a torch.compile'd step with a static cache: seconds of compiling first, "
                         "then faster tokens (worth it for long or many continuations)")
@@ -64,7 +65,9 @@ def run(args: argparse.Namespace) -> None:
     if args.prompt is not None and args.input is not None:
         raise UserError("give --prompt or -i FILE, not both")
     exported = ExportedGenerator(args.model, seed=args.seed) if is_exported(args.model) else None
-    lm = None if exported is not None else require(load_run(args.model), "lm", args.model)
+    if exported is not None and args.device != "cpu":
+        raise UserError("--device: a CTranslate2 export generates on the CPU here; drop --device or give a run")
+    lm = None if exported is not None else require(load_run(args.model, pick_device(args.device)), "lm", args.model)
     tok, context = (exported.tok, exported.context) if exported is not None else (lm.tok, lm.model.context)
     prompts = args.prompt if args.prompt is not None else read_input(args.input)
     checked = [prompt_ids(tok, p, context, args.max_new_tokens) for p in prompts]  # all, before any output

@@ -35,6 +35,22 @@ def number(kind: type[int] | type[float], at_least: float | None = None) -> Call
 POSITIVE_INT, FINITE, NON_NEGATIVE = number(int, 1), number(float), number(float, 0)
 
 
+def add_device_option(p: argparse.ArgumentParser, what: str) -> None:
+    """``--device cpu | cuda``: where ``what`` runs (CPU by default, as the benchmarks measure it)."""
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                   help=f"where {what} runs: cpu (default) or cuda (the first GPU that torch sees)")
+
+
+def pick_device(name: str):  # -> torch.device; torch is imported here, not for --help
+    """The ``torch.device`` for ``--device``; cuda where torch sees no GPU is a one-line error."""
+    import torch
+
+    if name == "cuda" and not torch.cuda.is_available():
+        raise UserError("--device cuda: torch sees no CUDA GPU here (a CPU build of torch, or no driver); "
+                        "use --device cpu")
+    return torch.device(name)
+
+
 def read_input(path: str | None) -> list[str]:
     """Lines of ``path``, or of standard input (strict UTF-8 either way)."""
     if path is None:

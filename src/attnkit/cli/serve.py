@@ -35,7 +35,7 @@ from ..common.errors import UserError
 from ..inference.language_model import MAX_NEW_TOKENS
 from ..serve.batching import Limits  # the limits' defaults, without loading FastAPI for --help
 from ..serve.servables import PRECISIONS
-from .options import NON_NEGATIVE, POSITIVE_INT
+from .options import NON_NEGATIVE, POSITIVE_INT, add_device_option, pick_device
 
 HELP = "serve trained models over HTTP: a JSON API and a page to translate and see attention"
 EPILOG = """\
@@ -92,6 +92,8 @@ def add(sub: argparse._SubParsersAction) -> None:
                         "CPU we measured, docs/serving.md); beam search, attention, classification and "
                         "CTranslate2 exports always run in whole batches, and a language model's generations "
                         "always continuously")
+    add_device_option(p, "language-model runs (translation, classification and CTranslate2 exports are served "
+                         "on the CPU)")
     p.add_argument("--api-key", metavar="KEY",
                    help="require the header 'Authorization: Bearer KEY' on /models, /translate, /classify, "
                         "/generate and /metrics "
@@ -118,6 +120,6 @@ def run(args: argparse.Namespace) -> None:
     limits = Limits(**{name: getattr(args, name) for name, _, _ in LIMIT_FLAGS})
     try:
         serve(args.models, host=args.host, port=args.port, threads=args.threads, api_key=api_key, limits=limits,
-              precision=args.precision, continuous=args.batching == "continuous")
+              precision=args.precision, continuous=args.batching == "continuous", device=pick_device(args.device))
     except KeyboardInterrupt:  # Ctrl-C: the requests in flight were answered; nothing to resume
         print("attnkit serve: stopped", file=sys.stderr)

@@ -310,13 +310,14 @@ def read_manifest(path: Path, task: str) -> dict:
     return manifest
 
 
-def open_engine(engine: type, path: Path, threads: int):
-    """``engine`` (``ctranslate2.Translator`` or ``ctranslate2.Generator``) on the CPU with ``threads`` threads.
+def open_engine(engine: type, path: Path, threads: int, device: str = "cpu"):
+    """``engine`` (``ctranslate2.Translator`` or ``ctranslate2.Generator``) on ``device`` (the CPU with ``threads``
+    threads, or ``cuda``).
 
     :raises UserError: CTranslate2 cannot load the model (one line naming ``model.bin``).
     """
     try:
-        return engine(str(path), device="cpu", intra_threads=threads)
+        return engine(str(path), device=device, intra_threads=threads)
     except (RuntimeError, ValueError, OSError) as e:
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise UserError(f"{path / 'model.bin'}: CTranslate2 cannot load it ({first}); export the run again") from None

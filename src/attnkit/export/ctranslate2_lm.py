@@ -162,6 +162,7 @@ class ExportedGenerator:
     ``<pad>``, ``<unk>`` and ``<s>`` are never generated, as in :func:`attnkit.sampling.generate`.
 
     :param threads: CTranslate2 intra-op threads (0: its default).
+    :param device: ``cpu``, or ``cuda`` where this CTranslate2 build finds the CUDA libraries it was built for.
     :param seed: the seed of this engine's random numbers (None: a random seed). CTranslate2 draws them from one
         generator per worker thread, seeded when the thread first samples, so a seed is given once, here: the
         same seed and the same calls give the same samples.
@@ -170,7 +171,7 @@ class ExportedGenerator:
 
     task = "lm"
 
-    def __init__(self, path: str | Path, *, threads: int = 0, seed: int | None = None) -> None:
+    def __init__(self, path: str | Path, *, threads: int = 0, seed: int | None = None, device: str = "cpu") -> None:
         ctranslate2 = _ctranslate2()
         self.path = Path(path)
         manifest = read_manifest(self.path, "lm")
@@ -187,7 +188,7 @@ class ExportedGenerator:
         self._pieces = self._check_vocabulary()
         if seed is not None:
             ctranslate2.set_random_seed(seed)
-        self.generator = open_engine(ctranslate2.Generator, self.path, threads)
+        self.generator = open_engine(ctranslate2.Generator, self.path, threads, device)
         if seed is not None:  # one sample now seeds the worker thread's generator with ``seed``
             self.generator.generate_batch([[self._pieces[EOS_ID]]], max_length=1, sampling_topk=0)
 

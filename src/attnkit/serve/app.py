@@ -316,9 +316,9 @@ SWITCH_INTERVAL_S = 0.005
 
 def serve(paths: list[str], *, host: str = "127.0.0.1", port: int = 8000, threads: int | None = None,
           api_key: str | None = None, limits: Limits | None = None, precision: str = "float32",
-          continuous: bool = False) -> None:
+          continuous: bool = False, device: torch.device | None = None) -> None:
     """Load the models at ``paths`` (runs computing in ``precision``, translating greedily by continuous batching
-    when ``continuous``), listen on ``host:port`` and serve until SIGTERM or Ctrl-C.
+    when ``continuous``, language models on ``device``), listen on ``host:port`` and serve until SIGTERM or Ctrl-C.
 
     Prints ``attnkit serve: http://HOST:PORT/ ...`` once it accepts requests (the port is the real one
     when ``port`` is 0).
@@ -329,7 +329,7 @@ def serve(paths: list[str], *, host: str = "127.0.0.1", port: int = 8000, thread
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     if threads is not None:
         torch.set_num_threads(threads)
-    app = create_app([load_servable(p, threads or 0, precision, continuous) for p in paths], limits, api_key)
+    app = create_app([load_servable(p, threads or 0, precision, continuous, device) for p in paths], limits, api_key)
     freeze_long_lived()  # the models and the app stay: full collections while serving need not scan them
     sock = listen(host, port)
     bound_host, bound_port = sock.getsockname()[:2]

@@ -301,12 +301,13 @@ class ExportedGeneration(ExportedServable):
         return generate_exported(self.generator, jobs)
 
 
-def load_servable(path: str | Path, threads: int = 0, precision: str = "float32", continuous: bool = False
-                  ) -> Servable:
+def load_servable(path: str | Path, threads: int = 0, precision: str = "float32", continuous: bool = False,
+                  device: torch.device | None = None) -> Servable:
     """The model at ``path``, named after its directory: a run directory (or a ``.safetensors``
     checkpoint inside one), computing in ``precision`` (:data:`PRECISIONS`) and translating greedily by
     continuous batching when ``continuous``, or a CTranslate2 export of one (``attnkit export``),
-    which computes in the quantization it was exported with.
+    which computes in the quantization it was exported with. A language-model run computes on ``device``
+    (default: the CPU); everything else on the CPU.
 
     :raises UserError: ``path`` is not something that can be served.
     """
@@ -314,8 +315,10 @@ def load_servable(path: str | Path, threads: int = 0, precision: str = "float32"
         exported = ExportedGeneration if _exported_task(Path(path)) == "lm" else ExportedServable
         return exported(Path(path), threads)
     run_dir, _ = find_weights(Path(path))
-    return RunServable(load_run(path), Path(os.path.abspath(run_dir)).name, precision,  # a link's own name
-                       continuous)
+    run = load_run(path)
+    if device is not None and spec(run.task).serves == "generate":
+        run.model.to(device)
+    return RunServable(run, Path(os.path.abspath(run_dir)).name, precision, continuous)  # a link's own name
 
 
 def _exported_task(path: Path) -> str | None:
