@@ -235,6 +235,8 @@ def served(run: Path, threads: int, repeats: int, device: torch.device) -> dict:
     try:
         import httpx
         for _ in range(600):
+            if server.poll() is not None:
+                raise SystemExit(f"attnkit serve exited with status {server.returncode} before answering")
             try:
                 if httpx.get(f"http://127.0.0.1:{port}/models", timeout=1).status_code == 200:
                     break
