@@ -347,8 +347,9 @@ def markdown_table(runs: dict) -> str:
             for w in run["warmups"]:
                 if "compiled" in w["contender"]:
                     first.setdefault(w["contender"], []).append(w["seconds"])
-            out.append("Compiling (each compiled contender's warm-up pass, at each thread count and batch size): "
-                       + "; ".join(f"{name} {min(x):.0f} to {max(x):.0f} s" for name, x in first.items()) + ".")
+            if first:
+                out.append("Compiling (each compiled contender's warm-up pass, at each thread count and batch size): "
+                           + "; ".join(f"{name} {min(x):.0f} to {max(x):.0f} s" for name, x in first.items()) + ".")
         if run["served"]:
             offline32 = best(rows, "attnkit float32", 32)[0]
             served_rows = []
@@ -362,10 +363,11 @@ def markdown_table(runs: dict) -> str:
                                  f"{STREAMS} streams tok/s", "of the offline batch 32"], served_rows, "rrrrrr"))
         m = run["model"]
         where = f"GPU: {run['gpu']} (host CPU {run['cpu']}; bf16: " if run.get("gpu") else f"CPU: {run['cpu']} (bf16: "
-        not_run = "".join(f" {name} did not run there: {why}" for name, why in run.get("not_run", {}).items())
+        not_run = "".join(f" {name} did not run there ({why})." for name, why in run.get("not_run", {}).items())
         out.append(f"Model: {m['layers']} layers x {m['d_model']}, {m['heads']} heads, {m['parameters']:,} "
                    f"parameters; greedy, {run['new_tokens']} new tokens. {where}"
-                   f"{'yes' if run['bf16'] else 'no, so attnkit bf16 is not a contender'}).{not_run} {measured(run)}")
+                   f"{'yes' if run['bf16'] else 'no, so attnkit bf16 is not a contender'}).{not_run} {measured(run)}"
+                   + (f". Note: {run['note']}." if run.get("note") else ""))
     return "\n\n".join(out)
 
 

@@ -128,6 +128,7 @@ TABLES: dict[str, Table] = {
     "lm": Table(f"{RESULTS}/lm.json", "benchmarks/lm.py"),
     "length-extrapolation": Table(f"{FIGURES}/length-extrapolation.json", "experiments/length_extrapolation.py"),
     "generate-race": Table(f"{RESULTS}/generate-race.json", "benchmarks/generate_race.py"),
+    "generate-race-gpu": Table(f"{RESULTS}/generate-race-gpu.json", "benchmarks/generate_race.py"),
     "serve-switch-interval": Table(f"{RESULTS}/gil-switch-interval.json", "experiments/serve_switch_interval.py"),
 }
 
