@@ -48,6 +48,7 @@ TARGETS: dict[str, tuple[str, float | None, float]] = {
     "imdb-lm-finetune": ("fine-tuned from imdb-lm as a decoder-only classifier", 91.5, 60),
     "sst2-pretrain": ("MLM on IMDB + SST-2 training text", None, 0),
     "sst2-finetune": ("fine-tuned from sst2-pretrain, on SST-2", 85.0, 15),
+    "sst2-lm-finetune": ("fine-tuned from imdb-lm as a decoder-only classifier, on SST-2", 85.0, 15),
 }
 #: Configs that start from a model pretrained outside attnkit on other text (imported with ``attnkit import``):
 #: scored on the same held-out reviews, but kept out of :data:`TARGETS`' IMDB-only tables (:func:`markdown_outside`).

@@ -31,7 +31,7 @@ from tables import markdown, num  # noqa: E402
 
 DATA = ROOT.parent / "shared" / "data" / "sst2"
 #: Dev accuracy targets: from scratch (the earlier classification issue), and after pretraining (issue 19).
-TARGETS = {"sst2": 86.0, "sst2-finetune": 85.0}
+TARGETS = {"sst2": 86.0, "sst2-finetune": 85.0, "sst2-lm-finetune": 85.0}
 
 
 def markdown_table(results: dict[str, dict]) -> str:

@@ -46,6 +46,7 @@ def test_the_committed_pairs_are_found() -> None:
     assert {("configs/imdb-pretrain.yaml", "configs/imdb-finetune.yaml"),
             ("configs/sst2-pretrain.yaml", "configs/sst2-finetune.yaml"),
             ("configs/imdb-lm.yaml", "configs/imdb-lm-finetune.yaml"),
+            ("configs/imdb-lm.yaml", "configs/sst2-lm-finetune.yaml"),
             ("experiments/configs/imdb-electra-pretrain.yaml", "experiments/configs/imdb-electra-finetune.yaml"),
             } <= set(pairs())
 
