@@ -16,7 +16,7 @@ Tokens per second count the tokens each contender generated (a row that stopped 
 made), and ``same`` says whether its greedy tokens equal attnkit's float32 ones.
 
 Served (``attnkit serve RUN``, a subprocess on a free port, ``--max-streams 64``): one streaming client,
-then 32 concurrent streaming clients (httpx), each greedy for ``NEW_TOKENS`` tokens. Reported: the
+then 32 concurrent streaming clients (:data:`CLIENT`), each greedy for ``NEW_TOKENS`` tokens. Reported: the
 served tokens/s against the offline batch-32 rate, and the time to the first streamed token at one
 client against one forward pass of the prompt (``LanguageModel.step`` on the prompt, timed offline).
 
@@ -63,6 +63,8 @@ OUT_GPU = ROOT / "benchmarks" / "results" / "generate-race-gpu.json"
 torch._dynamo.config.recompile_limit = 64
 TEXT = ROOT.parent / "shared" / "data" / "shakespeare" / "input.txt"
 NEW_TOKENS, PROMPT_CHARS, BATCHES, STREAMS = 128, 64, (1, 32), 32
+#: The streaming client of the served rows (earlier runs, without a ``client``, used httpx).
+CLIENT = "raw HTTP/1.1 on asyncio streams, one connection per request"
 ATTNKIT = [sys.executable, "-m", "attnkit"]
 
 
@@ -199,29 +201,25 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-async def stream_one(client, url: str, prompt: str) -> tuple[float, float, int]:
-    """``(seconds to the first token, seconds in all, tokens)`` of one streamed greedy request."""
+async def stream_one(url: str, prompt: str) -> tuple[float, float, int]:
+    """``(seconds to the first token, seconds in all, tokens)`` of one streamed greedy request, on its own
+    connection of :class:`serve.RawClient` (the client shares the machine with the server, so it must cost little;
+    served runs that name no ``client`` used httpx, whose parsing added milliseconds per event)."""
+    from serve import RawClient
     start, first, tokens = time.perf_counter(), None, 0
-    body = {"prompt": prompt, "max_new_tokens": NEW_TOKENS, "temperature": 0, "stream": True}
-    async with client.stream("POST", url, json=body) as response:
-        response.raise_for_status()
-        async for line in response.aiter_lines():
-            if not line.startswith("data:"):
-                continue
-            event = json.loads(line[5:])
-            if "token" in event:
+    body = json.dumps({"prompt": prompt, "max_new_tokens": NEW_TOKENS, "temperature": 0, "stream": True}).encode()
+    async with RawClient(url) as client:
+        async for data in client.events("/generate", body):
+            if b'"token"' in data and "token" in json.loads(data):
                 tokens += 1
                 first = first or time.perf_counter() - start
     return first or float("nan"), time.perf_counter() - start, tokens
 
 
 async def served_load(port: int, texts: list[str]) -> tuple[list[tuple[float, float, int]], float]:
-    import httpx
-    url = f"http://127.0.0.1:{port}/generate"
-    async with httpx.AsyncClient(timeout=600) as client:
-        start = time.perf_counter()
-        results = await asyncio.gather(*(stream_one(client, url, p) for p in texts))
-        return list(results), time.perf_counter() - start
+    start = time.perf_counter()
+    results = await asyncio.gather(*(stream_one(f"http://127.0.0.1:{port}", p) for p in texts))
+    return list(results), time.perf_counter() - start
 
 
 def served(run: Path, threads: int, repeats: int, device: torch.device) -> dict:
@@ -254,7 +252,7 @@ def served(run: Path, threads: int, repeats: int, device: torch.device) -> dict:
                          [len(results) // 2]})
             print(f"served, {threads} thread(s): 1 client {single[-1]['tok_s']:.0f} tok/s, first token "
                   f"{single[-1]['ttft_s'] * 1000:.1f} ms; {STREAMS} streams {many[-1]['tok_s']:.0f} tok/s", flush=True)
-        return {"threads": threads, "single": single, "streams": many}
+        return {"threads": threads, "client": CLIENT, "single": single, "streams": many}
     finally:
         server.terminate()
         server.wait(timeout=30)
@@ -361,6 +359,7 @@ def markdown_table(runs: dict) -> str:
                                     f"{ttft / forward:.2f}x", f"{rate:.0f}", f"{rate / offline32:.2f}x"])
             out.append(markdown(["threads", "first token, 1 client", "forward pass of the prompt", "ratio",
                                  f"{STREAMS} streams tok/s", "of the offline batch 32"], served_rows, "rrrrrr"))
+            out.append(f"Streaming client: {run['served'][0].get('client', 'httpx')}.")
         m = run["model"]
         where = f"GPU: {run['gpu']} (host CPU {run['cpu']}; bf16: " if run.get("gpu") else f"CPU: {run['cpu']} (bf16: "
         not_run = "".join(f" {name} did not run there ({why})." for name, why in run.get("not_run", {}).items())

@@ -40,6 +40,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import AsyncIterator
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -127,13 +128,31 @@ class RawClient:
     async def __aexit__(self, *exc) -> None:
         self.writer.close()
 
-    async def post(self, path: str, body: bytes) -> tuple[int, bytes]:
+    async def _send(self, path: str, body: bytes) -> bytes:
+        """POST ``body`` to ``path``; the response's status line and headers."""
         self.writer.write(b"POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"
                           b"Content-Length: %d\r\n\r\n%s" % (path.encode(), self.host.encode(), len(body), body))
-        head = await self.reader.readuntil(b"\r\n\r\n")
+        return await self.reader.readuntil(b"\r\n\r\n")
+
+    async def post(self, path: str, body: bytes) -> tuple[int, bytes]:
+        head = await self._send(path, body)
         length = re.search(rb"(?i)\r\ncontent-length: *(\d+)", head)
         data = await self.reader.readexactly(int(length[1])) if length else b""
         return int(head[9:12]), data
+
+    async def events(self, path: str, body: bytes) -> AsyncIterator[bytes]:
+        """POST, then the data of each server-sent event of the (chunked) answer as it arrives."""
+        head = await self._send(path, body)
+        if head[9:12] != b"200" or b"chunked" not in head.lower():
+            raise RuntimeError(f"{path}: expected a chunked 200 answer, got {head[:80]!r}")
+        pending = b""
+        while size := int((await self.reader.readline()).strip(), 16):  # a chunk: its size in hex, then its bytes
+            pending += (await self.reader.readexactly(size + 2))[:-2]
+            *complete, pending = pending.split(b"\n\n")
+            for event in complete:
+                if event.startswith(b"data: "):
+                    yield event[6:]
+        await self.reader.readline()  # the blank line after the last (empty) chunk
 
 
 async def drive(url: str, sentences: list[str], clients: int) -> dict:
