@@ -49,6 +49,8 @@ TARGETS: dict[str, tuple[str, float | None, float]] = {
     "sst2-pretrain": ("MLM on IMDB + SST-2 training text", None, 0),
     "sst2-finetune": ("fine-tuned from sst2-pretrain, on SST-2", 85.0, 15),
     "sst2-lm-finetune": ("fine-tuned from imdb-lm as a decoder-only classifier, on SST-2", 85.0, 15),
+    "sst2-lm": ("imdb-lm fine-tuned as a language model on SST-2's sentences (ULMFiT's second stage)", None, 5),
+    "sst2-ulmfit": ("fine-tuned from sst2-lm as a decoder-only classifier, on SST-2 (ULMFiT's third stage)", 85.0, 15),
 }
 #: Configs that start from a model pretrained outside attnkit on other text (imported with ``attnkit import``):
 #: scored on the same held-out reviews, but kept out of :data:`TARGETS`' IMDB-only tables (:func:`markdown_outside`).

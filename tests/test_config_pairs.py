@@ -47,6 +47,7 @@ def test_the_committed_pairs_are_found() -> None:
             ("configs/sst2-pretrain.yaml", "configs/sst2-finetune.yaml"),
             ("configs/imdb-lm.yaml", "configs/imdb-lm-finetune.yaml"),
             ("configs/imdb-lm.yaml", "configs/sst2-lm-finetune.yaml"),
+            ("configs/imdb-lm.yaml", "configs/sst2-lm.yaml"), ("configs/sst2-lm.yaml", "configs/sst2-ulmfit.yaml"),
             ("experiments/configs/imdb-electra-pretrain.yaml", "experiments/configs/imdb-electra-finetune.yaml"),
             } <= set(pairs())
 
@@ -86,7 +87,13 @@ def test_a_config_pair_trains_as_documented(pretrain: str, finetune: str, tmp_pa
     data = tmp_path / "data"
     data.mkdir()
     first, second = tmp_path / Path(pretrain).stem, tmp_path / Path(finetune).stem
-    assert main(["train", pretrain, "--run-dir", str(first),
+    parent = next((p for p, f in pairs() if f == pretrain), None)  # a chain: the pretraining starts from a run too
+    start = []
+    if parent is not None:
+        assert main(["train", parent, "--run-dir", str(tmp_path / "parent"), *shrunk_data(parent, data),
+                     *FEW_UPDATES]) == 0
+        start = [f"model.init_from={tmp_path / 'parent'}"]
+    assert main(["train", pretrain, "--run-dir", str(first), *start,
                  *shrunk_data(pretrain, data), *FEW_UPDATES]) == 0
     assert main(["train", finetune, "--run-dir", str(second), f"model.init_from={first}",
                  *shrunk_data(finetune, data), *FEW_UPDATES]) == 0
