@@ -13,8 +13,10 @@ import asyncio
 import json
 import logging
 import re
+from collections import deque
 from functools import partial
 from typing import Any
+from weakref import WeakKeyDictionary
 
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
@@ -63,8 +65,8 @@ async def generate_text(req: GenerateRequest, request: Request) -> GenerateRespo
     stream = _Stream(state, servable.info.name)  # 429 beyond --max-streams
     queue: asyncio.Queue | None = None
     if req.stream:  # the worker tells each token as it is chosen (set before the job is queued)
-        loop, queue = asyncio.get_running_loop(), asyncio.Queue()
-        job.emit = lambda event: loop.call_soon_threadsafe(queue.put_nowait, event)
+        outbox, queue = _outbox(asyncio.get_running_loop()), asyncio.Queue()
+        job.emit = partial(outbox.put, queue)
     try:
         future = _submit_generation(request, servable, job)
     except BaseException:
@@ -117,6 +119,39 @@ def _generation_job(req: GenerateRequest, servable: Servable, limits: Limits) ->
     except UserError as e:
         raise HTTPException(422, _as_fields(str(e))) from None
     return GenerationJob(ids, n, Sampling(req.temperature, req.top_k, req.top_p), req.seed, tuple(req.stop))
+
+
+class _Outbox:
+    """The worker's hand-over of streamed tokens to the event loop. A decoding step chooses a token for every
+    streamed row; they reach the loop with one wake-up per step, not one each (``call_soon_threadsafe`` writes to
+    the loop's self-pipe at every call, and each wake-up takes the GIL from the worker). Order holds: a pending
+    drain was scheduled before whatever the worker hands over after it (a job's answer), so it runs first."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop, self.pending, self.scheduled = loop, deque(), False
+
+    def put(self, queue: asyncio.Queue, event: dict) -> None:
+        """(The worker thread.) ``event`` for ``queue``; wakes the loop unless a drain is already on its way."""
+        self.pending.append((queue, event))
+        if not self.scheduled:
+            self.scheduled = True
+            self.loop.call_soon_threadsafe(self._drain)
+
+    def _drain(self) -> None:
+        self.scheduled = False  # before draining: an event put meanwhile is drained now or schedules another drain
+        while self.pending:
+            queue, event = self.pending.popleft()
+            queue.put_nowait(event)
+
+
+_OUTBOXES: WeakKeyDictionary[asyncio.AbstractEventLoop, _Outbox] = WeakKeyDictionary()
+
+
+def _outbox(loop: asyncio.AbstractEventLoop) -> _Outbox:
+    """The event loop's :class:`_Outbox` (one per loop, made on its first streamed request)."""
+    if loop not in _OUTBOXES:
+        _OUTBOXES[loop] = _Outbox(loop)
+    return _OUTBOXES[loop]
 
 
 class _Stream:
@@ -190,8 +225,15 @@ async def _events(request: Request, servable: Servable, job: GenerationJob, futu
     state, timing = app_state(request), request.scope.get(TIMING)
     future.add_done_callback(queue.put_nowait)  # after its tokens: the worker settles the future after emitting them
     try:
-        while (item := await queue.get()) is not future:
-            yield _event(item)
+        while True:  # the events waiting go out as one chunk (a client that fell behind catches up in one write)
+            items = [await queue.get()]
+            while not queue.empty():
+                items.append(queue.get_nowait())
+            ended = items[-1] is future  # the last item ever queued
+            if len(items) > ended:
+                yield b"".join(_event(item) for item in items[:len(items) - ended])
+            if ended:
+                break
         state.metrics.job_answered(timing)
         try:
             result: Generated = future.result()[0]
