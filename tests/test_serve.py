@@ -556,3 +556,45 @@ def test_worker_isolates_a_request_it_cannot_run():
     (good, bad, other), stats = asyncio.run(scenario())
     assert good == ["A"] and other == ["B", "C"] and isinstance(bad, UserError)
     assert stats["batches"] == 1  # one batch was tried; then each request alone
+
+
+def test_a_job_decoded_continuously_does_not_wait_for_others():
+    """A batch that steps (continuous batching) starts each job on its own, later ones joining at the next step:
+    waiting max_wait_ms for company would batch nothing, so even a job queued with others starts at once."""
+
+    class OneStep:  # every text ends at its first step
+        def __init__(self) -> None:
+            self.live: list[int] = []
+            self.next = 0
+            self.width = 1
+
+        @property
+        def running(self) -> int:
+            return len(self.live)
+
+        def start(self, texts: list[str]) -> list[int]:
+            handles = list(range(self.next, self.next + len(texts)))
+            self.next += len(texts)
+            self.live += handles
+            return handles
+
+        def step(self) -> list[tuple[int, str]]:
+            ended, self.live = [(h, f"done {h}") for h in self.live], []
+            return ended
+
+        def abandon(self) -> None:
+            self.live = []
+
+    records = []
+
+    async def scenario() -> list:
+        worker = ModelWorker("test", Limits(max_batch=8, max_wait_ms=5000), on_batch=records.append)
+        stepper = OneStep()
+        futures = [worker.submit(("g",), lambda texts: texts, [t], stepper=stepper) for t in ("a", "b", "c")]
+        results = await asyncio.gather(*futures)
+        worker.close(timeout=10)
+        return results
+
+    assert asyncio.run(scenario()) == [["done 0"], ["done 1"], ["done 2"]]
+    waits = [w for r in records for w in r.waits]
+    assert len(waits) == 3 and max(waits) < 2.5  # not the 5 s that max_wait_ms would hold the first job

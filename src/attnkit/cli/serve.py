@@ -62,7 +62,7 @@ LIMIT_FLAGS = (
                               "language model's running batch: rows x cached positions); a request longer than "
                               "that runs alone"),
     ("max_wait_ms", "MS", "how long a model's worker waits for more requests to join a batch; a lone request "
-                          "does not wait"),
+                          "does not wait, nor does continuous batching (later requests join at the next step)"),
     ("max_new_tokens", "N", f"tokens one /generate request may ask for, at most {MAX_NEW_TOKENS}; more is refused "
                             "with 422 (a request without max_new_tokens gets 256, or this if lower)"),
     ("max_streams", "N", "generations in flight per language model, streamed or not (each holds a row of the "

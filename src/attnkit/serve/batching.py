@@ -118,7 +118,8 @@ class ModelWorker:
     thread takes the oldest job, waits up to ``max_wait_ms`` after its arrival (or after the previous
     batch was answered, if that is later) for jobs with the same key until ``max_batch`` texts are
     queued, runs them as one call and resolves each job's future with its share; a lone request (none
-other queued, and the previous batch answered one request) runs at once. Which jobs join the
+other queued, and the previous batch answered one request) runs at once, as does a job decoded continuously
+    (later ones join it at the next step). Which jobs join the
     oldest is :meth:`_select`'s rule (closest in length, within ``max_batch`` texts and
     ``max_batch_tokens`` padded tokens). A job larger than either limit runs alone. :meth:`close` lets
     it finish what is queued, then stops it. ``on_batch`` (if given) hears of every batch, from the
@@ -205,9 +206,12 @@ other queued, and the previous batch answered one request) runs at once. Which j
             # jobs that queued behind a batch wait max_wait_ms more after it: the clients it answered can
             # send their next request and join, rather than the queue splitting into alternating halves.
             # A lone request (nothing else queued, and the last batch answered one request) does not wait:
-            # no other client is sending, so waiting would only add max_wait_ms to its latency.
+            # no other client is sending, so waiting would only add max_wait_ms to its latency. Nor does a job
+            # decoded continuously: the stepper starts each job on its own (_join) and later ones join at the next
+            # step, so waiting would batch nothing (it cost a language model's first token max_wait_ms after a burst).
             lone = len(self._jobs) == 1 and self._last_jobs <= 1
-            deadline = max(first.arrived, self._free_since) + (0.0 if lone else self.limits.max_wait_ms / 1000)
+            wait = 0.0 if lone or first.stepper is not None else self.limits.max_wait_ms / 1000
+            deadline = max(first.arrived, self._free_since) + wait
             while not self._closed:
                 remaining = deadline - time.monotonic()
                 ready = sum(len(j.texts) for j in self._jobs if j.key == first.key)  # texts of its key queued
