@@ -244,17 +244,22 @@ other queued, and the previous batch answered one request) runs at once, as does
                 continue
             if (batch := self._take()) is None:
                 return
-            if self._dirty and time.monotonic() - self._trimmed > TRIM_EVERY_S:  # busy without a pause
-                self._release()
             self._dirty = True
             if batch[0].stepper is not None:
                 self._stepper, self._stepping_key = batch[0].stepper, batch[0].key
                 self._join(batch)
             else:
                 self._run_batch(batch)
-            # its jobs hold their answers (attention's run to megabytes): drop them before waiting for more work,
-            # or the idle trim could not give that memory back
-            del batch
+                # its jobs hold their answers (attention's run to megabytes): drop them before the trim, or
+                # before waiting for more work, or the idle trim could not give that memory back
+                del batch
+                self._trim_if_due()
+
+    def _trim_if_due(self) -> None:
+        """Busy without a pause of TRIM_EVERY_S since the last trim: trim now, once the batch is answered. Not
+        before taking the next one, where a request arriving after a burst paid for it in its latency."""
+        if self._dirty and time.monotonic() - self._trimmed > TRIM_EVERY_S:
+            self._release()
 
     def _run_batch(self, batch: list[_Job]) -> None:
         """Run ``batch`` as one call and answer each job with its share."""
@@ -373,6 +378,7 @@ other queued, and the previous batch answered one request) runs at once, as does
         if stepper.running == 0:
             self._stepper = self._stepping_key = None
             self._free_since = time.monotonic()
+            self._trim_if_due()
 
     def _record(self, batch: list[_Job], started: float) -> None:
         """Tell ``on_batch`` of a batch taken at ``started`` (a failing listener does not stop the worker)."""
