@@ -169,6 +169,30 @@ def test_a_long_prompt_joining_a_short_batch_pads_the_running_rows() -> None:
     assert sampler.running == 1 and sampler.width == 4  # the short row's own 4 positions
 
 
+@pytest.mark.parametrize("name", ["rope-gqa-window3", "learned", "alibi-window4"])
+def test_prompts_of_one_length_started_together_are_continued_as_generate_alone(name: str) -> None:
+    """``add_many``: one prefill for several prompts of one length, joining a running batch; each row's tokens are
+    still ``generate``'s alone (greedy and seeded, a row ending at its first token among them)."""
+    model = make_lm(eos_bias=0.0, **CONFIGS[name])
+    reqs = [{**r, "prompt": (r["prompt"] * 6)[:6]} for r in requests(5, seed=21)]  # five prompts of 6 tokens
+    reqs[2]["max_new_tokens"] = 1  # ends at its first token: never joins
+    sampler = ContinuousSampler(model)
+    early = sampler.add([7, 8, 9], 12)  # a row already running, of another length
+    sampler.step()
+    firsts = sampler.add_many([r["prompt"] for r in reqs], [r["max_new_tokens"] for r in reqs],
+                              [r["sampling"] for r in reqs], [torch.Generator().manual_seed(r["seed"]) for r in reqs])
+    assert firsts[2].finish == "length" and firsts[2].handle not in {row.handle for row in sampler.rows}
+    out = {t.handle: [t.id] for t in firsts}
+    while sampler.running:
+        for token in sampler.step():
+            out.setdefault(token.handle, []).append(token.id)
+    for r, first in zip(reqs, firsts, strict=True):
+        assert out[first.handle] == alone(model, r)
+    assert early.handle not in {t.handle for t in firsts}
+    with pytest.raises(ValueError, match="one length"):
+        sampler.add_many([[5, 6], [5]], [3, 3], [Sampling(0.0)] * 2, [None, None])
+
+
 def test_a_token_that_ends_the_row_at_once_never_joins() -> None:
     model = make_lm(positions="rope")
     sampler = ContinuousSampler(model)

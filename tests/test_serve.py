@@ -598,3 +598,61 @@ def test_a_job_decoded_continuously_does_not_wait_for_others():
     assert asyncio.run(scenario()) == [["done 0"], ["done 1"], ["done 2"]]
     waits = [w for r in records for w in r.waits]
     assert len(waits) == 3 and max(waits) < 2.5  # not the 5 s that max_wait_ms would hold the first job
+
+
+@pytest.mark.parametrize("refused", [False, True])
+def test_jobs_joining_together_start_in_one_call_and_a_refused_one_alone(refused):
+    """Jobs that queued while a step ran start on the stepper in one call (one prefill for a language model); if
+    the stepper refuses a text of theirs, each starts alone and only that job gets the error."""
+    from attnkit.common.errors import UserError
+
+    gate = threading.Event()
+    starts: list[list[str]] = []
+
+    class Steps:
+        width = 1
+
+        def __init__(self) -> None:
+            self.live: list[tuple[int, str]] = []
+            self.handles = 0
+
+        @property
+        def running(self) -> int:
+            return len(self.live)
+
+        def start(self, texts: list[str]) -> list[int]:
+            if "bad" in texts:
+                raise UserError("cannot start 'bad'")  # before starting any of them
+            starts.append(list(texts))
+            handles = list(range(self.handles, self.handles + len(texts)))
+            self.handles += len(texts)
+            self.live += list(zip(handles, texts, strict=True))
+            return handles
+
+        def step(self) -> list[tuple[int, str]]:
+            gate.wait(10)  # the first step holds the worker until the others are queued
+            ended, self.live = [(h, t.upper()) for h, t in self.live], []
+            return ended
+
+        def abandon(self) -> None:
+            self.live = []
+
+    async def scenario() -> list:
+        worker = ModelWorker("test", Limits(max_batch=8, max_wait_ms=0))
+        stepper = Steps()
+        submit = lambda texts: worker.submit(("g",), lambda t: t, texts, stepper=stepper)  # noqa: E731
+        first = submit(["a"])
+        await asyncio.sleep(0.2)  # "a" is stepping, held by the gate
+        later = [submit(texts) for texts in (["b", "c"], ["d"], ["bad" if refused else "e"], ["f"])]
+        await asyncio.sleep(0.1)
+        gate.set()
+        results = await asyncio.gather(first, *later, return_exceptions=True)
+        worker.close(timeout=10)
+        return results
+
+    a, bc, d, e, f = asyncio.run(scenario())
+    assert (a, bc, d, f) == (["A"], ["B", "C"], ["D"], ["F"])
+    if not refused:
+        assert e == ["E"] and starts == [["a"], ["b", "c", "d", "e", "f"]]  # the four queued jobs: one call
+    else:
+        assert isinstance(e, UserError) and starts == [["a"], ["b", "c"], ["d"], ["f"]]  # each alone

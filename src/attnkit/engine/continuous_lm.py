@@ -78,7 +78,8 @@ class _Row:
 class ContinuousSampler:
     """Sampling of a changing set of prompts (see the module docstring).
 
-    ``add(prompt, ...)`` -> the prompt's first :class:`Token` (its ``handle`` names the row); ``step()`` -> a token
+    ``add(prompt, ...)`` -> the prompt's first :class:`Token` (its ``handle`` names the row; ``add_many`` starts
+    prompts of one length with one prefill); ``step()`` -> a token
     for every running row; ``drop(handles)`` takes rows out. Not thread-safe: one thread drives it (the server's
     model worker). Runs under ``torch.inference_mode``.
     """
@@ -108,7 +109,6 @@ class ContinuousSampler:
         """Cached positions of the running batch (the longest row's, padding included)."""
         return 0 if self.valid is None else self.valid.size(1)
 
-    @torch.inference_mode()
     def add(self, prompt: list[int], max_new_tokens: int, sampling: Sampling = GREEDY,
             generator: torch.Generator | None = None) -> Token:
         """Start a row: run ``prompt`` (ids, at least one) through the model, choose its first token.
@@ -116,41 +116,57 @@ class ContinuousSampler:
         The row joins the running batch unless that token ends it (``</s>``, or ``max_new_tokens == 1``). The
         caller checks that prompt and continuation fit the model's positions (``prompt_ids``).
         """
-        if not prompt or max_new_tokens < 1:
-            raise ValueError(f"a row needs a prompt and max_new_tokens >= 1, got {len(prompt)} ids and "
-                             f"{max_new_tokens}")
+        return self.add_many([prompt], [max_new_tokens], [sampling], [generator])[0]
+
+    @torch.inference_mode()
+    def add_many(self, prompts: list[list[int]], max_new_tokens: list[int], samplings: list[Sampling],
+                 generators: list[torch.Generator | None]) -> list[Token]:
+        """:meth:`add` for several prompts of one length at once: one prefill of the batch ``(G, L)`` instead of
+        ``G`` prefills (rows do not interact, so each row's logits are its own prefill's), one first token each."""
+        if len({len(p) for p in prompts}) != 1 or not prompts[0] or min(max_new_tokens) < 1:
+            raise ValueError(f"rows need prompts of one length (at least one id) and max_new_tokens >= 1, got "
+                             f"lengths {sorted({len(p) for p in prompts})} and {min(max_new_tokens)}")
         model = self.model
         model.eval()
         device = next(model.parameters()).device
-        row = _Row(self._next_handle, max_new_tokens, sampling, generator)
-        self._next_handle += 1
-        logits, state = model.step(torch.tensor([prompt], device=device), model.init_state())  # (1, V), as generate
-        token = self._choose([row], logits)[0]
-        if token.finish is None:
-            self._merge(state, row, token.id)
-        return token
+        rows = []
+        for budget, sampling, generator in zip(max_new_tokens, samplings, generators, strict=True):
+            rows.append(_Row(self._next_handle, budget, sampling, generator))
+            self._next_handle += 1
+        logits, state = model.step(torch.tensor(prompts, device=device), model.init_state())  # (G, V), as generate
+        tokens = self._choose(rows, logits)
+        going = [i for i, token in enumerate(tokens) if token.finish is None]
+        if going:
+            self._merge(state, going, [rows[i] for i in going], [tokens[i].id for i in going])
+        return tokens
 
-    def _merge(self, state: LMState, row: _Row, token: int) -> None:
-        """Append a fresh row (its prompt's cache ``(1, H_kv, L, d_k)``) to the batch, left-padding the shorter side."""
-        L = state.length
+    def _merge(self, state: LMState, index: list[int], rows: list[_Row], tokens: list[int]) -> None:
+        """Append fresh rows (rows ``index`` of a prefill's cache ``(G, H_kv, L, d_k)``) to the batch, left-padding
+        the shorter side."""
+        L, G = state.length, len(rows)
         device = state.caches[0].k.device
-        new_valid = torch.ones(1, L, dtype=torch.bool, device=device)  # (1, L)
-        new_prev = torch.tensor([token], device=device)
-        new_pos = torch.tensor([L], device=device)  # the first new token sits at position L
+        if len(index) < state.caches[0].k.size(0):
+            keep = torch.tensor(index, device=device)
+            new_caches = [self._cache(c.k.index_select(0, keep), c.v.index_select(0, keep)) for c in state.caches]
+        else:
+            new_caches = list(state.caches)
+        new_valid = torch.ones(G, L, dtype=torch.bool, device=device)  # (G, L)
+        new_prev = torch.tensor(tokens, device=device)
+        new_pos = torch.full((G,), L, device=device)  # the first new token sits at position L
         if not self.rows:
-            self.caches, self.valid, self.prev, self.pos = list(state.caches), new_valid, new_prev, new_pos
+            self.caches, self.valid, self.prev, self.pos = new_caches, new_valid, new_prev, new_pos
         else:
             t = max(self.width, L)
 
             def joined(own: Tensor, new: Tensor) -> Tensor:
-                return torch.cat([_pad_to(own, 2, t, left=True), _pad_to(new, 2, t, left=True)])  # (B + 1, H, t, d)
+                return torch.cat([_pad_to(own, 2, t, left=True), _pad_to(new, 2, t, left=True)])  # (B + G, H, t, d)
 
             self.caches = [self._cache(joined(own.k, new.k), joined(own.v, new.v))
-                           for own, new in zip(self.caches, state.caches, strict=True)]
+                           for own, new in zip(self.caches, new_caches, strict=True)]
             self.valid = torch.cat([_pad_to(self.valid, 1, t, left=True, value=False),
-                                    _pad_to(new_valid, 1, t, left=True, value=False)])  # (B + 1, t)
+                                    _pad_to(new_valid, 1, t, left=True, value=False)])  # (B + G, t)
             self.prev, self.pos = torch.cat([self.prev, new_prev]), torch.cat([self.pos, new_pos])
-        self.rows.append(row)
+        self.rows.extend(rows)
 
     @torch.inference_mode()
     def step(self) -> list[Token]:

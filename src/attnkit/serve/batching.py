@@ -63,7 +63,7 @@ class Stepper(Protocol):
     step and returns ``(handle, result)`` for those that ended (and for those that ended at ``start``);
     ``running`` counts texts started and not yet returned, ``width`` the padded source length of the running
     batch; ``abandon()`` drops every running text (after a failed step). ``start`` may raise
-    :class:`UserError` for a text it cannot run.
+    :class:`UserError` for a text it cannot run, before it starts any of them.
     """
 
     @property
@@ -315,20 +315,31 @@ other queued, and the previous batch answered one request) runs at once, as does
         return joining
 
     def _join(self, jobs: list[_Job]) -> None:
-        """Start ``jobs``' texts on the stepper; a job it cannot start is answered with the error."""
+        """Start ``jobs``' texts on the stepper in one call (a stepper may start them as one batch: a language model
+        runs prompts of one length through one prefill). If it refuses a text (a :class:`UserError`, raised before
+        it starts any), each job starts alone, and a job it cannot start is answered with the error."""
+        if not jobs:
+            return
+        started = time.monotonic()
         for job in jobs:
-            job.started, job.results, job.pending = time.monotonic(), [None] * len(job.texts), len(job.texts)
-            try:
-                handles = self._stepper.start(job.texts)
-            except UserError as e:
+            job.started, job.results, job.pending = started, [None] * len(job.texts), len(job.texts)
+        try:
+            handles = iter(self._stepper.start([text for job in jobs for text in job.texts]))
+        except UserError as e:
+            if len(jobs) == 1:
+                self._resolve(jobs[0], error=e)
+            else:
+                for job in jobs:
+                    self._join([job])
+            return
+        except Exception as e:  # a bug: these jobs and every job in flight get a 500 (the app logs it)
+            for job in jobs:
                 self._resolve(job, error=e)
-                continue
-            except Exception as e:  # a bug: this job and every job in flight get a 500 (the app logs it)
-                self._resolve(job, error=e)
-                self._abandon(e)
-                return
+            self._abandon(e)
+            return
+        for job in jobs:
             self.texts += len(job.texts)
-            self._inflight.update({h: (job, i) for i, h in enumerate(handles)})
+            self._inflight.update({next(handles): (job, i) for i in range(len(job.texts))})
             self._joined.append(job)
 
     def _abandon(self, error: Exception) -> None:

@@ -139,12 +139,13 @@ class ContinuousGeneration:
         return self.sampler.width
 
     def start(self, jobs: list[GenerationJob]) -> list[int]:
-        """Run each job's prompt and choose its first token; it joins the running batch unless that ended it."""
-        handles = []
+        """Run the jobs' prompts and choose each one's first token; a job joins the running batch unless that ended
+        it. Prompts of one length run through the model together (one prefill: the jobs that queued while a step
+        ran join at once)."""
+        handles = [next(self._handles) for _ in jobs]
         device = next(self.model.parameters()).device
-        for job in jobs:
-            handle = next(self._handles)
-            handles.append(handle)
+        by_length: dict[int, list[tuple[int, _Progress, torch.Generator]]] = {}
+        for handle, job in zip(handles, jobs, strict=True):
             progress = _Progress(job, TextStream(self.tok, job.stop, context=job.ids))
             if job.cancelled:  # its client left while it was queued
                 self._ended.append((handle, progress.result("cancelled")))
@@ -152,10 +153,17 @@ class ContinuousGeneration:
             if job.seed is None:
                 job.seed = secrets.randbits(63)
             generator = torch.Generator(device=device).manual_seed(job.seed)  # as attnkit generate seeds it
-            job.started = time.perf_counter()
+            by_length.setdefault(len(job.ids), []).append((handle, progress, generator))
+        for group in by_length.values():
+            started = time.perf_counter()
+            group_jobs = [progress.job for _, progress, _ in group]
+            for job in group_jobs:
+                job.started = started
             with self.computing():
-                token = self.sampler.add(job.ids, job.max_new_tokens, job.sampling, generator)
-            self._take(handle, progress, token)
+                tokens = self.sampler.add_many([j.ids for j in group_jobs], [j.max_new_tokens for j in group_jobs],
+                                               [j.sampling for j in group_jobs], [g for _, _, g in group])
+            for (handle, progress, _), token in zip(group, tokens, strict=True):
+                self._take(handle, progress, token)
         return handles
 
     def step(self) -> list[tuple[int, Generated]]:
