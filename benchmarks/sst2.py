@@ -77,13 +77,15 @@ def main() -> None:
         r = measure(config, args.record_only, overrides)
         if overrides:  # a trial with the config changed on the command line: the table says so
             r["overrides"] = overrides
+        # a trial with overrides (another seed, say) is kept beside the config's own result, not over it
+        suffix = "".join(f"-{o.replace('/', '_')}" for o in overrides)
         if r["task"] == "classify":
             scores, predictions = evaluate_classifier(load_run(ROOT / r["run_dir"] / "best.safetensors"), dev)
-            name = Path(config).stem
+            name = Path(config).stem + suffix
             (RESULTS / f"{name}.dev-pred.txt").write_text("".join(x + "\n" for x in predictions), encoding="utf-8")
             r.update(dev_accuracy=round(scores.accuracy, 2), dev_macro_f1=round(scores.macro_f1, 2),
                      dev_confusion=scores.confusion)
-        results["results"][r["config"]] = r
+        results["results"][r["config"] + "".join(f" {o}" for o in overrides)] = r
         results.update(date=r["date"], commit=r["commit"])  # the latest measurement in the file
         results["dev"] = "sst2/dev.tsv (872 rows), evaluated once per config after selection on held-out training rows"
         out.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
