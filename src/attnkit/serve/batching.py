@@ -207,8 +207,9 @@ other queued, and the previous batch answered one request) runs at once, as does
             # send their next request and join, rather than the queue splitting into alternating halves.
             # A lone request (nothing else queued, and the last batch answered one request) does not wait:
             # no other client is sending, so waiting would only add max_wait_ms to its latency. Nor does a job
-            # decoded continuously: the stepper starts each job on its own (_join) and later ones join at the next
-            # step, so waiting would batch nothing (it cost a language model's first token max_wait_ms after a burst).
+            # decoded continuously: the jobs that come while it decodes join it at its next step, started together
+            # (_join), so waiting would batch nothing (it cost a language model's first token max_wait_ms after a
+            # burst).
             lone = len(self._jobs) == 1 and self._last_jobs <= 1
             wait = 0.0 if lone or first.stepper is not None else self.limits.max_wait_ms / 1000
             deadline = max(first.arrived, self._free_since) + wait
@@ -245,15 +246,17 @@ other queued, and the previous batch answered one request) runs at once, as does
             if (batch := self._take()) is None:
                 return
             self._dirty = True
-            if batch[0].stepper is not None:
+            stepping = batch[0].stepper is not None
+            if stepping:
                 self._stepper, self._stepping_key = batch[0].stepper, batch[0].key
                 self._join(batch)
             else:
                 self._run_batch(batch)
-                # its jobs hold their answers (attention's run to megabytes): drop them before the trim, or
-                # before waiting for more work, or the idle trim could not give that memory back
-                del batch
-                self._trim_if_due()
+            # its jobs hold their answers (attention's run to megabytes): drop them before the trim and before
+            # waiting for more work, or the idle trim could not give that memory back
+            del batch
+            if not stepping:
+                self._trim_if_due()  # a running batch trims when it drains (_continue)
 
     def _trim_if_due(self) -> None:
         """Busy without a pause of TRIM_EVERY_S since the last trim: trim now, once the batch is answered. Not
