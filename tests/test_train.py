@@ -169,9 +169,12 @@ def assert_same_checkpoint(straight: Path, resumed: Path, step: int) -> tuple[di
     return sa, sb
 
 
-@pytest.mark.parametrize(("engine", "dropout"), [("fast", 0.0), ("fast", 0.1), ("reference", 0.1)])
-def test_resume_is_bitwise_identical(tmp_path, capsys, engine, dropout):
-    raw = raw_config(dropout=dropout, engine=engine)
+@pytest.mark.parametrize(("engine", "dropout", "optimizer"),
+                         [("fast", 0.0, "adam"), ("fast", 0.1, "adam"), ("reference", 0.1, "adam"),
+                          ("fast", 0.1, "adamw")])
+def test_resume_is_bitwise_identical(tmp_path, capsys, engine, dropout, optimizer):
+    raw = raw_config(dropout=dropout, engine=engine, optimizer=optimizer,
+                     weight_decay=0.1 if optimizer == "adamw" else 0.0)
     n_epoch = epoch_length(tmp_path, raw)
     n = n_epoch + n_epoch // 2 + 1  # resume mid-epoch, after a validation that ended an epoch
     assert n % n_epoch
@@ -206,6 +209,17 @@ def test_resume_is_bitwise_identical(tmp_path, capsys, engine, dropout):
     assert sorted(straight_log) == [*range(n_epoch, total + 1, n_epoch), *[total] * bool(total % n_epoch)]
     assert sorted(resumed_log) == sorted({*straight_log, n})
     assert all(resumed_log[step] == straight_log[step] for step in straight_log)
+
+
+def test_resume_with_another_optimizer_is_a_one_line_error(tmp_path, capsys):
+    config = write_yaml(tmp_path / "tiny.yaml", raw_config(valid_every=3))
+    assert main(["train", str(config), "--run-dir", str(tmp_path / "run"), "train.max_updates=3"]) == 0
+    capsys.readouterr()
+    code = main(["train", str(config), "--run-dir", str(tmp_path / "run"), "--resume", "train.max_updates=6",
+                 "train.optimizer=adamw"])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err
+    assert err.strip().splitlines()[-1].startswith("attnkit: error:") and "train.optimizer" in err
 
 
 def test_resume_without_progress_left_does_nothing(tmp_path, capsys):

@@ -209,7 +209,11 @@ class Trainer:
         weights, ts = self.run_dir.load_checkpoint(path)
         check_compatible(self.model.state_dict(), weights, path / MODEL_FILE)  # e.g. resumed with other model.*
         self.model.load_state_dict(weights)
-        self.optimizer.load_state_dict(ts["optimizer"])
+        try:
+            self.optimizer.load_state_dict(ts["optimizer"])
+        except ValueError as e:  # AdamW splits each parameter group in two: its state does not fit Adam's
+            raise UserError(f"{path}: its optimiser state does not fit this run's ({e}); resume with the "
+                            f"train.optimizer it was trained with (here: {self.tc.optimizer})") from None
         self.step, self.epoch, self.batch_pos = ts["step"], ts["epoch"], ts["batch_pos"]
         self.best_score, self.bad_validations = ts["best_score"], ts["bad_validations"]
         self.seconds_before = float(ts.get("train_seconds", 0.0))
