@@ -32,14 +32,16 @@ def stamp() -> dict[str, str | bool | None]:
 
     ``commit`` is None for an installed copy that is not a git checkout of attnkit (the package
     file must be tracked, so a virtualenv inside some other repository does not count);
-    ``uncommitted_changes`` is added, True, when tracked files differ from that commit.
+    ``uncommitted_changes`` is added, True, when tracked files differ from that commit (``benchmarks/results``
+    aside: a benchmark rewrites its results file as it goes).
     """
     out: dict[str, str | bool | None] = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
                                          "commit": None}
     if _git("ls-files", "--error-unmatch", Path(__file__).name) is None:
         return out
     out["commit"] = _git("rev-parse", "--short", "HEAD")
-    if _git("status", "--porcelain", "--untracked-files=no"):
+    # the result files a benchmark writes as it goes are its output, not a change to what it measures
+    if _git("status", "--porcelain", "--untracked-files=no", "--", ":(top)", ":(top,exclude)benchmarks/results"):
         out["uncommitted_changes"] = True
     return out
 
