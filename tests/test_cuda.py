@@ -23,7 +23,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
                                 reason="no CUDA GPU: these repeat the equality tests on a GPU (run them on one)")
@@ -32,7 +31,15 @@ from attnkit.attention import attend  # noqa: E402
 from attnkit.engine import fast_attend  # noqa: E402
 from attnkit.runs.load import load_run  # noqa: E402
 from attnkit.sampling import generate  # noqa: E402
-from test_lm_model import CONFIGS, VOCAB, _kernel_inputs, both_engines, make_lm, random_tokens  # noqa: E402
+from test_lm_model import (  # noqa: E402
+    CONFIGS,
+    _kernel_inputs,
+    assert_cached_decoding_equals_full,
+    both_engines,
+    logits_and_grads,
+    make_lm,
+    random_tokens,
+)
 from test_lm_task import cli, corpus, lm_config, train_lm  # noqa: E402
 
 GPU = torch.device("cuda")
@@ -47,13 +54,8 @@ def on_gpu(model: torch.nn.Module) -> torch.nn.Module:
 def test_engine_gives_the_textbook_logits_and_gradients_on_the_gpu(name: str) -> None:
     cpu = make_lm(**CONFIGS[name]).train()  # dropout 0: training mode is deterministic
     tokens = random_tokens(3, 10)
-    results = []
-    for model in (on_gpu(m) for m in both_engines(cpu)):
-        logits = model(tokens.to(GPU))
-        loss = F.cross_entropy(logits[:, :-1].reshape(-1, VOCAB), tokens[:, 1:].to(GPU).reshape(-1))
-        loss.backward()
-        results.append((logits.detach(), {n: p.grad for n, p in model.named_parameters()}))
-    (ref_logits, ref_grads), (fast_logits, fast_grads) = results
+    (ref_logits, ref_grads), (fast_logits, fast_grads) = (logits_and_grads(on_gpu(m), tokens.to(GPU))
+                                                          for m in both_engines(cpu))
     torch.testing.assert_close(fast_logits, ref_logits, atol=ATOL, rtol=ATOL)
     with torch.no_grad():
         torch.testing.assert_close(ref_logits.cpu(), cpu(tokens), atol=ATOL, rtol=ATOL)  # the GPU gives the CPU's
@@ -67,16 +69,7 @@ def test_engine_gives_the_textbook_logits_and_gradients_on_the_gpu(name: str) ->
 def test_cached_decoding_equals_the_full_forward_on_the_gpu(name: str, engine: str) -> None:
     textbook = on_gpu(make_lm(**CONFIGS[name]))
     model = textbook if engine == "textbook" else both_engines(textbook)[1]
-    tokens = random_tokens(2, 12).to(GPU)
-    with torch.no_grad():
-        full = textbook(tokens)  # (B, T, V)
-        logits, state = model.step(tokens[:, :4], model.init_state())
-        torch.testing.assert_close(logits, full[:, 3], atol=ATOL, rtol=ATOL)
-        hidden, _, state = model.features(tokens[:, 4:7], state)
-        torch.testing.assert_close(model.out_proj(hidden), full[:, 4:7], atol=ATOL, rtol=ATOL)
-        for t in range(7, 12):
-            logits, state = model.step(tokens[:, t:t + 1], state)
-            torch.testing.assert_close(logits, full[:, t], atol=ATOL, rtol=ATOL)
+    assert_cached_decoding_equals_full(textbook, model, random_tokens(2, 12).to(GPU), ATOL)
 
 
 @pytest.mark.parametrize("T_q,T_k", [(6, 6), (3, 7), (1, 5)])

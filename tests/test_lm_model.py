@@ -386,17 +386,24 @@ def test_cached_decoding_equals_the_full_forward(name: str, engine: str) -> None
     """A 4-token prompt, a 3-token chunk (queries the last T_q of T_k keys), then one token at a time."""
     textbook = make_lm(**CONFIGS[name])
     model = textbook if engine == "textbook" else both_engines(textbook)[1]
-    tokens = random_tokens(2, 12)
+    state = assert_cached_decoding_equals_full(textbook, model, random_tokens(2, 12), ATOL)
+    assert state.length == 12
+
+
+def assert_cached_decoding_equals_full(textbook: LanguageModel, model: LanguageModel, tokens: torch.Tensor,
+                                       atol: float):
+    """``model``'s cached decoding of ``tokens`` ``(B, 12)`` (a 4-token prompt, a 3-token chunk, then one token at
+    a time) gives ``textbook``'s full-forward logits; returns the final state."""
     with torch.no_grad():
         full = textbook(tokens)  # (B, T, V), the textbook model as the reference
         logits, state = model.step(tokens[:, :4], model.init_state())
-        torch.testing.assert_close(logits, full[:, 3], atol=ATOL, rtol=ATOL)
+        torch.testing.assert_close(logits, full[:, 3], atol=atol, rtol=atol)
         hidden, _, state = model.features(tokens[:, 4:7], state)
-        torch.testing.assert_close(model.out_proj(hidden), full[:, 4:7], atol=ATOL, rtol=ATOL)
+        torch.testing.assert_close(model.out_proj(hidden), full[:, 4:7], atol=atol, rtol=atol)
         for t in range(7, 12):
             logits, state = model.step(tokens[:, t:t + 1], state)
-            torch.testing.assert_close(logits, full[:, t], atol=ATOL, rtol=ATOL)
-    assert state.length == 12
+            torch.testing.assert_close(logits, full[:, t], atol=atol, rtol=atol)
+    return state
 
 
 # --------------------------------------------------------------------------------------
@@ -409,18 +416,19 @@ def test_engine_gives_the_textbook_logits_and_gradients(name: str) -> None:
     textbook = make_lm(**CONFIGS[name]).train()  # dropout 0: training mode is deterministic
     fast = both_engines(textbook)[1]
     tokens = random_tokens(3, 10)
-    results = []
-    for model in (textbook, fast):
-        logits = model(tokens)
-        loss = F.cross_entropy(logits[:, :-1].reshape(-1, VOCAB), tokens[:, 1:].reshape(-1))
-        loss.backward()
-        results.append((logits.detach(), {n: p.grad for n, p in model.named_parameters()}))
-    (ref_logits, ref_grads), (fast_logits, fast_grads) = results
+    (ref_logits, ref_grads), (fast_logits, fast_grads) = (logits_and_grads(m, tokens) for m in (textbook, fast))
     torch.testing.assert_close(fast_logits, ref_logits, atol=ATOL, rtol=ATOL)
     assert ref_grads.keys() == fast_grads.keys()
     for n, grad in ref_grads.items():
         assert grad is not None and grad.abs().sum() > 0, n
         torch.testing.assert_close(fast_grads[n], grad, atol=ATOL, rtol=1e-4, msg=lambda m, n=n: f"{n}: {m}")
+
+
+def logits_and_grads(model: LanguageModel, tokens: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """``model``'s logits for ``tokens`` and the gradients of its next-token loss, by parameter name."""
+    logits = model(tokens)
+    F.cross_entropy(logits[:, :-1].reshape(-1, VOCAB), tokens[:, 1:].reshape(-1)).backward()
+    return logits.detach(), {n: p.grad for n, p in model.named_parameters()}
 
 
 def _kernel_inputs(n_kv_heads: int, T_q: int, T_k: int, with_bias: bool, with_mask: bool, seed: int = 7):
