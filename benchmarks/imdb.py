@@ -46,6 +46,7 @@ TARGETS: dict[str, tuple[str, float | None, float]] = {
     "imdb-finetune": ("fine-tuned from imdb-pretrain", 91.5, 60),
     "imdb-lm": ("a causal language model of the IMDB text: training reviews and the 50k unlabelled ones", None, 60),
     "imdb-lm-finetune": ("fine-tuned from imdb-lm as a decoder-only classifier", 91.5, 60),
+    "imdb-lm-ngrams": ("imdb-lm-finetune with an n-gram expert beside its head (model.ngram_buckets)", 91.5, 60),
     "sst2-pretrain": ("MLM on IMDB + SST-2 training text", None, 0),
     "sst2-finetune": ("fine-tuned from sst2-pretrain, on SST-2", 85.0, 15),
     "sst2-lm-finetune": ("fine-tuned from imdb-lm as a decoder-only classifier, on SST-2", 85.0, 15),

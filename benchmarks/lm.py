@@ -63,6 +63,7 @@ DATA = ROOT.parent / "shared" / "data" / "shakespeare" / "input.txt"
 CONFIG = ROOT / "configs" / "shakespeare-char.yaml"
 HOUR_CONFIG = ROOT / "configs" / "shakespeare-char-hour.yaml"
 OUT = ROOT / "benchmarks" / "results" / "lm.json"
+OUT_GPU = ROOT / "benchmarks" / "results" / "lm-gpu.json"  # --device cuda
 DATASET = "attnkit_shakespeare_char"
 #: nanoGPT's README, "I only have a macbook": the documented CPU command.
 DOCUMENTED = ["--device=cpu", "--compile=False", "--eval_iters=20", "--log_interval=1", "--block_size=64",
@@ -203,16 +204,24 @@ def row_hour(val: Path, work: Path, threads: int, settings: list[str]) -> list[d
     return [{"row": "hour", "contender": "attnkit", "threads": threads or torch.get_num_threads(), **ak}]
 
 
-def row_throughput(nanogpt: Path, work: Path, iters: int = 8, warmup: int = 3) -> list[dict]:
-    """Training tokens/s at nanoGPT's train_shakespeare_char shape: the median iteration after ``warmup``."""
+def row_throughput(nanogpt: Path, work: Path, device: str = "cpu") -> list[dict]:
+    """Training tokens/s at nanoGPT's train_shakespeare_char shape: nanoGPT's median iteration after warm-up,
+    attnkit's updates between two runs. On a GPU (``device`` cuda) both in bf16 (nanoGPT's ``--dtype``, attnkit's
+    ``precision: auto``), and nanoGPT twice: eager, as attnkit trains, and compiled, its default there."""
+    iters, warmup = (8, 3) if device == "cpu" else (100, 20)  # a GPU update is milliseconds
     s = THROUGHPUT_SHAPE
     tokens = s["batch_size"] * s["block_size"]
-    args = ["--device=cpu", "--compile=False", "--eval_iters=1", "--eval_interval=1000000", "--log_interval=1",
-            *[f"--{k}={v}" for k, v in s.items()], f"--max_iters={iters + warmup}", "--dropout=0.0"]
-    _, output = run_timed([sys.executable, "train.py", "config/train_shakespeare_char.py", f"--dataset={DATASET}",
-                           f"--out_dir={work / 'ng-throughput'}", *args], nanogpt, work / "nanogpt-throughput.log")
-    ms = [float(m) for m in re.findall(r"^iter \d+: loss [\d.]+, time ([\d.]+)ms", output, re.M)][warmup:]
-    ng = tokens / (float(np.median(ms)) / 1000)
+    rows = []
+    for compiled in ([False] if device == "cpu" else [False, True]):
+        args = [f"--device={device}", f"--compile={compiled}", "--eval_iters=1", "--eval_interval=1000000",
+                "--log_interval=1", *[f"--{k}={v}" for k, v in s.items()], f"--max_iters={iters + warmup}",
+                "--dropout=0.0", *(["--dtype=bfloat16"] if device == "cuda" else [])]
+        name = "nanogpt-throughput" + ("-compiled" if compiled else "")
+        _, output = run_timed([sys.executable, "train.py", "config/train_shakespeare_char.py", f"--dataset={DATASET}",
+                               f"--out_dir={work / name}", *args], nanogpt, work / f"{name}.log")
+        ms = [float(m) for m in re.findall(r"^iter \d+: loss [\d.]+, time ([\d.]+)ms", output, re.M)][warmup:]
+        rows.append({"row": "throughput", "contender": "nanoGPT, compiled" if compiled else "nanoGPT",
+                     "tok_s": round(tokens / (float(np.median(ms)) / 1000)), "shape": s, "device": device})
     overrides = [f"model.transformer.decoder_layers={s['n_layer']}", f"model.transformer.n_heads={s['n_head']}",
                  f"model.transformer.d_model={s['n_embd']}", f"model.transformer.d_ff={4 * s['n_embd']}",
                  f"data.block_size={s['block_size']}", f"model.transformer.max_len={s['block_size']}",
@@ -224,8 +233,7 @@ def row_throughput(nanogpt: Path, work: Path, iters: int = 8, warmup: int = 3) -
                *overrides, f"train.max_updates={n}"]
         times.append(run_timed(cmd, ROOT, work / f"attnkit-throughput-{n}.log")[0])
     ak = tokens * iters / (times[1] - times[0])
-    return [{"row": "throughput", "contender": "nanoGPT", "tok_s": round(ng), "shape": s},
-            {"row": "throughput", "contender": "attnkit", "tok_s": round(ak), "shape": s}]
+    return [*rows, {"row": "throughput", "contender": "attnkit", "tok_s": round(ak), "shape": s, "device": device}]
 
 
 @torch.inference_mode()
@@ -271,7 +279,8 @@ def markdown_table(results: dict) -> str:
             what = {"documented": "nanoGPT's documented CPU command; attnkit for the same time",
                     "budget": f"{run['minutes']:g} minutes of training each",
                     "hour": f"60 minutes of training, {r.get('threads')} thread(s)",
-                    "throughput": "training tokens/s, 6 layers x 384, block 256, batch 64",
+                    "throughput": "training tokens/s, 6 layers x 384, block 256, batch 64"
+                                  + (" (GPU)" if r.get("device") == "cuda" else ""),
                     "sampling": f"sampling tokens/s, batch {r.get('batch')} (float32)"}[r["row"]]
             if r["row"] in ("documented", "budget", "hour"):
                 steps = r.get("iterations") or r.get("updates")
@@ -289,7 +298,8 @@ def markdown_table(results: dict) -> str:
             rows.append([what, r["contender"], value])
         threads = f"{run['threads']} thread" + ("s" if run["threads"] != 1 else "")
         note = f" {run['note']}" if run.get("note") else ""
-        parts.append(markdown(["row", "contender", "result"], rows) + f"\n\n{run['cpu']}, {threads}, "
+        where = f"{run['gpu']} (host CPU {run['cpu']}), torch {run['torch']}" if run.get("gpu") else run["cpu"]
+        parts.append(markdown(["row", "contender", "result"], rows) + f"\n\n{where}, {threads}, "
                      f"{run['precision']}; measured {measured(run)} by `{run['command']}`.{note}")
     return "\n\n".join(parts)
 
@@ -309,7 +319,12 @@ def main(argv: list[str] | None = None) -> int:
                    help="the sampling row's batch sizes (default 1 32)")
     p.add_argument("--note", default="", help="a line kept with the run (e.g. what else ran on the machine)")
     p.add_argument("--work", type=Path, default=None, help="where runs and logs go (default: a temporary folder)")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                   help="cuda: the throughput row on the GPU, both in bf16, into results/lm-gpu.json")
     args = p.parse_args(argv)
+    if args.device == "cuda" and (args.rows != ["throughput"] or not torch.cuda.is_available()):
+        raise SystemExit("--device cuda runs --rows throughput alone, where torch sees a GPU")
+    out = OUT_GPU if args.device == "cuda" else OUT
     if not (args.nanogpt / "model.py").exists() or not (args.nanogpt / "train.py").exists():
         raise SystemExit(f"{args.nanogpt}: not a nanoGPT checkout (no model.py / train.py)")
     work = args.work or Path(tempfile.mkdtemp(prefix="attnkit-lm-bench-"))
@@ -324,26 +339,30 @@ def main(argv: list[str] | None = None) -> int:
         rows += {"documented": lambda: row_documented(args.nanogpt, val, work),
                  "budget": lambda: row_budget(args.nanogpt, val, work, args.minutes),
                  "hour": lambda: row_hour(val, work, args.threads, args.set),
-                 "throughput": lambda: row_throughput(args.nanogpt, work),
+                 "throughput": lambda: row_throughput(args.nanogpt, work, args.device),
                  "sampling": lambda: row_sampling(args.nanogpt, tuple(args.sampling_batches))}[name]()
         print(json.dumps([r for r in rows if r["row"] == name], indent=1), flush=True)
         result = {**stamp(), "cpu": cpu_model(), "threads": torch.get_num_threads(),
                   "precision": "nanoGPT float32 (its CPU path); attnkit "
                                + ("bf16" if cpu_has_fast_bf16() else "float32") + " (precision: auto)",
+                  **({"device": "cuda", "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+                      "precision": "nanoGPT bf16 (--dtype=bfloat16); attnkit bf16 (precision: auto)"}
+                     if args.device == "cuda" else {}),
                   "command": "python benchmarks/lm.py --nanogpt NANOGPT " + " ".join(
                       (["--rows", *args.rows] if args.rows != p.get_default("rows") else [])
                       + ([f"--minutes {args.minutes:g}"] if args.minutes != 15 else [])
                       + ([f"--threads {args.threads}"] if args.threads else [])
                       + (["--set", *args.set] if args.set else [])
                       + (["--sampling-batches", *map(str, args.sampling_batches)]
-                         if args.sampling_batches != [1, 32] else [])),
+                         if args.sampling_batches != [1, 32] else [])
+                      + (["--device", args.device] if args.device != "cpu" else [])),
                   "nanogpt_commit": nanogpt_commit, "minutes": args.minutes,
                   "started": round(started), "run_seconds": round(time.time() - started), "rows": rows,
                   **({"note": args.note} if args.note else {})}
         # read again before each write: another run (on another core) may have written its rows meanwhile
-        runs = json.loads(OUT.read_text(encoding="utf-8"))["runs"] if OUT.exists() else []
+        runs = json.loads(out.read_text(encoding="utf-8"))["runs"] if out.exists() else []
         runs = [r for r in runs if r.get("started") != result["started"]]
-        OUT.write_text(json.dumps({**{k: result[k] for k in ("date", "commit")}, "runs": [*runs, result]}, indent=2)
+        out.write_text(json.dumps({**{k: result[k] for k in ("date", "commit")}, "runs": [*runs, result]}, indent=2)
                        + "\n", encoding="utf-8")  # after every row: a failure later loses nothing measured
     print(markdown_table({"runs": [result]}))
     return 0 if all(math.isfinite(r.get("valid_loss", 0.0)) for r in rows) else 1

@@ -126,6 +126,7 @@ TABLES: dict[str, Table] = {
     "hard-soft": Table(f"{FIGURES}/hard_soft.json", "experiments/hard_soft.py"),
     "no-projection": Table(f"{FIGURES}/no_projection.json", "experiments/no_projection.py"),
     "lm": Table(f"{RESULTS}/lm.json", "benchmarks/lm.py"),
+    "lm-gpu": Table(f"{RESULTS}/lm-gpu.json", "benchmarks/lm.py"),
     "length-extrapolation": Table(f"{FIGURES}/length-extrapolation.json", "experiments/length_extrapolation.py"),
     "generate-race": Table(f"{RESULTS}/generate-race.json", "benchmarks/generate_race.py"),
     "generate-race-gpu": Table(f"{RESULTS}/generate-race-gpu.json", "benchmarks/generate_race.py"),

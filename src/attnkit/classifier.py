@@ -22,6 +22,7 @@ from torch import Tensor, nn
 
 from .layers import xavier_init_
 from .lm import LanguageModel
+from .ngrams import NGramExpert, product_of_experts
 from .transformer import TransformerConfig, TransformerEncoder
 from .vocab import PAD_ID
 
@@ -70,8 +71,10 @@ class TransformerClassifier(nn.Module):
     """Encoder + pooling + linear head; returns class logits ``(B, n_classes)``."""
 
     def __init__(self, cfg: TransformerConfig, vocab_size: int, n_classes: int, pooling: Pooling = "max",
-                 pad_id: int = PAD_ID, pooler: bool = False) -> None:
-        """:param pooler: a dense layer with tanh on the pooled vector, ``z = tanh(W_p z + b_p)`` (BERT's)."""
+                 pad_id: int = PAD_ID, pooler: bool = False, ngram_buckets: int = 0) -> None:
+        """:param pooler: a dense layer with tanh on the pooled vector, ``z = tanh(W_p z + b_p)`` (BERT's).
+        :param ngram_buckets: with more than 0, an :class:`~attnkit.ngrams.NGramExpert` of that many slots beside
+            the head (``model.ngram_buckets``); the prediction is the product of the two experts."""
         super().__init__()
         cfg.validate()
         self.cfg = cfg
@@ -81,14 +84,22 @@ class TransformerClassifier(nn.Module):
         self.head = nn.Linear(cfg.d_model, n_classes)
         self.dropout = nn.Dropout(cfg.dropout)  # on the pooled vector
         xavier_init_(self)
+        self.ngrams = NGramExpert(vocab_size, n_classes, ngram_buckets, pad_id) if ngram_buckets else None
 
-    def forward(self, tokens: Tensor) -> Tensor:
-        """``tokens`` ``(B, T)`` padded with ``pad_id`` -> logits ``(B, n_classes)``."""
+    def experts(self, tokens: Tensor) -> list[Tensor]:
+        """The head's logits ``(B, n_classes)``, then the n-gram expert's (when there is one); each is trained on
+        its own cross-entropy (:class:`~attnkit.tasks.objectives.ClassificationLoss`)."""
         hidden, mask, _ = self.encoder(tokens)  # (B, T, D), (B, 1, 1, T)
         z = pool(hidden, mask[:, 0, 0], self.pooling)  # (B, D)
         if self.pooler is not None:
             z = torch.tanh(self.pooler(z))  # (B, D)
-        return self.head(self.dropout(z))  # (B, n_classes)
+        logits = self.head(self.dropout(z))  # (B, n_classes)
+        return [logits] if self.ngrams is None else [logits, self.ngrams(tokens)]
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        """``tokens`` ``(B, T)`` padded with ``pad_id`` -> logits ``(B, n_classes)`` (with an n-gram expert: the
+        experts' summed log-probabilities)."""
+        return product_of_experts(self.experts(tokens))
 
     @torch.no_grad()
     def token_importance(self, tokens: Tensor) -> Tensor:
@@ -116,7 +127,8 @@ class DecoderClassifier(nn.Module):
     """
 
     def __init__(self, cfg: TransformerConfig, vocab_size: int, n_classes: int, pooling: Pooling = "last",
-                 pad_id: int = PAD_ID) -> None:
+                 pad_id: int = PAD_ID, ngram_buckets: int = 0) -> None:
+        """:param ngram_buckets: an n-gram expert beside the head, as :class:`TransformerClassifier`'s."""
         super().__init__()
         if pooling == "first":
             raise ValueError("a decoder-only classifier's first state has read one token; pool last, mean or max")
@@ -127,12 +139,19 @@ class DecoderClassifier(nn.Module):
         self.head = nn.Linear(cfg.d_model, n_classes)
         self.dropout = nn.Dropout(cfg.dropout)  # on the pooled vector
         xavier_init_(self.head)
+        self.ngrams = NGramExpert(vocab_size, n_classes, ngram_buckets, pad_id) if ngram_buckets else None
 
-    def forward(self, tokens: Tensor) -> Tensor:
-        """``tokens`` ``(B, T)`` padded on the right with ``pad_id`` -> logits ``(B, n_classes)``."""
+    def experts(self, tokens: Tensor) -> list[Tensor]:
+        """The head's logits ``(B, n_classes)``, then the n-gram expert's (when there is one)."""
         hidden, _, _ = self.lm.features(tokens)  # (B, T, D)
         z = pool(hidden, tokens != self.pad_id, self.pooling)  # (B, D)
-        return self.head(self.dropout(z))  # (B, n_classes)
+        logits = self.head(self.dropout(z))  # (B, n_classes)
+        return [logits] if self.ngrams is None else [logits, self.ngrams(tokens)]
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        """``tokens`` ``(B, T)`` padded on the right with ``pad_id`` -> logits ``(B, n_classes)`` (with an n-gram
+        expert: the experts' summed log-probabilities)."""
+        return product_of_experts(self.experts(tokens))
 
     @torch.no_grad()
     def token_importance(self, tokens: Tensor) -> Tensor:

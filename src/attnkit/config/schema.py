@@ -105,6 +105,10 @@ class ModelConfig:
     pooler: bool = False  # classification: tanh(W z + b) on the pooled vector before the head (BERT's pooler)
     init_from: str | None = None  # classification: start from this `task: pretrain` (or, decoder: `task: lm`) run;
     #                               task lm: train this `task: lm` run on (its tokenizer and every weight)
+    # classification: > 0 adds an n-gram expert of this many hashed slots beside the head, NB-weighted logistic
+    # regression over the text's subword uni+bigrams (attnkit/ngrams.py); the prediction is the two experts' product
+    ngram_buckets: int = 0
+    ngram_lr: float = 1.0  # the n-gram expert's learning rate as a multiple of train.lr (its weights start at zero)
 
 
 @dataclass

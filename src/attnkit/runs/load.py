@@ -78,10 +78,15 @@ def build_classifier(cfg: RunConfig, tok: Tokenizer, classes: list[str] | None) 
         raise UserError("task classify needs model.arch: transformer")
     if classes is None:
         raise UserError(f"a classifier needs its class names ({CLASSES_FILE}); is this a complete run?")
+    if 0 < cfg.model.ngram_buckets <= tok.src_vocab_size:
+        raise UserError(f"model.ngram_buckets ({cfg.model.ngram_buckets}) must exceed the vocabulary size "
+                        f"({tok.src_vocab_size}): unigrams take its ids, bigrams the slots after them")
     if cfg.model.classifier == "decoder":
-        return DecoderClassifier(cfg.model.transformer, tok.src_vocab_size, len(classes), pooling=cfg.model.pooling)
+        return DecoderClassifier(cfg.model.transformer, tok.src_vocab_size, len(classes), pooling=cfg.model.pooling,
+                                 ngram_buckets=cfg.model.ngram_buckets)
     return TransformerClassifier(cfg.model.transformer, tok.src_vocab_size, len(classes or []),
-                                 pooling=cfg.model.pooling, pooler=cfg.model.pooler)
+                                 pooling=cfg.model.pooling, pooler=cfg.model.pooler,
+                                 ngram_buckets=cfg.model.ngram_buckets)
 
 
 def build_encoder_lm(cfg: RunConfig, tok: Tokenizer, classes: list[str] | None = None) -> nn.Module:

@@ -97,6 +97,14 @@ class EpochTask:
         return self._batches(epoch)
 
 
+def scaled_groups(model: nn.Module, prefix: str, scale: float) -> list[dict]:
+    """The optimiser's parameter groups when the parameters named ``prefix...`` learn at ``scale`` times
+    ``train.lr`` (ELECTRA's generator, a classifier's n-gram expert) and the rest at ``train.lr``."""
+    named = list(model.named_parameters())
+    return [{"params": [p for n, p in named if not n.startswith(prefix)], "lr_scale": 1.0},
+            {"params": [p for n, p in named if n.startswith(prefix)], "lr_scale": scale}]
+
+
 @dataclass(frozen=True)
 class TaskSpec:
     """One task in the registry (:data:`attnkit.tasks.TASKS`).

@@ -28,7 +28,7 @@ from ..data.labelled import LabelledData, LabelledReader, read_labelled
 from ..data.prepare import Encoded, flat
 from ..data.readers import ReadStats
 from ..data.tokenizer import PAD_ID, Tokenizer
-from .base import BaseRecipe, EpochTask, TaskSpec
+from .base import BaseRecipe, EpochTask, TaskSpec, scaled_groups
 from .init_from import copy_pretrained_tokenizer, load_pretrained_body
 from .objectives import ClassificationLoss
 
@@ -132,7 +132,22 @@ class ClassificationTask(EpochTask):
         model = super().build_model()
         if self.cfg.model.init_from:
             load_pretrained_body(model, self.cfg)
+        if getattr(model, "ngrams", None) is not None:  # the n-gram expert's NB ratios, from the training texts
+            model.ngrams.fit_ratios(self.labelled_batches())
         return model
+
+    def parameter_groups(self, model: nn.Module) -> list[dict]:
+        """The n-gram expert's parameters at ``model.ngram_lr`` times ``train.lr``, the rest at ``train.lr``."""
+        scale = self.cfg.model.ngram_lr
+        if getattr(model, "ngrams", None) is None or scale == 1.0:
+            return super().parameter_groups(model)
+        return scaled_groups(model, "ngrams.", scale)
+
+    def labelled_batches(self, size: int = 256) -> Iterator[tuple[Tensor, Tensor]]:
+        """Every training text as read in training (``(B, T)`` ids, padded) with its class index ``(B,)``."""
+        for start in range(0, len(self.x), size):
+            indices = np.arange(start, min(start + size, len(self.x)))
+            yield self.x.pad(indices.tolist(), PAD_ID), torch.from_numpy(self.y[indices].astype(np.int64))
 
     def objective(self, model: nn.Module) -> nn.Module:
         return ClassificationLoss(model)
@@ -166,6 +181,11 @@ def check(cfg: RunConfig) -> None:
     """A classifier reads windows of ``data.max_len`` subwords, which must fit its positions; a decoder-only
     classifier pools a state that has read the whole text."""
     cfg.check_lengths(ends=0)
+    if not 0.0 < cfg.model.ngram_lr < float("inf"):
+        raise UserError(f"model.ngram_lr must be a positive multiple of train.lr, got {cfg.model.ngram_lr}")
+    if cfg.model.ngram_buckets < 0:
+        raise UserError(f"model.ngram_buckets must be 0 (no n-gram expert) or a number of slots, got "
+                        f"{cfg.model.ngram_buckets}")
     if cfg.model.classifier == "decoder" and cfg.model.pooling == "first":
         raise UserError("model.pooling: first reads one token in a decoder-only classifier (model.classifier: "
                         "decoder); choose last, mean or max")

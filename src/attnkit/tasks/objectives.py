@@ -30,15 +30,18 @@ class Seq2SeqLoss(nn.Module):
 
 
 class ClassificationLoss(nn.Module):
-    """Summed (label-smoothed) cross-entropy of a classifier's logits, in float32."""
+    """Summed (label-smoothed) cross-entropy of a classifier's logits, in float32; a classifier with several
+    experts (:meth:`~attnkit.classifier.TransformerClassifier.experts`: the head and an n-gram expert) trains
+    each on its own cross-entropy, the sum of theirs."""
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
         self.model = model
 
     def forward(self, tokens: Tensor, targets: Tensor, label_smoothing: float = 0.0) -> Tensor:
-        logits = self.model(tokens)  # (B, C)
-        return F.cross_entropy(logits.float(), targets, label_smoothing=label_smoothing, reduction="sum")
+        experts = self.model.experts(tokens) if hasattr(self.model, "experts") else [self.model(tokens)]  # (B, C) each
+        return sum(F.cross_entropy(logits.float(), targets, label_smoothing=label_smoothing, reduction="sum")
+                   for logits in experts)  # type: ignore[return-value]
 
 
 

@@ -46,7 +46,7 @@ from ..data.readers import ReadStats, base_suffix, iter_lines
 from ..data.tokenizer import BOS_ID, EOS_ID, PAD_ID, TOKENIZER_FILE, UNK_ID, Tokenizer
 from ..engine import FusedMLMLoss
 from ..mlm import MLMLoss, ReplacedTokenDetectionLoss, mask_tokens, replaced_labels
-from .base import BaseRecipe, EpochTask, TaskSpec, refuse_init_from
+from .base import BaseRecipe, EpochTask, TaskSpec, refuse_init_from, scaled_groups
 
 #: Validation always corrupts the held-out texts with this seed, so every validation scores the same task.
 VALID_MASK_SEED = 12345
@@ -177,9 +177,7 @@ class PretrainTask(EpochTask):
         scale = self.cfg.mlm.generator_lr
         if self.cfg.mlm.objective != "electra" or scale == 1.0:
             return super().parameter_groups(model)
-        named = list(model.named_parameters())
-        return [{"params": [p for n, p in named if not n.startswith("generator.")], "lr_scale": 1.0},
-                {"params": [p for n, p in named if n.startswith("generator.")], "lr_scale": scale}]
+        return scaled_groups(model, "generator.", scale)
 
     def objective(self, model: nn.Module) -> nn.Module:
         """The reference loss, or the engine's fused one (``train.engine``); the same value. ELECTRA: its loss."""
