@@ -74,3 +74,17 @@ def test_table_lists_every_run(bench) -> None:
            "seconds": 27.0, "peak_rss_gb": 0.8, "cpu": "AMD EPYC"}
     table = bench.markdown_table({"runs": [run, {**run, "held_out_accuracy": 89.5, "commit": "def5678"}]})
     assert "**90.05**" in table and "**89.50**" in table and len(table.strip().splitlines()) == 4
+
+
+def test_nblr_is_logistic_regression_on_the_same_nb_features(bench) -> None:
+    """NB-LR (the linear model attnkit's n-gram expert trains): the NBSVM's ratio, logistic weights, no mixing."""
+    from sklearn.linear_model import LogisticRegression
+
+    train, test = reviews(200, 1), reviews(60, 2)
+    x_train, x_test, _ = bench.features([t for t, _ in train], [t for t, _ in test])
+    labels = [label for _, label in train]
+    nblr, nbsvm = bench.fit_nblr(x_train, labels), bench.fit_nbsvm(x_train, labels)
+    assert np.array_equal(nblr.r, nbsvm.r)
+    want = LogisticRegression(max_iter=5_000).fit(x_train.multiply(nblr.r).tocsr(), [y == "pos" for y in labels])
+    assert np.allclose(nblr.decision(x_test), want.decision_function(x_test.multiply(nblr.r).tocsr()))
+    assert nblr.predict(x_test) == [label for _, label in test]

@@ -5,6 +5,7 @@ language-model route, a decoder-only classifier over a causal language model.
     z = Pool(H)                              # max over positions (the seed), mean, the first or the last token
     z = tanh(W_p z + b_p)                    # only with pooler=True (BERT's pooler)
     logits = W z + b                         # (B, n_classes)
+    # model.ngram_buckets: log_softmax(logits) + log_softmax(s), s an n-gram expert's logits (attnkit/ngrams.py)
 
 The seed's IMDB model is ``TransformerConfig(d_model=32, n_heads=2, d_ff=128, encoder_layers=1)``
 with max pooling and a 50,002-token vocabulary. :class:`DecoderClassifier` reads the text with a
