@@ -286,7 +286,7 @@ class Trainer:
                 if now - last_report > 1.0:
                     lr = self.optimizer.param_groups[0]["lr"]
                     rate = {f"{self.task.rate_unit}_s": f"{targets_seen / (now - last_report):.0f}"}
-                    bar.set_postfix(loss=f"{loss_value:.3f}", lr=f"{lr:.2e}", **rate, refresh=False)
+                    bar.set_postfix(loss=f"{loss_value.item():.3f}", lr=f"{lr:.2e}", **rate, refresh=False)
                     targets_seen, last_report = 0, now
                 bar.update(1)
                 if tc.max_minutes > 0:  # rank 0's clock, so every rank takes the same lr and stops together
@@ -316,8 +316,9 @@ class Trainer:
         self.log(f"trained {self.step} updates in {self.minutes():.1f} min; run: {self.run_dir.path}")
         return metrics
 
-    def train_step(self, group: list[list[int]]) -> tuple[float, int]:
-        """One optimizer update over ``group`` -> (mean loss per target, targets), both over all ranks.
+    def train_step(self, group: list[list[int]]) -> tuple[torch.Tensor, int]:
+        """One optimizer update over ``group`` -> (mean loss per target, a 0-dim tensor on the device that is read
+        only when the progress line shows it, so a GPU is not waited for every update; targets), over all ranks.
 
         ``group`` is the update's batches on every rank (``accumulate x world_size`` of them, fewer
         at the end of an epoch); this rank runs its share (:func:`attnkit.training.distributed.shard`).
@@ -332,7 +333,7 @@ class Trainer:
         n_total = sum(b.n_targets for b, weight in batches if weight)
         if w.enabled:
             n_total = round(w.sum([n_total])[0])
-        total = 0.0
+        total = torch.zeros((), device=self.device)  # summed on the device: no wait for the GPU every update
         for i, (batch, weight) in enumerate(batches):
             with w.no_sync(self.train_objective, sync=i == len(batches) - 1):  # all-reduce once, after the last
                 with autocast(self.device, self.bf16):
@@ -341,9 +342,9 @@ class Trainer:
                 if w.enabled:  # DDP averages the ranks' gradients; x world_size makes that the sum we want
                     scaled = scaled * (weight * w.world_size)
                 scaled.backward()
-            total += loss.item() * weight
+            total += loss.detach().float() * weight
         if w.enabled:
-            total = w.sum([total])[0]
+            total = torch.tensor(w.sum([total.item()])[0])
         if tc.clip_norm > 0:
             nn.utils.clip_grad_norm_(self.model.parameters(), tc.clip_norm)
         self.optimizer.step()
