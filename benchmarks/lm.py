@@ -302,7 +302,7 @@ def markdown_table(results: dict) -> str:
                     words = r["command"].split(" ")
                     value += f"; `{' '.join(words[:3] + words[5:])}`"
             elif "not_run" in r:
-                value = f"did not run: {r['not_run']}"
+                value = f"not measured: {r['not_run']}"
             else:
                 value = f"{num(r['tok_s'])} tok/s"
             rows.append([what, r["contender"], value])
