@@ -122,7 +122,23 @@ def measure(config: str, record_only: bool, overrides: list[str]) -> dict:
                   best_step=max(metrics, key=lambda m: m["score"])["step"],
                   parameters=sum(p.numel() for p in run.model.parameters()),
                   predictions=str(pred_path.relative_to(ROOT)))
+    if cfg.model.ngram_buckets:
+        result.update(expert_accuracies(run, valid))
     return result
+
+
+def expert_accuracies(run, valid) -> dict:
+    """A classifier with an n-gram expert (``model.ngram_buckets``): the held-out accuracy of its head alone and of
+    the n-gram expert alone, each reading the reviews as the pair does."""
+    model, both = run.model, run.model.experts
+    try:
+        model.experts = lambda tokens: both(tokens)[:1]  # the head's logits
+        head = evaluate_classifier(run, valid)[0].accuracy
+        model.experts = lambda tokens: both(tokens)[1:]  # the n-gram expert's
+        ngrams = evaluate_classifier(run, valid)[0].accuracy
+    finally:
+        del model.experts  # the class's method again
+    return {"head_alone_accuracy": round(head, 2), "ngram_expert_alone_accuracy": round(ngrams, 2)}
 
 
 def held_out_text(r: dict) -> str:
@@ -165,14 +181,20 @@ def markdown_outside(results: dict) -> str:
 
 
 def markdown_brief(results: dict) -> str:
-    """The README's table: :func:`markdown_table` without its descriptions (docs/results.md has them)."""
+    """The README's table: the IMDB classifiers of :func:`markdown_table`, without its descriptions (docs/results.md
+    has them); a fine-tuned one's minutes and updates are its pretraining run's + its own."""
     rows = []
     for name, (_, target, _) in TARGETS.items():
         r = results["results"].get(f"configs/{name}.yaml")
-        if r is not None:
-            rows.append([f"`{r['config']}`", held_out_text(r), "" if target is None else f"{target:.1f}",
-                         f"{r['train_minutes']:.1f}", num(r["updates"]), r["threads"] or "",
-                         f"{r['date'][:10]}, `{r['commit']}`"])
+        if r is None or target is None or not name.startswith(("imdb", "seed-imdb")):
+            continue
+        minutes, updates = f"{r['train_minutes']:.1f}", num(r["updates"])
+        source = results["results"].get(f"configs/{Path(r.get('init_from') or '').name}.yaml")
+        if source is not None:
+            minutes = f"{source['train_minutes']:.1f} + {minutes}"
+            updates = f"{num(source['updates'])} + {updates}"
+        rows.append([f"`{r['config']}`", held_out_text(r), f"{target:.1f}", minutes, updates, r["threads"] or "",
+                     f"{r['date'][:10]}, `{r['commit']}`"])
     return markdown(["config", "held-out", "target (test)", "minutes", "updates", "threads", "measured"], rows,
                     "lrrrrrl")
 
