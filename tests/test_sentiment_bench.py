@@ -46,3 +46,19 @@ def test_probes_are_recorded_with_their_commit_and_compared_at_common_steps(benc
     lines = bench.markdown_probes(data).splitlines()
     assert "step 250" in lines[0] and "step 500" in lines[0] and "step 750" not in lines[0]  # common steps only
     assert "6.40 / 9.7%" in lines[2] and "6.00 / 14.2% (750 updates, 7.5 min)" in lines[3]
+
+
+def test_the_brief_table_lists_classifiers_with_their_pretraining_minutes(bench) -> None:
+    stamp = {"date": "2026-11-26T00:00:00+00:00", "commit": "abc1234", "threads": 1}
+    results = {"results": {
+        "configs/imdb-lm.yaml": {**stamp, "config": "configs/imdb-lm.yaml", "task": "lm", "valid_ppl": 88.4,
+                                 "train_minutes": 40.2, "updates": 2119},
+        "configs/imdb-lm-ngrams.yaml": {**stamp, "config": "configs/imdb-lm-ngrams.yaml", "task": "classify",
+                                        "valid_accuracy": 92.2, "train_minutes": 21.7, "updates": 1201,
+                                        "init_from": "runs/imdb-lm"},
+        "configs/imdb.yaml": {**stamp, "config": "configs/imdb.yaml", "task": "classify", "valid_accuracy": 88.0,
+                              "train_minutes": 18.3, "updates": 3542}}}
+    table = bench.markdown_brief(results)
+    assert "| `configs/imdb-lm-ngrams.yaml` | 92.20 | 91.5 | 40.2 + 21.7 | 2,119 + 1,201 | 1 |" in table
+    assert "| `configs/imdb.yaml` | 88.00 | 89.0 | 18.3 | 3,542 | 1 |" in table
+    assert "imdb-lm.yaml`" not in table  # a pretraining stage is counted in its classifier's row
