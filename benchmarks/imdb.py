@@ -23,6 +23,7 @@ import shutil
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -218,30 +219,46 @@ def markdown_trials(trials: dict) -> str:
 VARIANCE_RUNS = "the committed recipe at 1 thread"
 
 
-def markdown_variance(trials: dict) -> str:
-    """docs/sentiment.md: the committed recipe over seeds (item 3 of issue 38), every run, then mean and spread.
-
-    The runs are the pairs in ``imdb-trials.json`` whose settings begin with :data:`VARIANCE_RUNS` (a pretraining
-    run and the fine-tuning run with the same settings), each at 1 thread on its own core."""
+def seed_table(trials: dict, pretrain: str, finetune: str, keep: Callable[[dict], bool],
+               experts: bool = False) -> str:
+    """Every kept run of ``finetune`` in ``imdb-trials.json`` with its seed and the updates of its pretraining run
+    (the ``pretrain`` run with the same settings, else the reported one it started from), then mean and spread;
+    ``experts``: also each expert's accuracy alone (a classifier with ``model.ngram_buckets``)."""
     runs = trials["runs"]
-    pretrain = {r["settings"]: r for r in runs.get("configs/imdb-pretrain.yaml", [])}
+    sources = runs.get(f"configs/{pretrain}.yaml", [])
+    by_settings = {r["settings"]: r for r in sources}
+    reported = [r for r in sources if r.get("reported", True)]
     rows, accuracies = [], []
-    for r in runs.get("configs/imdb-finetune.yaml", []):
-        if not r.get("settings", "").startswith(VARIANCE_RUNS):
+    for r in runs.get(f"configs/{finetune}.yaml", []):
+        if not keep(r):
             continue
-        p = pretrain.get(r["settings"])
-        seed = r.get("seed", 1)  # runs before results carried their seed used the default, 1
+        p = by_settings.get(r["settings"]) or (reported[-1] if reported and r.get("seed", 1) == 1 else None)
         accuracies.append(r["valid_accuracy"])
-        rows.append([seed, f"{r['valid_accuracy']:.2f}", "" if p is None else num(p["updates"]), num(r["updates"]),
-                     r["threads"], f"{r['date'][:10]}, `{r['commit']}`"])
+        alone = ([f"{r['head_alone_accuracy']:.2f}", f"{r['ngram_expert_alone_accuracy']:.2f}"]
+                 if experts else [])
+        rows.append([r.get("seed", 1), f"{r['valid_accuracy']:.2f}", *alone, "" if p is None else num(p["updates"]),
+                     num(r["updates"]), r["threads"], f"{r['date'][:10]}, `{r['commit']}`"])
     if not accuracies:
         return "(no runs yet)"
     mean = statistics.mean(accuracies)
     sd = statistics.stdev(accuracies) if len(accuracies) > 1 else 0.0
-    table = markdown(["seed", "held-out accuracy", "pretraining updates", "fine-tuning updates", "threads",
-                      "measured"], rows, "rrrrrl")
+    table = markdown(["seed", "held-out accuracy", *(["head alone", "n-gram expert alone"] if experts else []),
+                      "pretraining updates", "fine-tuning updates", "threads", "measured"], rows,
+                     "rr" + ("rr" if experts else "") + "rrrl")
     return (f"{table}\n\n{len(accuracies)} seeds: mean **{mean:.2f}**, sample standard deviation {sd:.2f}, "
             f"range {min(accuracies):.2f} to {max(accuracies):.2f}.")
+
+
+def markdown_variance(trials: dict) -> str:
+    """docs/sentiment.md: the MLM recipe over seeds (item 3 of issue 38): the pairs whose settings begin with
+    :data:`VARIANCE_RUNS`, each at 1 thread on its own core."""
+    return seed_table(trials, "imdb-pretrain", "imdb-finetune",
+                      lambda r: r.get("settings", "").startswith(VARIANCE_RUNS))
+
+
+def markdown_ngram_seeds(trials: dict) -> str:
+    """docs/sentiment.md: the language-model route with an n-gram expert over seeds, each expert alone too."""
+    return seed_table(trials, "imdb-lm", "imdb-lm-ngrams", lambda r: True, experts=True)
 
 
 def append_trial(result: dict, settings: str, reported: bool = True) -> None:

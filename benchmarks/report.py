@@ -92,6 +92,7 @@ TABLES: dict[str, Table] = {
     "reading": Table(f"{RESULTS}/reading.json", "benchmarks/reading.py"),
     "imdb-trials": Table(f"{RESULTS}/imdb-trials.json", "benchmarks/imdb.py", "markdown_trials"),
     "imdb-variance": Table(f"{RESULTS}/imdb-trials.json", "benchmarks/imdb.py", "markdown_variance"),
+    "imdb-ngram-seeds": Table(f"{RESULTS}/imdb-trials.json", "benchmarks/imdb.py", "markdown_ngram_seeds"),
     "mlm-probes": Table(f"{RESULTS}/mlm-probes.json", "benchmarks/imdb.py", "markdown_probes"),
     "recipe-probes": Table(f"{RESULTS}/recipe-probes.json", "experiments/recipe_probes.py"),
     "electra-diagnosis": Table((f"{RESULTS}/electra-diagnosis*.json",), "experiments/electra_diagnosis.py",
