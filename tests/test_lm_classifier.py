@@ -121,6 +121,10 @@ def test_a_language_model_fine_tuned_as_a_classifier_learns_classifies_and_evalu
     assert main(["classify", str(run), "-i", str(inputs), "--with-attention"]) == 0
     labels = [line.split("\t")[0] for line in capsys.readouterr().out.splitlines() if "\t" in line]
     assert labels[:2] == ["pos", "neg"]
+    # its causal self-attention and what the pooled states drew on (a traceback before)
+    assert main(["attention", str(run), "--src", "the film was superb", "-o", str(tmp_path / "attn"), "--html"]) == 0
+    page = next((tmp_path / "attn").glob("*.html")).read_text(encoding="utf-8")
+    assert "causal self-attention" in page and "encoder self-attention" not in page
 
 
 def test_the_wrong_kind_of_run_or_pooling_is_a_one_line_error(lm_run, tmp_path: Path, capsys) -> None:

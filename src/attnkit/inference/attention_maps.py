@@ -46,7 +46,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from ..classifier import TransformerClassifier
+from ..classifier import DecoderClassifier, TransformerClassifier
 from ..common.errors import UserError
 from ..data.tokenizer import BOS_ID, EOS_ID
 from ..lm import LanguageModel
@@ -130,6 +130,7 @@ class AttentionMaps:
     window_rows: list[str] = field(default_factory=list)
     encoder_tokens: list[str] = field(default_factory=list)
     encoder_note: str = ""
+    encoder_title: str = "encoder self-attention"  # a decoder-only classifier's: causal self-attention
     head_scores: HeadScores | None = None
 
     def heading(self, max_chars: int | None = None) -> str:
@@ -151,7 +152,7 @@ class AttentionMaps:
             views.append(AttentionView(kind, title, self.cross, self.tgt_tokens, self.src_tokens, "output", "source"))
         if self.encoder_self:
             tokens = self.encoder_tokens or self.src_tokens
-            views.append(AttentionView("encoder_self", "encoder self-attention" + self.encoder_note, self.encoder_self,
+            views.append(AttentionView("encoder_self", self.encoder_title + self.encoder_note, self.encoder_self,
                                        tokens, tokens, "source", "source"))
         if self.decoder_self and self.arch == "lm":
             views.append(AttentionView("decoder_self", "causal self-attention", self.decoder_self, self.tgt_in_tokens,
@@ -207,17 +208,21 @@ def _classifier_maps(run: LoadedRun, source: str, reading: Reading, top: int = T
     pieces, so they sum to at most 1). A text read as several windows adds the ``windows`` view, and
     its self-attention is the window with the largest evidence for the prediction."""
     model = run.model
-    if not isinstance(model, TransformerClassifier) or run.classes is None:
-        raise TypeError(f"expected a TransformerClassifier run with classes, got {type(model).__name__}")
+    if not isinstance(model, (TransformerClassifier, DecoderClassifier)) or run.classes is None:
+        raise TypeError(f"expected a classifier run with classes, got {type(model).__name__}")
     e = explain(run, source, reading)
     label, n = run.classes[e.predicted], len(e.windows)
     output = f"{label} (p={float(e.probs[e.predicted]):.2f})"
     evidence = e.evidence()  # (W,)
     w = int(evidence.argmax())
     ids = e.windows[w]
-    with torch.inference_mode():
-        _, _, encoder_self = model.encoder(torch.tensor([ids], device=next(model.parameters()).device),
-                                           need_weights=True)  # per layer (1, H, T, T)
+    x = torch.tensor([ids], device=next(model.parameters()).device)  # (1, T)
+    with torch.inference_mode():  # per layer (1, H, T, T)
+        if isinstance(model, DecoderClassifier):  # the language model's layers: causal self-attention
+            _, encoder_self, _ = model.lm.features(x, need_weights=True)
+        else:
+            _, _, encoder_self = model.encoder(x, need_weights=True)
+    title = "causal self-attention" if isinstance(model, DecoderClassifier) else "encoder self-attention"
     keep, window_tokens = _most(e.window_importance[w], run.tok.src_pieces_from_ids(ids),
                                 e.positions[w] if n > 1 else list(range(len(ids))), top)
     weights = [x[:, keep][:, :, keep] for x in _first(encoder_self)]  # (H, k, k): weights among the kept pieces
@@ -225,7 +230,7 @@ def _classifier_maps(run: LoadedRun, source: str, reading: Reading, top: int = T
         if len(ids) > top:
             output += f"; the {top} of {len(ids)} pieces it drew on most"
         return AttentionMaps("classifier", source, output, False, window_tokens, encoder_self=weights,
-                             pooling=e.window_importance[0][keep])
+                             pooling=e.window_importance[0][keep], encoder_title=title)
     importance = e.importance()  # (L,)
     kept, tokens = _most(importance, e.pieces, list(range(len(e.pieces))), top)
     output += f"; read as {n} windows" + (f", the {top} of {len(e.pieces)} pieces it drew on most"
@@ -238,7 +243,7 @@ def _classifier_maps(run: LoadedRun, source: str, reading: Reading, top: int = T
         "classifier", source, output, False, tokens, encoder_self=weights, pooling=importance[kept],
         windows=shares,  # (2, W): each row sums to 1, or is zeros when no window argued that way
         window_labels=[f"{i + 1}: pieces {s[0]}-{s[-1]}, p={float(p[i]):.2f}" for i, s in enumerate(spans)],
-        window_rows=[f"for {label}", "against"], encoder_tokens=window_tokens,
+        window_rows=[f"for {label}", "against"], encoder_tokens=window_tokens, encoder_title=title,
         encoder_note=f", window {w + 1} of {n} (the strongest for {label})")
 
 
