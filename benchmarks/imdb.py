@@ -181,6 +181,15 @@ def markdown_outside(results: dict) -> str:
                      "CPU minutes (all)", "threads", "measured"], rows, "lllrrrrrl")
 
 
+def config_init_from(config: str) -> str | None:
+    """The ``model.init_from`` a committed config names (None for a missing file or key)."""
+    import yaml
+
+    path = ROOT / config
+    raw = yaml.safe_load(path.read_text(encoding="utf-8")) if path.exists() else None
+    return ((raw or {}).get("model") or {}).get("init_from")
+
+
 def markdown_brief(results: dict) -> str:
     """The README's table: the IMDB classifiers of :func:`markdown_table`, without its descriptions (docs/results.md
     has them); a fine-tuned one's minutes and updates are its pretraining run's + its own."""
@@ -190,7 +199,8 @@ def markdown_brief(results: dict) -> str:
         if r is None or target is None or not name.startswith(("imdb", "seed-imdb")):
             continue
         minutes, updates = f"{r['train_minutes']:.1f}", num(r["updates"])
-        source = results["results"].get(f"configs/{Path(r.get('init_from') or '').name}.yaml")
+        init_from = r.get("init_from") or config_init_from(r["config"])  # older results did not record it
+        source = results["results"].get(f"configs/{Path(init_from or '').name}.yaml")
         if source is not None:
             minutes = f"{source['train_minutes']:.1f} + {minutes}"
             updates = f"{num(source['updates'])} + {updates}"
