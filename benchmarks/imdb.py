@@ -131,14 +131,15 @@ def measure(config: str, record_only: bool, overrides: list[str]) -> dict:
 def expert_accuracies(run, valid) -> dict:
     """A classifier with an n-gram expert (``model.ngram_buckets``): the held-out accuracy of its head alone and of
     the n-gram expert alone, each reading the reviews as the pair does."""
-    model, both = run.model, run.model.experts
+    model, expert = run.model, run.model.ngrams
     try:
-        model.experts = lambda tokens: both(tokens)[:1]  # the head's logits
+        model.ngrams = None  # the head alone
         head = evaluate_classifier(run, valid)[0].accuracy
-        model.experts = lambda tokens: both(tokens)[1:]  # the n-gram expert's
+        model.experts = lambda tokens: [expert(tokens)]  # the n-gram expert alone, without running the Transformer
         ngrams = evaluate_classifier(run, valid)[0].accuracy
     finally:
-        del model.experts  # the class's method again
+        model.ngrams = expert
+        vars(model).pop("experts", None)  # the class's method again
     return {"head_alone_accuracy": round(head, 2), "ngram_expert_alone_accuracy": round(ngrams, 2)}
 
 

@@ -146,8 +146,8 @@ class ClassificationTask(EpochTask):
     def labelled_batches(self, size: int = 256) -> Iterator[tuple[Tensor, Tensor]]:
         """Every training text as read in training (``(B, T)`` ids, padded) with its class index ``(B,)``."""
         for start in range(0, len(self.x), size):
-            indices = np.arange(start, min(start + size, len(self.x)))
-            yield self.x.pad(indices.tolist(), PAD_ID), torch.from_numpy(self.y[indices].astype(np.int64))
+            batch = self.collate(list(range(start, min(start + size, len(self.x)))), torch.device("cpu"))
+            yield batch.tokens, batch.targets
 
     def objective(self, model: nn.Module) -> nn.Module:
         return ClassificationLoss(model)

@@ -39,7 +39,7 @@ class ClassificationLoss(nn.Module):
         self.model = model
 
     def forward(self, tokens: Tensor, targets: Tensor, label_smoothing: float = 0.0) -> Tensor:
-        experts = self.model.experts(tokens) if hasattr(self.model, "experts") else [self.model(tokens)]  # (B, C) each
+        experts = self.model.experts(tokens)  # (B, C) each: the head's logits, then any n-gram expert's
         return sum(F.cross_entropy(logits.float(), targets, label_smoothing=label_smoothing, reduction="sum")
                    for logits in experts)  # type: ignore[return-value]
 
