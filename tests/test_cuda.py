@@ -108,6 +108,31 @@ def test_bf16_autocast_on_the_gpu_stays_close_to_float32(name: str) -> None:
     assert (low.argmax(-1) == exact.argmax(-1)).float().mean() > 0.9
 
 
+@pytest.mark.parametrize("spread", [0.3, 60.0])  # 60: logit gaps of hundreds, most targets' p_y underflows
+@pytest.mark.parametrize("eps", [0.0, 0.1])
+def test_fused_loss_on_the_gpu_equals_linear_then_cross_entropy(spread: float, eps: float) -> None:
+    """One chunk and no wait for the GPU there (engine/loss.py), yet the same loss and gradients."""
+    import torch.nn.functional as F
+
+    from attnkit.engine.loss import linear_cross_entropy
+    g = torch.Generator().manual_seed(3)
+    hidden = torch.randn(300, 16, generator=g).to(GPU).requires_grad_()
+    weight = (spread * torch.randn(50, 16, generator=g)).to(GPU).requires_grad_()
+    targets = torch.randint(0, 50, (300,), generator=g).to(GPU)
+    ours = linear_cross_entropy(hidden, weight, None, targets, label_smoothing=eps)
+    ours.backward()
+    got = hidden.grad.clone(), weight.grad.clone()
+    hidden.grad = weight.grad = None
+    ref = F.cross_entropy(F.linear(hidden, weight), targets, label_smoothing=eps, reduction="sum")
+    ref.backward()
+    if spread > 1:
+        assert torch.softmax(F.linear(hidden, weight), -1).gather(1, targets[:, None]).min() == 0
+    torch.testing.assert_close(ours, ref, rtol=1e-5, atol=ATOL)
+    tol = ATOL if spread < 1 else 1e-3  # logits of +-1000: float32 rounding in the gradients is ~1e-4 of them
+    for ours_grad, ref_grad in zip(got, (hidden.grad, weight.grad), strict=True):
+        torch.testing.assert_close(ours_grad, ref_grad, rtol=tol, atol=tol * ref_grad.abs().max().item())
+
+
 # -- Hugging Face models on the GPU -------------------------------------------------------------------------------
 
 

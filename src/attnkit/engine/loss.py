@@ -35,8 +35,11 @@ from torch import Tensor, nn
 
 from ..common.numeric import round_up
 
-#: Rows per chunk: 1024 x 8k logits at a time.
+#: Rows per chunk on the CPU: 1024 x 8k logits at a time.
 CHUNK_ROWS = 1024
+#: Logits per chunk on a GPU (at least :data:`CHUNK_ROWS` rows): there memory is plentiful and every chunk costs
+#: a dozen kernel launches, so one chunk usually covers the whole batch.
+GPU_CHUNK_LOGITS = 1 << 26
 #: The last chunk is padded to a multiple of this many rows. The number of scored tokens changes
 #: every batch, and oneDNN (bf16 matmuls on the CPU) builds and keeps a kernel per matrix shape:
 #: unpadded, every batch would add three (benchmarks/README.md, "Memory").
@@ -86,7 +89,9 @@ class _LinearCrossEntropy(torch.autograd.Function):
             p_y = p.gather(1, y[:, None]).squeeze(1).float()  # (rows,)
             lse = z_y - p_y[:n].log()  # (n,) log sum_v exp z_v
             lost = p_y[:n] < UNDERFLOW
-            if bool(lost.any()):
+            if z.is_cuda:  # no wait for the GPU mid-update: the exact log-sum-exp for every row, kept where lost
+                lse = torch.where(lost, torch.logsumexp(z[:n].float(), dim=-1), lse)
+            elif bool(lost.any()):
                 lse[lost] = torch.logsumexp(z[:n][lost].float(), dim=-1)
             smooth = lse - z_sum[start: start + n] / V  # -(1/V) sum_v log p_v
             total += ((1.0 - eps) * (lse - z_y) + eps * smooth).sum()
@@ -118,7 +123,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
 
 
 def linear_cross_entropy(hidden: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor, *,
-                         label_smoothing: float = 0.0, chunk: int = CHUNK_ROWS) -> Tensor:
+                         label_smoothing: float = 0.0, chunk: int | None = None) -> Tensor:
     """Summed label-smoothed cross-entropy of ``hidden @ weight.T + bias`` against ``targets``.
 
     Equal to ``F.cross_entropy(F.linear(hidden, weight, bias).float(), targets,
@@ -129,8 +134,12 @@ def linear_cross_entropy(hidden: Tensor, weight: Tensor, bias: Tensor | None, ta
     :param weight: ``(V, d)`` output projection (may be tied to an embedding).
     :param bias: ``(V,)`` or None.
     :param targets: ``(N,)`` long class indices.
+    :param chunk: rows per chunk; by default :data:`CHUNK_ROWS` on the CPU, and on a GPU as many as
+        :data:`GPU_CHUNK_LOGITS` logits.
     :returns: a float32 scalar.
     """
+    if chunk is None:
+        chunk = max(CHUNK_ROWS, GPU_CHUNK_LOGITS // weight.size(0)) if hidden.is_cuda else CHUNK_ROWS
     device = hidden.device.type
     dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else hidden.dtype
     with_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (hidden, weight, bias))

@@ -180,6 +180,8 @@ class LanguageModelTask(EpochTask):
     def collate(self, indices: list[int], device: torch.device) -> LMBatch:
         blocks = np.stack([self.stream[s: s + self.block + 1] for s in indices]).astype(np.int64)  # (B, T + 1)
         x = torch.from_numpy(blocks)
+        if device.type == "cuda":  # pinned, one asynchronous copy: the host queues on without waiting for the GPU
+            x = x.pin_memory().to(device, non_blocking=True)
         return LMBatch(x[:, :-1].to(device), x[:, 1:].to(device), x.size(0) * self.block)
 
     def loss(self, objective: nn.Module, batch: LMBatch, label_smoothing: float) -> Tensor:
