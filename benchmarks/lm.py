@@ -342,8 +342,12 @@ def main(argv: list[str] | None = None) -> int:
     val = prepare_nanogpt_data(args.nanogpt)
     started = time.time()
     rows: list[dict] = []
-    nanogpt_commit = subprocess.run(["git", "-C", str(args.nanogpt), "rev-parse", "--short", "HEAD"],
-                                    capture_output=True, text=True).stdout.strip() or None
+    top = subprocess.run(["git", "-C", str(args.nanogpt), "rev-parse", "--show-toplevel"], capture_output=True,
+                         text=True).stdout.strip()
+    nanogpt_commit = None  # a copy without its own .git (inside another repository, say) has no commit to name
+    if top and Path(top).resolve() == args.nanogpt.resolve():
+        nanogpt_commit = subprocess.run(["git", "-C", str(args.nanogpt), "rev-parse", "--short", "HEAD"],
+                                        capture_output=True, text=True).stdout.strip() or None
     for name in args.rows:
         print(f"row {name} ...", flush=True)
         rows += {"documented": lambda: row_documented(args.nanogpt, val, work),
