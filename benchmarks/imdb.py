@@ -97,7 +97,7 @@ def measure(config: str, record_only: bool, overrides: list[str]) -> dict:
     result = {"config": shown, "what": describe(name),
               "task": cfg.task, "train_minutes": metrics[-1]["minutes"], "minutes_total": minutes_total,
               "updates": metrics[-1]["step"], "threads": cfg.train.threads, "seed": cfg.train.seed,
-              "run_dir": f"runs/{name}", **stamp()}
+              "max_minutes": cfg.train.max_minutes, "run_dir": f"runs/{name}", **stamp()}
     if cpu_minutes_total is not None:
         result["cpu_minutes_total"] = cpu_minutes_total
     if cfg.model.init_from:
@@ -234,30 +234,40 @@ def seed_table(trials: dict, pretrain: str, finetune: str, keep: Callable[[dict]
                experts: bool = False) -> str:
     """Every kept run of ``finetune`` in ``imdb-trials.json`` with its seed and the updates of its pretraining run
     (the ``pretrain`` run with the same settings, else the reported one it started from), then mean and spread;
-    ``experts``: also each expert's accuracy alone (a classifier with ``model.ngram_buckets``)."""
+    ``experts``: also each expert's accuracy alone (a classifier with ``model.ngram_buckets``). Runs recorded with
+    their budgets (``max_minutes`` of both stages) get one table per pair of budgets, with the minutes in all."""
     runs = trials["runs"]
     sources = runs.get(f"configs/{pretrain}.yaml", [])
     by_settings = {r["settings"]: r for r in sources}
     reported = [r for r in sources if r.get("reported", True)]
-    rows, accuracies = [], []
+    groups: dict[tuple, tuple[list, list]] = {}
     for r in runs.get(f"configs/{finetune}.yaml", []):
         if not keep(r):
             continue
         p = by_settings.get(r["settings"]) or (reported[-1] if reported and r.get("seed", 1) == 1 else None)
+        budgets = (p.get("max_minutes") if p else None, r.get("max_minutes"))
+        rows, accuracies = groups.setdefault(budgets, ([], []))
         accuracies.append(r["valid_accuracy"])
         alone = ([f"{r['head_alone_accuracy']:.2f}", f"{r['ngram_expert_alone_accuracy']:.2f}"]
                  if experts else [])
+        in_all = (f"{p['minutes_total'] + r['minutes_total']:.1f}"
+                  if p and p.get("minutes_total") and r.get("minutes_total") else "")
         rows.append([r.get("seed", 1), f"{r['valid_accuracy']:.2f}", *alone, "" if p is None else num(p["updates"]),
-                     num(r["updates"]), r["threads"], f"{r['date'][:10]}, `{r['commit']}`"])
-    if not accuracies:
+                     num(r["updates"]), in_all, r["threads"], f"{r['date'][:10]}, `{r['commit']}`"])
+    if not groups:
         return "(no runs yet)"
-    mean = statistics.mean(accuracies)
-    sd = statistics.stdev(accuracies) if len(accuracies) > 1 else 0.0
-    table = markdown(["seed", "held-out accuracy", *(["head alone", "n-gram expert alone"] if experts else []),
-                      "pretraining updates", "fine-tuning updates", "threads", "measured"], rows,
-                     "rr" + ("rr" if experts else "") + "rrrl")
-    return (f"{table}\n\n{len(accuracies)} seeds: mean **{mean:.2f}**, sample standard deviation {sd:.2f}, "
-            f"range {min(accuracies):.2f} to {max(accuracies):.2f}.")
+    out = []
+    for budgets, (rows, accuracies) in groups.items():
+        mean = statistics.mean(accuracies)
+        sd = statistics.stdev(accuracies) if len(accuracies) > 1 else 0.0
+        table = markdown(["seed", "held-out accuracy", *(["head alone", "n-gram expert alone"] if experts else []),
+                          "pretraining updates", "fine-tuning updates", "minutes in all", "threads", "measured"], rows,
+                         "rr" + ("rr" if experts else "") + "rrrrl")
+        head = (f"Budgets {budgets[0]:g} + {budgets[1]:g} minutes:\n\n" if None not in budgets and len(groups) > 1
+                else "")
+        out.append(f"{head}{table}\n\n{len(accuracies)} seeds: mean **{mean:.2f}**, sample standard deviation "
+                   f"{sd:.2f}, range {min(accuracies):.2f} to {max(accuracies):.2f}.")
+    return "\n\n".join(out)
 
 
 def markdown_variance(trials: dict) -> str:

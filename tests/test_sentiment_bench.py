@@ -62,3 +62,19 @@ def test_the_brief_table_lists_classifiers_with_their_pretraining_minutes(bench)
     assert "| `configs/imdb-lm-ngrams.yaml` | 92.20 | 91.5 | 40.2 + 21.7 | 2,119 + 1,201 | 1 |" in table
     assert "| `configs/imdb.yaml` | 88.00 | 89.0 | 18.3 | 3,542 | 1 |" in table
     assert "imdb-lm.yaml`" not in table  # a pretraining stage is counted in its classifier's row
+
+
+def test_the_seed_table_splits_by_budgets_and_adds_the_minutes_in_all(bench) -> None:
+    def run(config: str, seed: int, settings: str, budget: float, minutes: float, **more) -> dict:
+        return {"config": config, "seed": seed, "settings": settings, "max_minutes": budget, "minutes_total": minutes,
+                "updates": 100 * seed, "threads": 1, "date": "2026-11-26T00:00:00+00:00", "commit": "abc1234", **more}
+    lm, ng = "configs/imdb-lm.yaml", "configs/imdb-lm-ngrams.yaml"
+    trials = {"runs": {
+        lm: [run(lm, s, f"old {s}", 40, 42.0) for s in (1, 2)] + [run(lm, s, f"new {s}", 37, 38.9) for s in (1, 2)],
+        ng: [run(ng, s, f"old {s}", 20, 21.0, valid_accuracy=92.0 + s / 10) for s in (1, 2)]
+        + [run(ng, s, f"new {s}", 18, 19.1, valid_accuracy=91.6 + s / 10) for s in (1, 2)]}}
+    text = bench.seed_table(trials, "imdb-lm", "imdb-lm-ngrams", lambda r: True)
+    old, new = text.split("Budgets 37 + 18 minutes:")
+    assert old.startswith("Budgets 40 + 20 minutes:")
+    assert "| 2 | 92.20 | 200 | 200 | 63.0 | 1 |" in old and "mean **92.15**" in old
+    assert "| 1 | 91.70 | 100 | 100 | 58.0 | 1 |" in new and "mean **91.75**" in new
