@@ -80,6 +80,22 @@ def test_accumulate_groups_batches_into_one_update(tmp_path):
     assert trainer.step == 3 and seen == trainer.task.batches(0)[:6]
 
 
+def test_a_validation_that_spends_the_budget_ends_the_run(tmp_path):
+    """max_minutes counts validations: one that uses up the budget is the last, not one more update and another."""
+    raw = raw_config(max_updates=50, valid_every=4, max_minutes=1.0)
+    trainer = Trainer(load_config(RunConfig, raw), tmp_path / "run", log=quiet)
+    validate = trainer.validate
+
+    def slow_validation() -> dict:
+        trainer.seconds_before += 40.0  # each validation "takes" 40 s: the second spends the minute
+        return validate()
+    trainer.validate = slow_validation
+    trainer.run()
+    assert trainer.step == 8
+    lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in lines] == [4, 8]
+
+
 # -- learning ---------------------------------------------------------------------------
 
 

@@ -302,6 +302,9 @@ class Trainer:
                     if tc.patience and self.bad_validations >= tc.patience:
                         self.log(f"early stopping: no improvement in {tc.patience} validations")
                         stop = True
+                    if tc.max_minutes > 0 and not stop:  # the validation spent the rest: stop with it, not with
+                        self.clock = self.workers.broadcast(self.minutes())  # one more update and validation
+                        stop = self.clock >= tc.max_minutes
                 if stop or epoch_done:  # epoch_done: fetch the new epoch's batches, not replay these
                     break
             else:
