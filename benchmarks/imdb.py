@@ -102,6 +102,10 @@ def measure(config: str, record_only: bool, overrides: list[str]) -> dict:
         result["cpu_minutes_total"] = cpu_minutes_total
     if cfg.model.init_from:
         result["init_from"] = cfg.model.init_from
+        source = ROOT / cfg.model.init_from
+        if (source / "metrics.jsonl").exists():  # the pretraining run it started from, as it was then
+            last = read_metrics(source)[-1]
+            result["pretraining"] = {"train_minutes": last["minutes"], "updates": last["step"]}
     if cfg.task == "pretrain":
         best = max(metrics, key=lambda m: m["score"])
         result.update(valid_mlm_accuracy=best["valid_mlm_acc"], valid_mlm_loss=best["valid_loss"],
@@ -193,7 +197,7 @@ def config_init_from(config: str) -> str | None:
 
 def markdown_brief(results: dict) -> str:
     """The README's table: the IMDB classifiers of :func:`markdown_table`, without its descriptions (docs/results.md
-    has them); a fine-tuned one's minutes and updates are its pretraining run's + its own."""
+    has them); a fine-tuned one's minutes and updates are those of the pretraining run it started from + its own."""
     rows = []
     for name, (_, target, _) in TARGETS.items():
         r = results["results"].get(f"configs/{name}.yaml")
@@ -201,7 +205,8 @@ def markdown_brief(results: dict) -> str:
             continue
         minutes, updates = f"{r['train_minutes']:.1f}", num(r["updates"])
         init_from = r.get("init_from") or config_init_from(r["config"])  # older results did not record it
-        source = results["results"].get(f"configs/{Path(init_from or '').name}.yaml")
+        # the pretraining run it started from; older results did not record it: then the reported one
+        source = r.get("pretraining") or results["results"].get(f"configs/{Path(init_from or '').name}.yaml")
         if source is not None:
             minutes = f"{source['train_minutes']:.1f} + {minutes}"
             updates = f"{num(source['updates'])} + {updates}"
@@ -233,7 +238,8 @@ VARIANCE_RUNS = "the committed recipe at 1 thread"
 def seed_table(trials: dict, pretrain: str, finetune: str, keep: Callable[[dict], bool],
                experts: bool = False) -> str:
     """Every kept run of ``finetune`` in ``imdb-trials.json`` with its seed and the updates of its pretraining run
-    (the ``pretrain`` run with the same settings, else the reported one it started from), then mean and spread;
+    (the ``pretrain`` run with the same settings, else the one its ``pretraining`` record names, else the reported
+    one), then mean and spread;
     ``experts``: also each expert's accuracy alone (a classifier with ``model.ngram_buckets``). Runs recorded with
     their budgets (``max_minutes`` of both stages) get one table per pair of budgets, with the minutes in all."""
     runs = trials["runs"]
@@ -244,7 +250,11 @@ def seed_table(trials: dict, pretrain: str, finetune: str, keep: Callable[[dict]
     for r in runs.get(f"configs/{finetune}.yaml", []):
         if not keep(r):
             continue
-        p = by_settings.get(r["settings"]) or (reported[-1] if reported and r.get("seed", 1) == 1 else None)
+        pre = r.get("pretraining")  # the run it started from, where recorded: found by its updates and minutes
+        same = [s for s in sources if pre and (s["updates"], s["train_minutes"]) == (pre["updates"],
+                                                                                   pre["train_minutes"])]
+        p = (by_settings.get(r["settings"]) or (same[-1] if same else None)
+             or (reported[-1] if reported and r.get("seed", 1) == 1 else None))
         budgets = (p.get("max_minutes") if p else None, r.get("max_minutes"))
         rows, accuracies = groups.setdefault(budgets, ([], []))
         accuracies.append(r["valid_accuracy"])
