@@ -207,8 +207,7 @@ def row_hour(val: Path, work: Path, threads: int, settings: list[str]) -> list[d
 def row_throughput(nanogpt: Path, work: Path, device: str = "cpu") -> list[dict]:
     """Training tokens/s at nanoGPT's train_shakespeare_char shape: nanoGPT's median iteration after warm-up,
     attnkit's updates between two runs. On a GPU (``device`` cuda) both in bf16 (nanoGPT's ``--dtype``, attnkit's
-    ``precision: auto``), and each twice: eager, and compiled (nanoGPT's default there, attnkit's
-    ``train.engine: compiled``)."""
+    ``precision: auto``), and nanoGPT twice: eager, as attnkit trains, and compiled, its default there."""
     iters, warmup = (8, 3) if device == "cpu" else (100, 20)  # a GPU update is milliseconds
     s = THROUGHPUT_SHAPE
     tokens = s["batch_size"] * s["block_size"]
@@ -235,17 +234,14 @@ def row_throughput(nanogpt: Path, work: Path, device: str = "cpu") -> list[dict]
                  f"data.block_size={s['block_size']}", f"model.transformer.max_len={s['block_size']}",
                  f"train.max_tokens={tokens}", "train.max_minutes=0", "train.valid_every=1000000",
                  "model.transformer.dropout=0.0"]
+    times = []
     attnkit_iters = iters if device == "cpu" else 25 * iters  # on a GPU: enough updates to outweigh startup noise
-    for engine in (["fast"] if device == "cpu" else ["fast", "compiled"]):  # compiled: as nanoGPT's compiled row
-        times = []
-        for n in (warmup, warmup + attnkit_iters):  # the difference of two runs: startup, compiling and validation
-            name = f"ak-throughput-{engine}-{n}"  # cancel out
-            cmd = [sys.executable, "-m", "attnkit", "train", str(CONFIG), "--run-dir", str(work / name), *overrides,
-                   f"train.max_updates={n}", f"train.engine={engine}"]
-            times.append(run_timed(cmd, ROOT, work / f"{name}.log")[0])
-        rows.append({"row": "throughput", "contender": "attnkit" + (", compiled" if engine == "compiled" else ""),
-                     "tok_s": round(tokens * attnkit_iters / (times[1] - times[0])), "shape": s, "device": device})
-    return rows
+    for n in (warmup, warmup + attnkit_iters):  # the difference of two runs: startup and validation cancel out
+        cmd = [sys.executable, "-m", "attnkit", "train", str(CONFIG), "--run-dir", str(work / f"ak-throughput-{n}"),
+               *overrides, f"train.max_updates={n}"]
+        times.append(run_timed(cmd, ROOT, work / f"attnkit-throughput-{n}.log")[0])
+    ak = tokens * attnkit_iters / (times[1] - times[0])
+    return [*rows, {"row": "throughput", "contender": "attnkit", "tok_s": round(ak), "shape": s, "device": device}]
 
 
 @torch.inference_mode()

@@ -193,21 +193,6 @@ def test_training_on_the_gpu_learns_and_its_checkpoint_loads_on_the_cpu(gpu_run:
         torch.testing.assert_close(gpu.model(tokens.to(GPU)).cpu(), cpu.model(tokens), atol=ATOL, rtol=ATOL)
 
 
-def test_the_compiled_engine_trains_on_the_gpu_as_the_fast_one(tmp_path: Path) -> None:
-    """``train.engine: compiled`` on the GPU (where it cuts the kernel launches): the fast engine's updates, to
-    float32 rounding."""
-    (tmp_path / "train.txt").write_text(corpus(120), encoding="utf-8")
-    weights = {}
-    for engine in ("fast", "compiled"):
-        trainer = train_lm(lm_config(tmp_path / "train.txt", train_options={"engine": engine, "max_updates": 5,
-                                                                           "valid_every": 5, "seed": 3}),
-                           tmp_path / engine)
-        assert trainer.device.type == "cuda"
-        weights[engine] = dict(trainer.model.named_parameters())
-    for name, weight in weights["fast"].items():
-        torch.testing.assert_close(weights["compiled"][name], weight, atol=ATOL, rtol=ATOL, msg=name)
-
-
 def test_generate_on_the_gpu_is_seeded_and_greedy_equals_the_cpu(gpu_run: Path, capsys) -> None:
     sampled = [cli(capsys, "generate", gpu_run, "--prompt", "ROMEO:", "--seed", "3", "--max-new-tokens", "30",
                    "--device", "cuda") for _ in range(2)]

@@ -470,22 +470,3 @@ def test_resume_is_bitwise_identical(tmp_path, capsys):
     assert sorted(straight_log) == [*range(n_epoch, total + 1, n_epoch), *[total] * bool(total % n_epoch)]
     assert all(resumed_log[step] == straight_log[step] for step in straight_log)
     assert all(math.isfinite(m["valid_loss"]) for m in straight_log.values())
-
-
-def test_the_compiled_engine_trains_as_the_fast_one(tmp_path: Path) -> None:
-    """``train.engine: compiled`` (torch.compile of the training step's model and loss) makes the fast engine's
-    updates: the same weights after them, to float32 rounding, and a checkpoint that loads as any other."""
-    text = tmp_path / "text.txt"
-    text.write_text(corpus(120), encoding="utf-8")
-    trained = {}
-    for engine in ("fast", "compiled"):
-        raw = lm_config(text, train_options={"engine": engine, "max_updates": 5, "valid_every": 5, "seed": 3})
-        trained[engine] = train_lm(raw, tmp_path / engine)
-    assert hasattr(trained["compiled"].train_objective, "_orig_mod")  # what trained was torch.compile's module
-    fast, compiled = (dict(trained[e].model.named_parameters()) for e in ("fast", "compiled"))
-    assert fast.keys() == compiled.keys()
-    for name, weight in fast.items():
-        torch.testing.assert_close(compiled[name], weight, atol=1e-5, rtol=1e-4, msg=name)
-    loaded = dict(load_run(tmp_path / "compiled").model.named_parameters())
-    for name, weight in compiled.items():
-        torch.testing.assert_close(loaded[name], weight, atol=0, rtol=0, msg=name)

@@ -174,9 +174,7 @@ class TrainConfig:
     patience: int = 0  # stop after this many validations without improvement (0 = never)
     threads: int = 0  # torch intra-op threads (0 = torch's default)
     progress: bool = True  # a progress bar on a terminal, a plain line every 30 s otherwise
-    # reference: the textbook path; fast: attnkit.engine (same results); compiled: fast, with the training step's model
-    # and loss under torch.compile (fewer kernel launches on a GPU; about as fast as fast on the CPU)
-    engine: Literal["fast", "reference", "compiled"] = "fast"
+    engine: Literal["fast", "reference"] = "fast"  # reference: the textbook path; fast: attnkit.engine (same results)
 
     def validate(self) -> None:
         for key in ("max_tokens", "accumulate", "max_updates", "max_epochs", "valid_every", "pad_multiple",

@@ -3,9 +3,8 @@
 The reference path (:mod:`attnkit.attention`, :mod:`~attnkit.multihead`, :mod:`~attnkit.layers`,
 :mod:`~attnkit.transformer`, the task's ``F.cross_entropy``) reads like the seeds and imports
 nothing from here. :func:`accelerate` swaps the fast paths into a built model, in place, without
-changing its parameters; training selects it with ``train.engine: fast | reference | compiled`` (default
-``fast``; ``compiled`` is ``fast`` with :func:`compile_objective`), and ``translate`` / ``evaluate`` /
-``attention`` always decode with it.
+changing its parameters; training selects it with ``train.engine: fast | reference`` (default
+``fast``), and ``translate`` / ``evaluate`` / ``attention`` always decode with it.
 
 ============================================  ============================================  =======================
 fast path                                     replaces (reference)                          module
@@ -31,16 +30,14 @@ static key/value buffers (opt-in)
 ============================================  ============================================  =======================
 
 Each has a test against its reference in ``tests/test_engine.py`` (the compiled decoder in
-``tests/test_compiled_decoding.py``, the compiled training step in ``tests/test_train.py``). Neither compiled path is
-part of :func:`accelerate`: compiling costs seconds, so ``attnkit generate --compile``, ``train.engine: compiled`` and
-the benchmarks ask for them.
+``tests/test_compiled_decoding.py``). The compiled decoder is not part of :func:`accelerate`: compiling costs
+seconds, so ``attnkit generate --compile`` and the benchmarks ask for it.
 """
 
 from __future__ import annotations
 
 from typing import Literal
 
-import torch
 from torch import nn
 
 from ..lm import LanguageModel
@@ -52,11 +49,11 @@ from .dropout import ByteDropout
 from .loss import FusedLMLoss, FusedSeq2SeqLoss
 from .mlm import FusedMLMLoss
 
-Engine = Literal["fast", "reference", "compiled"]
-ENGINES: tuple[Engine, ...] = ("fast", "reference", "compiled")
+Engine = Literal["fast", "reference"]
+ENGINES: tuple[Engine, ...] = ("fast", "reference")
 
 __all__ = ["ENGINES", "ByteDropout", "Engine", "FusedLMLoss", "FusedMLMLoss", "FusedSeq2SeqLoss", "GrowingKVCache",
-           "SharedMemoryState", "accelerate", "compile_objective", "fast_attend"]
+           "SharedMemoryState", "accelerate", "fast_attend"]
 
 
 def accelerate(model: nn.Module) -> nn.Module:
@@ -80,13 +77,3 @@ def accelerate(model: nn.Module) -> nn.Module:
         if isinstance(module, LanguageModel):  # not beam search's Transformer: it reorders its caches every step
             module.cache_type = GrowingKVCache
     return model
-
-
-def compile_objective(objective: nn.Module) -> nn.Module:
-    """``train.engine: compiled``: the training objective (the model and its loss, as the trainer calls them) under
-    ``torch.compile``, the same function with its kernels generated and fused: on a GPU far fewer launches per
-    update (benchmarks/README.md). The model's own calls (validation, decoding, export) stay eager; the compiled
-    module shares its parameters, so checkpoints are unchanged. Batches of new shapes recompile, then run with
-    dynamic shapes."""
-    return torch.compile(objective)
-

@@ -44,7 +44,7 @@ from torch import nn
 from ..common.errors import UserError
 from ..common.log import silent, to_stderr
 from ..config.schema import RunConfig, TrainConfig
-from ..engine import accelerate, compile_objective
+from ..engine import accelerate
 from ..runs.checkpoint import capture_rng_state, check_compatible, restore_rng_state
 from ..runs.directory import RunDirectory
 from ..runs.layout import MODEL_FILE
@@ -137,7 +137,7 @@ class Trainer:
         resume_from = self.workers.broadcast(resume_from)  # rank 0's choice, should the ranks' listings differ
         torch.manual_seed(self.tc.seed)  # model init independent of what data preparation drew
         self.model = self.task.build_model().to(self.device)
-        if self.tc.engine != "reference":
+        if self.tc.engine == "fast":
             accelerate(self.model)  # the same function, computed faster (attnkit.engine)
         self.objective = self.task.objective(self.model)  # the model and its loss: what DDP wraps
         if self.workers.enabled:  # one dropout stream per rank
@@ -155,8 +155,6 @@ class Trainer:
         else:
             self.run_dir.truncate_metrics(self.step)  # validations of a run that never reached a checkpoint
         self.train_objective = self.workers.wrap(self.objective, self._probe_loss)  # DDP, or the objective itself
-        if self.tc.engine == "compiled":
-            self.train_objective = compile_objective(self.train_objective)
         n_params = sum(p.numel() for p in self.model.parameters())
         workers = f", {self.workers.world_size} processes" if self.workers.enabled else ""
         self.log(f"{self.task.name}: {type(self.model).__name__} with {n_params / 1e6:.2f}M parameters on "
