@@ -71,6 +71,9 @@ def pooled_importance(hidden: Tensor, real: Tensor, attention: Tensor, how: Pool
 class TransformerClassifier(nn.Module):
     """Encoder + pooling + linear head; returns class logits ``(B, n_classes)``."""
 
+    #: What :meth:`self_attention` shows (the ``attention`` command's title for it).
+    attention_title = "encoder self-attention"
+
     def __init__(self, cfg: TransformerConfig, vocab_size: int, n_classes: int, pooling: Pooling = "max",
                  pad_id: int = PAD_ID, pooler: bool = False, ngram_buckets: int = 0) -> None:
         """:param pooler: a dense layer with tanh on the pooled vector, ``z = tanh(W_p z + b_p)`` (BERT's).
@@ -113,6 +116,11 @@ class TransformerClassifier(nn.Module):
         hidden, mask, weights = self.encoder(tokens, need_weights=True)
         return pooled_importance(hidden, mask[:, 0, 0], weights[-1], self.pooling)
 
+    @torch.no_grad()
+    def self_attention(self, tokens: Tensor) -> list[Tensor]:
+        """The encoder's self-attention weights of ``tokens`` ``(B, T)``: one ``(B, H, T, T)`` per layer."""
+        return self.encoder(tokens, need_weights=True)[2]
+
 
 class DecoderClassifier(nn.Module):
     """The language-model route: a causal language model's states, pooled, then a linear head.
@@ -126,6 +134,9 @@ class DecoderClassifier(nn.Module):
     from a ``task: lm`` run (``model.init_from``) is what makes it worth it: the language model has learned
     the text without labels. Rows are padded on the right, so no real token ever attends to padding.
     """
+
+    #: What :meth:`self_attention` shows (the ``attention`` command's title for it).
+    attention_title = "causal self-attention"
 
     def __init__(self, cfg: TransformerConfig, vocab_size: int, n_classes: int, pooling: Pooling = "last",
                  pad_id: int = PAD_ID, ngram_buckets: int = 0) -> None:
@@ -159,3 +170,8 @@ class DecoderClassifier(nn.Module):
         """As :meth:`TransformerClassifier.token_importance`: ``(B, T)``, rows summing to 1 over real tokens."""
         hidden, weights, _ = self.lm.features(tokens, need_weights=True)
         return pooled_importance(hidden, tokens != self.pad_id, weights[-1], self.pooling)
+
+    @torch.no_grad()
+    def self_attention(self, tokens: Tensor) -> list[Tensor]:
+        """The language model's causal self-attention weights of ``tokens`` ``(B, T)``: ``(B, H, T, T)`` per layer."""
+        return self.lm.features(tokens, need_weights=True)[1]

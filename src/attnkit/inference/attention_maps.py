@@ -216,13 +216,9 @@ def _classifier_maps(run: LoadedRun, source: str, reading: Reading, top: int = T
     evidence = e.evidence()  # (W,)
     w = int(evidence.argmax())
     ids = e.windows[w]
-    x = torch.tensor([ids], device=next(model.parameters()).device)  # (1, T)
     with torch.inference_mode():  # per layer (1, H, T, T)
-        if isinstance(model, DecoderClassifier):  # the language model's layers: causal self-attention
-            _, encoder_self, _ = model.lm.features(x, need_weights=True)
-        else:
-            _, _, encoder_self = model.encoder(x, need_weights=True)
-    title = "causal self-attention" if isinstance(model, DecoderClassifier) else "encoder self-attention"
+        encoder_self = model.self_attention(torch.tensor([ids], device=next(model.parameters()).device))
+    title = model.attention_title
     keep, window_tokens = _most(e.window_importance[w], run.tok.src_pieces_from_ids(ids),
                                 e.positions[w] if n > 1 else list(range(len(ids))), top)
     weights = [x[:, keep][:, :, keep] for x in _first(encoder_self)]  # (H, k, k): weights among the kept pieces

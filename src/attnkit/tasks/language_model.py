@@ -180,9 +180,9 @@ class LanguageModelTask(EpochTask):
     def collate(self, indices: list[int], device: torch.device) -> LMBatch:
         blocks = np.stack([self.stream[s: s + self.block + 1] for s in indices]).astype(np.int64)  # (B, T + 1)
         x = torch.from_numpy(blocks)
-        if device.type == "cuda":  # pinned, one asynchronous copy: the host queues on without waiting for the GPU
-            x = x.pin_memory().to(device, non_blocking=True)
-        return LMBatch(x[:, :-1].to(device), x[:, 1:].to(device), x.size(0) * self.block)
+        # to a GPU: pinned, one asynchronous copy, so the host queues on without waiting for the GPU
+        x = x.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else x.to(device)
+        return LMBatch(x[:, :-1], x[:, 1:], x.size(0) * self.block)
 
     def loss(self, objective: nn.Module, batch: LMBatch, label_smoothing: float) -> Tensor:
         return objective(batch.inputs, batch.targets, label_smoothing)
