@@ -109,7 +109,8 @@ class ContinuousGreedy:
         """Start ``sources`` (ids with ``</s>``, each at most the model's ``max_len``): encode them and run their
         first step. Returns their handles, and those that ended at once (``</s>`` or a budget of one token)."""
         model = self.model
-        model.eval()
+        if model.training:  # eval() walks every module: a tenth of a millisecond per join, on a first token's path
+            model.eval()
         device = next(model.parameters()).device
         handles = list(range(self._next_handle, self._next_handle + len(sources)))
         self._next_handle += len(sources)

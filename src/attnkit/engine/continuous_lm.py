@@ -127,7 +127,8 @@ class ContinuousSampler:
             raise ValueError(f"rows need prompts of one length (at least one id) and max_new_tokens >= 1, got "
                              f"lengths {sorted({len(p) for p in prompts})} and {min(max_new_tokens)}")
         model = self.model
-        model.eval()
+        if model.training:  # eval() walks every module: a tenth of a millisecond per join, on a first token's path
+            model.eval()
         device = next(model.parameters()).device
         rows = []
         for budget, sampling, generator in zip(max_new_tokens, samplings, generators, strict=True):
