@@ -197,18 +197,23 @@ class TextStream:
         self.text = ""  # what was shown so far
         self.stopped = False
         self._hold = max((len(s) for s in self.stop), default=1) - 1  # characters kept back
-        self._context = list(context)[-self.CONTEXT:]  # the tokens before the anchor
         self._anchor, self._settled = 0, ""  # ids[:anchor] decode to settled
+        self._set_context(list(context)[-self.CONTEXT:])
+
+    def _set_context(self, context: list[int]) -> None:
+        """The tokens before the anchor, and their text (decoded once per anchor, not at every token)."""
+        self._context = context
+        self._before = self.tok.decode_src([context])[0] if context else ""
 
     def _decoded(self) -> str:
         """The whole continuation's text so far."""
-        before = self.tok.decode_src([self._context])[0] if self._context else ""
+        before = self._before
         after = self.tok.decode_src([self._context + self.ids[self._anchor:]])[0]
         tail = after[len(before):] if after.startswith(before) else after  # the text of ids[anchor:]
         text = self._settled + tail
         if len(self.ids) - self._anchor >= self.SPAN and not tail.endswith("\ufffd"):
             self._settled, self._anchor = text, len(self.ids)  # settle: later steps decode from here
-            self._context = self.ids[-self.CONTEXT:]
+            self._set_context(self.ids[-self.CONTEXT:])
         return text
 
     def add(self, token: int) -> str:
