@@ -41,6 +41,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -222,13 +224,14 @@ async def served_load(port: int, texts: list[str]) -> tuple[list[tuple[float, fl
     return list(results), time.perf_counter() - start
 
 
-def served(run: Path, threads: int, repeats: int, device: torch.device) -> dict:
-    """One client, then :data:`STREAMS` concurrent ones, against ``attnkit serve RUN``."""
+@contextmanager
+def serving(run: Path, threads: int, device: str = "cpu") -> Iterator[int]:
+    """``attnkit serve RUN`` at ``threads`` threads on a free port (yielded once it answers), stopped after."""
     port = free_port()
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
     server = subprocess.Popen([*ATTNKIT, "serve", str(run), "--port", str(port), "--threads", str(threads),
                                "--max-streams", str(2 * STREAMS), "--max-batch", str(STREAMS),
-                               "--device", device.type], env=env,
+                               "--device", device], env=env,
                               stdout=subprocess.DEVNULL)
     try:
         import httpx
@@ -242,6 +245,15 @@ def served(run: Path, threads: int, repeats: int, device: torch.device) -> dict:
                 time.sleep(0.5)
         else:
             raise SystemExit("attnkit serve did not answer within 5 minutes")
+        yield port
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def served(run: Path, threads: int, repeats: int, device: torch.device) -> dict:
+    """One client, then :data:`STREAMS` concurrent ones, against ``attnkit serve RUN``."""
+    with serving(run, threads, device.type) as port:
         asyncio.run(served_load(port, prompts(1)))  # warm-up
         single, many = [], []
         for _ in range(repeats):
@@ -253,9 +265,6 @@ def served(run: Path, threads: int, repeats: int, device: torch.device) -> dict:
             print(f"served, {threads} thread(s): 1 client {single[-1]['tok_s']:.0f} tok/s, first token "
                   f"{single[-1]['ttft_s'] * 1000:.1f} ms; {STREAMS} streams {many[-1]['tok_s']:.0f} tok/s", flush=True)
         return {"threads": threads, "client": CLIENT, "single": single, "streams": many}
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
 
 
 def prompt_forward_seconds(run: Path, threads: int, device: torch.device, repeats: int = 20) -> float:
