@@ -51,9 +51,12 @@ def caption(data: dict) -> str:
             f"thread{'s' if data['torch_threads'] > 1 else ''}).")
 
 
-def append_run(path: Path, result: dict) -> None:
+def append_run(path: Path, result: dict, note: str = "") -> None:
     """Add ``result`` to the runs of a results file ``{"date", "commit", "runs": [...]}`` (every run is kept; the
-    newest run's date and commit head the file, for the ``measured-at`` line)."""
+    newest run's date and commit head the file, for the ``measured-at`` line), with ``note`` (what else ran on the
+    machine, say) as its ``note`` if given."""
+    if note:
+        result["note"] = note
     runs = json.loads(path.read_text(encoding="utf-8"))["runs"] if path.exists() else []
     latest = {k: result[k] for k in ("date", "commit", "uncommitted_changes") if k in result}
     path.write_text(json.dumps({**latest, "runs": [*runs, result]}, indent=2) + "\n", encoding="utf-8")

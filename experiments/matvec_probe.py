@@ -96,9 +96,7 @@ def main() -> None:
     results = {model: {str(t): probe(shapes, t, args.repeats) for t in args.threads}
                for model, shapes in SHAPES.items()}
     result = {**stamp(), "cpu": cpu_model(), "repeats": args.repeats, "results": results}
-    if args.note:
-        result["note"] = args.note
-    append_run(OUT, result)
+    append_run(OUT, result, args.note)
     print(markdown_table({"runs": [result]}))
 
 

@@ -202,9 +202,7 @@ def main() -> None:
     p.add_argument("--note", default="", help="a line kept with the run (e.g. what else ran on the machine)")
     args = p.parse_args()
     result = measure(args.run, args.threads, args.requests)
-    if args.note:
-        result["note"] = args.note
-    append_run(OUT, result)
+    append_run(OUT, result, args.note)
     print(json.dumps({k: v for k, v in result.items() if k not in ("served", "forward_s")}, indent=2))
     print(markdown_table({"runs": [result]}))
 

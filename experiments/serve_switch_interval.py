@@ -81,9 +81,7 @@ def main() -> None:
     p.add_argument("--note", default="", help="a line kept with the run (e.g. what else ran on the machine)")
     args = p.parse_args()
     result = measure(args.run, args.intervals, args.threads, args.rounds)
-    if args.note:
-        result["note"] = args.note
-    append_run(OUT, result)
+    append_run(OUT, result, args.note)
     print(markdown_table({"runs": [result]}))
 
 
