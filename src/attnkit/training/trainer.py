@@ -262,6 +262,14 @@ class Trainer:
         self.log("validation " + " ".join(f"{k} {v}" for k, v in metrics.items()))
         return metrics
 
+    def _out_of_time(self) -> bool:
+        """With ``max_minutes``: read the clock (rank 0's, so every rank takes the same lr and stops together) into
+        ``self.clock``; whether the budget is spent."""
+        if self.tc.max_minutes <= 0:
+            return False
+        self.clock = self.workers.broadcast(self.minutes())
+        return self.clock >= self.tc.max_minutes
+
     def minutes(self) -> float:
         """Wall-clock minutes spent training this run, over all sessions (resume included)."""
         return (self.seconds_before + time.perf_counter() - self._session_start) / 60
@@ -289,9 +297,7 @@ class Trainer:
                     bar.set_postfix(loss=f"{loss_value.item():.3f}", lr=f"{lr:.2e}", **rate, refresh=False)
                     targets_seen, last_report = 0, now
                 bar.update(1)
-                if tc.max_minutes > 0:  # rank 0's clock, so every rank takes the same lr and stops together
-                    self.clock = self.workers.broadcast(self.minutes())
-                out_of_time = tc.max_minutes > 0 and self.clock >= tc.max_minutes
+                out_of_time = self._out_of_time()  # at every update: the next update's lr reads the clock
                 stop = self.step >= tc.max_updates or out_of_time
                 epoch_done = False
                 if self.step % tc.valid_every == 0 or stop:
@@ -302,9 +308,8 @@ class Trainer:
                     if tc.patience and self.bad_validations >= tc.patience:
                         self.log(f"early stopping: no improvement in {tc.patience} validations")
                         stop = True
-                    if tc.max_minutes > 0 and not stop:  # the validation spent the rest: stop with it, not with
-                        self.clock = self.workers.broadcast(self.minutes())  # one more update and validation
-                        stop = self.clock >= tc.max_minutes
+                    if not stop:  # a validation that spent the rest ends the run, not one more update and validation
+                        stop = self._out_of_time()
                 if stop or epoch_done:  # epoch_done: fetch the new epoch's batches, not replay these
                     break
             else:
