@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from attnkit.engine import accelerate, compiled_decoding
-from attnkit.engine.compiled_decoding import CompiledDecoder, StaticKVCache, static_mask
+from attnkit.engine.compiled_decoding import CompiledDecoder, StaticKVCache, matvec_linear, static_mask
 from attnkit.lm import LanguageModel
 from attnkit.multihead import KVCache
 from attnkit.sampling import generate
@@ -108,11 +108,20 @@ def test_a_static_cache_writes_each_row_at_its_own_position_in_place() -> None:
     assert StaticKVCache.of(KVCache(torch.ones(1, 1, 2, 1), torch.ones(1, 1, 2, 1)), 5).pos.tolist() == [2]
 
 
+def test_matvec_linear_is_f_linear_for_one_row_and_declines_more() -> None:
+    g = torch.Generator().manual_seed(0)
+    w, b = torch.randn(7, 5, generator=g), torch.randn(7, generator=g)
+    x = torch.randn(1, 1, 5, generator=g)
+    torch.testing.assert_close(matvec_linear(x, w, b), torch.nn.functional.linear(x, w, b))
+    torch.testing.assert_close(matvec_linear(x[0], w), torch.nn.functional.linear(x[0], w))
+    assert matvec_linear(torch.randn(2, 5), w) is NotImplemented  # two rows: a matrix product stays one
+
+
 @pytest.mark.parametrize("name", ["learned", "rope-gqa-window3"])
 def test_the_compiled_step_equals_the_textbook_step(name: str) -> None:
-    """``torch.compile`` of the static step (the engine's kernels, batch 1 and 3): greedy tokens are the textbook
-    ``generate``'s, and the logits agree."""
-    torch._dynamo.reset()
+    """The static step compiled ahead of time (batch 1 with matrix-vector products, batch 3 with the library's
+    matrix products): greedy tokens are the textbook ``generate``'s, the logits agree (also when a prompt's
+    tokens are a strided view), and the step reads the model's own weights: an update in place shows."""
     reference = make_lm(**CONFIGS[name])
     model = accelerate(copy.deepcopy(reference)).eval()
     decoder = CompiledDecoder(model)
@@ -127,3 +136,31 @@ def test_the_compiled_step_equals_the_textbook_step(name: str) -> None:
             for t in range(5, sequence.size(1)):
                 logits, state = decoder.step(sequence[:, t: t + 1], state)
             torch.testing.assert_close(logits, reference(sequence)[:, -1], atol=1e-4, rtol=1e-4)
+    assert len(decoder.steps) == 2  # one per batch size (capacity 64 holds these sequences)
+    with torch.no_grad():  # the tied embedding and output layer, and one layer's projection, updated in place
+        for m in (model, reference):
+            m.out_proj.weight.mul_(1.5)
+            m.layers[0].self_attn.in_proj.weight.add_(0.1)
+    prompt = prompts(1, 5).tolist()
+    ours = torch.stack(list(generate(decoder, prompt, 20, temperature=0.0, ignore_eos=True)), 1)
+    assert torch.equal(ours, torch.stack(list(generate(reference, prompt, 20, temperature=0.0, ignore_eos=True)), 1))
+    assert len(decoder.steps) == 2
+
+
+def test_a_compiled_step_runs_a_bf16_model_and_refuses_autocast() -> None:
+    """A model converted to bf16 compiles in bf16 (its logits near the eager bf16 step's); autocast is refused with
+    a message that says what to do instead."""
+    model = accelerate(make_lm(positions="rope")).eval()
+    prompt = prompts(1, 5).tolist()
+    with torch.autocast("cpu", dtype=torch.bfloat16), pytest.raises(ValueError, match="instead of autocast"):
+        list(generate(CompiledDecoder(model), prompt, 3, temperature=0.0))
+    half = copy.deepcopy(model).to(torch.bfloat16)
+    decoder, eager = CompiledDecoder(half), CompiledDecoder(half, compile=False)
+    sequence = prompts(1, 12)
+    with torch.inference_mode():
+        (_, ours), (_, theirs) = (d.step(sequence[:, :5], d.init_state()) for d in (decoder, eager))
+        for t in range(5, 12):
+            a, ours = decoder.step(sequence[:, t: t + 1], ours)
+            b, theirs = eager.step(sequence[:, t: t + 1], theirs)
+            assert ours.caches[0].k.dtype == torch.bfloat16  # (the test model's hook adds a float32 bias to logits)
+            torch.testing.assert_close(a.float(), b.float(), atol=0.1, rtol=0.05)

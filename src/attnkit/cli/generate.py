@@ -12,8 +12,9 @@ A model whose positions are a table (learned or sinusoidal) cannot see past its 
 MODEL may also be a directory written by `attnkit export RUN --to ctranslate2`: CTranslate2 generates then.
 Greedy decoding gives the same text; samples come from CTranslate2's own random numbers.
 
---compile decodes through the engine's compiled step (torch.compile, a static key/value cache): the same logits
-up to float rounding, faster per token once compiled, after seconds of compiling (benchmarks/generate_race.py).
+--compile decodes through the engine's compiled step (compiled ahead of time by torch.export and AOTInductor, a
+static key/value cache): the same logits up to float rounding, faster per token once compiled, after seconds of
+compiling per buffer length (benchmarks/generate_race.py).
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ def add(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-echo", action="store_true", help="print only the continuation, not the prompt")
     add_device_option(p, "the model (a run; the same --seed gives the same text on the same device)")
     p.add_argument("--compile", action="store_true",
-                   help="decode through a torch.compile'd step with a static cache: seconds of compiling first, "
+                   help="decode through a step compiled ahead of time, with a static cache: seconds of compiling first, "
                         "then faster tokens (worth it for long or many continuations)")
 
 

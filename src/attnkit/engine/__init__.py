@@ -25,8 +25,9 @@ per sentence in beam search
 :class:`GrowingKVCache`: room to append to    :class:`attnkit.multihead.KVCache`            ``engine/decoding.py``
 in place
 :class:`CompiledDecoder`: a language model's  :meth:`attnkit.lm.LanguageModel.step`        ``compiled_decoding.py``
-step compiled (``torch.compile``) over
-static key/value buffers (opt-in)
+step compiled ahead of time (AOTInductor)
+over static key/value buffers, one-row
+products as loops (opt-in)
 ============================================  ============================================  =======================
 
 Each has a test against its reference in ``tests/test_engine.py`` (the compiled decoder in

@@ -15,28 +15,41 @@ generated kernels, but a graph wants fixed shapes, and the textbook cache grows 
 * :class:`CompiledDecoder` runs the prompt through the model's own :meth:`~attnkit.lm.LanguageModel.step` (the
   prefill, eager), copies its cache into static buffers, then feeds one token at a time through
   :meth:`CompiledDecoder.decode_step`: the textbook's layers (:meth:`~attnkit.lm.LanguageModel.decode_layers`)
-  with a static cache, compiled by ``torch.compile`` (inductor, with its C++ wrapper) once per batch size and
-  capacity. The capacity doubles when a sequence outgrows it (64, 128, ...; at most the model's context), so a
-  step attends over at most twice the keys it needs.
+  with a static cache. The capacity doubles when a sequence outgrows it (64, 128, ...; at most the model's
+  context), so a step attends over at most twice the keys it needs.
+* :func:`compile_step` compiles that step ahead of time, once per batch size, capacity and dtype: ``torch.export``
+  then AOTInductor (a shared library of generated C++ kernels). It is called with a list of tensors, with no
+  guards to check and no Python wrapper per call; its weights are the model's own tensors (nothing copied).
+* At batch 1 every ``nn.Linear`` is a matrix-vector product, and the library's matrix-matrix routine, called once
+  per layer, spends more time being called than multiplying (``benchmarks/README.md``, the matrix-vector probe).
+  So a one-row step writes each product as :func:`matvec_linear`, an elementwise product and a row sum, which
+  the compiler generates as a loop in the same kernel as the rest of the step. Its inputs are computed once
+  (``realize_cpu_opcount_threshold``): otherwise the compiler would recompute the layer norm or GELU before each
+  product for every row of the weight.
 
 The compiled step and the eager one give the same logits (``tests/test_compiled_decoding.py``); compiling costs
 seconds per shape, once per process, so it pays off for long or many generations (``attnkit generate --compile``).
-Under bf16 autocast ALiBi's larger constant is rounded with the bias, so its logits differ a little from eager.
+The step runs in the model's own dtype: for bf16, convert the model (``model.to(torch.bfloat16)``; autocast is
+refused). Under bf16 ALiBi's larger constant is rounded with the bias, so its logits differ a little from eager.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import tempfile
+import warnings
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
+import torch._inductor
 from torch import Tensor, nn
 
 from ..lm import LanguageModel, LMState
 from ..multihead import KVCache
 from .attention import _fused_zeroes_empty_rows
 
-__all__ = ["CompiledDecoder", "StaticKVCache", "embed_at", "static_mask"]
+__all__ = ["CompiledDecoder", "StaticKVCache", "compile_step", "embed_at", "matvec_linear", "static_mask"]
 
 #: The first capacity of the buffers (doubled as a sequence outgrows it, up to the model's context).
 FIRST_CAPACITY = 64
@@ -99,25 +112,110 @@ def embed_at(model: LanguageModel, tokens: Tensor, pos: Tensor, table_rows: int)
     return model.dropout(x)
 
 
+#: A step as :func:`compile_step` returns it: ``(tokens (B, 1), pos (B,), keys, values) -> logits (B, V)``.
+Step = Callable[[Tensor, Tensor, list[Tensor], list[Tensor]], Tensor]
+
+#: Inductor settings for a compiled step: realize every intermediate result on the CPU (see the module docstring).
+STEP_CONFIG = {"realize_cpu_opcount_threshold": 1, "realize_cpu_acc_reads_threshold": 1,
+               "aot_inductor.package_constants_in_so": False}
+
+
+def matvec_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """``F.linear`` for one row, ``y_o = sum_i x_i W_oi (+ b_o)``, written as an elementwise product and a row sum.
+
+    ``x`` ``(..., in)`` with one row in all, ``weight`` ``(out, in)`` -> ``(..., out)``. Eager, the product would be
+    materialised; compiled, it is one loop over each weight row. Inputs with more rows keep ``F.linear`` (the
+    decomposition declines), where a matrix-matrix routine is the better way."""
+    if x.numel() != x.size(-1):
+        return NotImplemented  # type: ignore[no-any-return]
+    y = (x.unsqueeze(-2) * weight).sum(-1)  # (..., 1, in) * (out, in) -> (..., out)
+    return y if bias is None else y + bias
+
+
+class _DecodeStep(nn.Module):
+    """:meth:`CompiledDecoder.decode_step` as a module, for ``torch.export`` (its weights are ``model.*``)."""
+
+    def __init__(self, decoder: CompiledDecoder) -> None:
+        super().__init__()
+        self.model = decoder.model
+        self.step = decoder.decode_step
+
+    def forward(self, tokens: Tensor, pos: Tensor, keys: list[Tensor], values: list[Tensor]) -> Tensor:
+        return self.step(tokens, pos, keys, values)
+
+
+def compile_step(decoder: CompiledDecoder, tokens: Tensor, pos: Tensor, keys: list[Tensor],
+                 values: list[Tensor]) -> Step:
+    """``decoder.decode_step`` for the shapes and dtype of these examples, compiled ahead of time (AOTInductor).
+
+    Exported with ``torch.export`` (a one-row step with :func:`matvec_linear` for ``nn.Linear``), compiled by
+    AOTInductor with :data:`STEP_CONFIG`, loaded, and pointed at the model's own parameters and buffers (in place:
+    an update that writes into them shows; a tensor replaced by another does not)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*LeafSpec", category=FutureWarning)  # torch's own, not ours
+        return _compile_step(decoder, tokens, pos, keys, values)
+
+
+def _compile_step(decoder: CompiledDecoder, tokens: Tensor, pos: Tensor, keys: list[Tensor],
+                  values: list[Tensor]) -> Step:
+    module = _DecodeStep(decoder)
+    with torch.inference_mode(False), torch.no_grad():
+        examples = (tokens.clone(), pos.clone(), [k.clone() for k in keys], [v.clone() for v in values])
+        program = torch.export.export(module, examples)  # traces ordinary tensors of the same shapes
+    if tokens.size(0) == 1:
+        table = torch.export.default_decompositions()
+        table[torch.ops.aten.linear.default] = matvec_linear
+        program = program.run_decompositions(table)
+    with tempfile.TemporaryDirectory(prefix="attnkit-step-") as folder:
+        package = torch._inductor.aoti_compile_and_package(  # type: ignore[attr-defined]
+            program, package_path=str(Path(folder) / "step.pt2"), inductor_configs=dict(STEP_CONFIG))
+        compiled = torch._inductor.aoti_load_package(package)  # type: ignore[attr-defined]
+    compiled.load_constants(step_constants(module, program, compiled.get_constant_fqns()),
+                            check_full_update=True, user_managed=True)
+    run = compiled.loader.boxed_run  # a list of tensors in, a list out: no pytree, no guards
+
+    def step(tokens: Tensor, pos: Tensor, keys: list[Tensor], values: list[Tensor]) -> Tensor:
+        return run([tokens, pos, *keys, *values])[0]
+
+    return step
+
+
+def step_constants(module: nn.Module, program: torch.export.ExportedProgram, names: list[str]) -> dict[str, Tensor]:
+    """The tensors a compiled step reads, by the ``names`` AOTInductor gives them: the module's parameters and buffers
+    under their own names (tied weights under each), and the tensors that export lifted out of the step (made in
+    it, or held by a hook) under ``_tensor_constant0, 1, ...``, in the order export lifted them."""
+    tensors = dict(module.named_parameters(remove_duplicate=False))
+    tensors.update(module.named_buffers(remove_duplicate=False))
+    lifted = [program.constants[name] for name in program.graph_signature.lifted_tensor_constants]
+    prefix = "_tensor_constant"
+    unknown = [name for name in names if name not in tensors]
+    if len(unknown) != len(lifted) or not all(n.startswith(prefix) and n[len(prefix):].isdigit() for n in unknown):
+        raise RuntimeError(f"the compiled step reads tensors it cannot find in the model: {', '.join(unknown)}")
+    unknown.sort(key=lambda name: int(name[len(prefix):]))
+    tensors.update(zip(unknown, lifted, strict=True))  # type: ignore[arg-type]
+    return {name: tensors[name] for name in names}
+
+
 class CompiledDecoder:
     """Generation from ``model`` through a compiled one-token step (see the module docstring).
 
     It has what :func:`attnkit.sampling.generate` calls (``parameters``, ``init_state``, ``step``), so
     ``generate(CompiledDecoder(model), ...)`` gives ``generate(model, ...)``'s tokens.
 
-    :param compile: ``torch.compile`` the step (False: the same static-cache step, eager, for tests).
+    :param compile: compile the step ahead of time (:func:`compile_step`; False: the same static-cache step, eager,
+        for tests).
     """
 
     def __init__(self, model: LanguageModel, *, compile: bool = True) -> None:
         if not isinstance(model, LanguageModel):
             raise TypeError(f"a compiled decoder needs a LanguageModel, got {type(model).__name__}")
         self.model = model
+        self.compile = compile
         device = next(model.parameters()).device
         for dtype in (torch.float32, torch.bfloat16):  # probe the fused kernel now: a probe in the graph would split it
             _fused_zeroes_empty_rows(device, dtype)
-        # one graph per (batch size, capacity, dtype); dynamic=False: fixed shapes are what make it fast
-        self._step = (torch.compile(self.decode_step, dynamic=False, options={"cpp_wrapper": True}) if compile
-                      else self.decode_step)
+        #: compiled steps by (batch size, capacity, dtype, device, training): each shape is compiled once
+        self.steps: dict[tuple, Step] = {}
 
     def parameters(self) -> Iterator[nn.Parameter]:
         return self.model.parameters()
@@ -129,7 +227,7 @@ class CompiledDecoder:
         """Buffer positions for a sequence of ``length``: a power of two with room (at most the model's context).
 
         Every step attends over the whole buffer, so a buffer much longer than the sequence wastes work; each
-        capacity is one more graph to compile, so they double."""
+        capacity is one more step to compile, so they double."""
         capacity = FIRST_CAPACITY
         while capacity < length:
             capacity *= 2
@@ -163,6 +261,22 @@ class CompiledDecoder:
             caches = [StaticKVCache(k, v, after) for k, v in zip(keys, values, strict=True)]
             length += 1
         return logits, LMState(list(caches), length)
+
+    def _step(self, tokens: Tensor, pos: Tensor, keys: list[Tensor], values: list[Tensor]) -> Tensor:
+        """The compiled step for these shapes (compiled on first use), or :meth:`decode_step` eagerly."""
+        if not self.compile:
+            return self.decode_step(tokens, pos, keys, values)
+        if torch.is_autocast_enabled(keys[0].device.type):
+            raise ValueError("the compiled step runs in the model's dtype: convert the model "
+                             "(model.to(torch.bfloat16)) instead of autocast")
+        key = (tokens.size(0), keys[0].size(2), keys[0].dtype, keys[0].device, self.model.training)
+        if key not in self.steps:
+            self.steps[key] = compile_step(self, tokens, pos, keys, values)
+        # a compiled step reads its inputs at the strides it was compiled for (contiguous), unchecked
+        tokens, pos = tokens.contiguous(), pos.contiguous()
+        if not all(t.is_contiguous() for t in (*keys, *values)):
+            raise ValueError("the compiled step writes into contiguous key/value buffers (StaticKVCache.of makes them)")
+        return self.steps[key](tokens, pos, keys, values)
 
     def decode_step(self, tokens: Tensor, pos: Tensor, keys: list[Tensor], values: list[Tensor]) -> Tensor:
         """One token per row, ``tokens`` ``(B, 1)`` at ``pos`` ``(B,)``, through the textbook's layers with static
