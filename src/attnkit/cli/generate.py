@@ -55,7 +55,8 @@ def add(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-echo", action="store_true", help="print only the continuation, not the prompt")
     add_device_option(p, "the model (a run; the same --seed gives the same text on the same device)")
     p.add_argument("--compile", action="store_true",
-                   help="decode through a step compiled ahead of time, with a static cache: seconds of compiling first, "
+                   help="decode through a step compiled ahead of time, with a static cache: seconds of compiling "
+                        "first, "
                         "then faster tokens (worth it for long or many continuations)")
 
 

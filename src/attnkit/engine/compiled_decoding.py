@@ -40,6 +40,7 @@ import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import torch
 import torch._inductor
@@ -244,39 +245,38 @@ class CompiledDecoder:
             logits, state = self.model.step(tokens, state)  # the prefill, eager
             capacity = self.capacity_for(state.length + 1)
             return logits, LMState([StaticKVCache.of(c, capacity) for c in state.caches], state.length)
-        caches = [c for c in state.caches if isinstance(c, StaticKVCache)]
+        caches = cast(list[StaticKVCache], state.caches)
         length, context = state.length, self.model.context
-        logits = tokens.new_empty(0)
+        keys, values, pos = [c.k for c in caches], [c.v for c in caches], caches[0].pos
         for j in range(tokens.size(1)):  # one position at a time
             if context is not None and length + 1 > context:
                 raise ValueError(f"position {length + 1} exceeds max_len={context}")
-            if length + 1 > caches[0].k.size(2):  # out of room: copy into buffers twice as long
+            if length + 1 > keys[0].size(2):  # out of room: copy into buffers twice as long
                 capacity = self.capacity_for(length + 1)
-                caches = [StaticKVCache.of(KVCache(c.k[:, :, :length], c.v[:, :, :length]), capacity) for c in caches]
-            keys = [c.k for c in caches]
-            values = [c.v for c in caches]
-            pos = caches[0].pos
+                grown = [StaticKVCache.of(KVCache(k[:, :, :length], v[:, :, :length]), capacity)
+                         for k, v in zip(keys, values, strict=True)]
+                keys, values = [c.k for c in grown], [c.v for c in grown]
             logits = self._step(tokens[:, j: j + 1], pos, keys, values)  # writes the buffers in place
-            after = pos + 1
-            caches = [StaticKVCache(k, v, after) for k, v in zip(keys, values, strict=True)]
+            pos = pos + 1
             length += 1
-        return logits, LMState(list(caches), length)
+        return logits, LMState([StaticKVCache(k, v, pos) for k, v in zip(keys, values, strict=True)], length)
 
     def _step(self, tokens: Tensor, pos: Tensor, keys: list[Tensor], values: list[Tensor]) -> Tensor:
-        """The compiled step for these shapes (compiled on first use), or :meth:`decode_step` eagerly."""
+        """The compiled step for these shapes (compiled on first use), or :meth:`decode_step` eagerly.
+
+        A compiled step reads its inputs at the strides it was compiled for, unchecked: the tokens are made
+        contiguous here (a column of a prompt is not), and static buffers are contiguous by construction
+        (:meth:`StaticKVCache.of`, and ``index_select`` in :meth:`StaticKVCache.select`)."""
         if not self.compile:
             return self.decode_step(tokens, pos, keys, values)
         if torch.is_autocast_enabled(keys[0].device.type):
             raise ValueError("the compiled step runs in the model's dtype: convert the model "
                              "(model.to(torch.bfloat16)) instead of autocast")
         key = (tokens.size(0), keys[0].size(2), keys[0].dtype, keys[0].device, self.model.training)
-        if key not in self.steps:
-            self.steps[key] = compile_step(self, tokens, pos, keys, values)
-        # a compiled step reads its inputs at the strides it was compiled for (contiguous), unchecked
-        tokens, pos = tokens.contiguous(), pos.contiguous()
-        if not all(t.is_contiguous() for t in (*keys, *values)):
-            raise ValueError("the compiled step writes into contiguous key/value buffers (StaticKVCache.of makes them)")
-        return self.steps[key](tokens, pos, keys, values)
+        step = self.steps.get(key)
+        if step is None:
+            step = self.steps[key] = compile_step(self, tokens, pos, keys, values)
+        return step(tokens.contiguous(), pos, keys, values)
 
     def decode_step(self, tokens: Tensor, pos: Tensor, keys: list[Tensor], values: list[Tensor]) -> Tensor:
         """One token per row, ``tokens`` ``(B, 1)`` at ``pos`` ``(B,)``, through the textbook's layers with static
