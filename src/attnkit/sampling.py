@@ -20,6 +20,7 @@ Random numbers come from the ``torch.Generator`` passed in, so a seed gives the 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator, Sequence
 from typing import Protocol
 
@@ -57,12 +58,19 @@ def filter_logits(logits: Tensor, top_k: int = 0, top_p: float = 1.0) -> Tensor:
     return logits
 
 
+@functools.cache
+def never_sampled(device: torch.device) -> Tensor:
+    """:data:`NEVER_SAMPLED` as a tensor on ``device`` (made once: it is read at every step; an ordinary tensor,
+    usable inside and outside inference mode)."""
+    with torch.inference_mode(False):
+        return torch.tensor(NEVER_SAMPLED, device=device)
+
+
 def choose_next(logits: Tensor, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
                 generator: torch.Generator | None = None) -> Tensor:
     """The next token of every row, ``(B,)``, from logits ``(B, V)``: ``argmax`` at ``temperature == 0`` (hard
     attention), else a sample of ``softmax(filter_logits(z) / temperature)`` (soft attention, ``beta = 1 / T``)."""
-    logits = logits.float().clone()  # the caller's logits stay as they were
-    logits[:, list(NEVER_SAMPLED)] = float("-inf")
+    logits = logits.float().index_fill(-1, never_sampled(logits.device), float("-inf"))  # a copy: the caller's stay
     if temperature == 0:
         return logits.argmax(dim=-1)
     probs = torch.softmax(filter_logits(logits, top_k, top_p) / temperature, dim=-1)  # (B, V)
@@ -85,10 +93,11 @@ def generate(model: StepModel, prompt: Sequence[Sequence[int]] | Tensor, max_new
     logits, state = model.step(tokens, model.init_state())  # the whole prompt at once: (B, V)
     done = torch.zeros(tokens.size(0), dtype=torch.bool, device=device)
     for i in range(max_new_tokens):
-        nxt = choose_next(logits, temperature, top_k, top_p, generator).masked_fill(done, PAD_ID)  # (B,)
-        yield nxt
+        nxt = choose_next(logits, temperature, top_k, top_p, generator)  # (B,)
         if not ignore_eos:
+            nxt = nxt.masked_fill(done, PAD_ID)
             done |= nxt == EOS_ID
-        if bool(done.all()) or i == max_new_tokens - 1:
+        yield nxt
+        if i == max_new_tokens - 1 or (not ignore_eos and bool(done.all())):
             return
         logits, state = model.step(nxt[:, None], state)
