@@ -8,7 +8,8 @@ trained for ``--updates`` updates), exported with ``attnkit export --to huggingf
 ``AutoModelForCausalLM`` reads it) and ``--to ctranslate2`` in float32 and int8, so every contender holds the
 same weights. The workload: greedy decoding of ``NEW_TOKENS`` new tokens after prompts of ``PROMPT_CHARS``
 characters of tiny Shakespeare's validation text, at batch 1 and batch 32 (32 different prompts of one
-length). Every contender is timed one at a time, ``--repeats`` times at each thread count (1 and 2), after an
+length). Every contender runs in a process of its own (one library's thread pool slows another's in a shared
+process) and is timed one at a time, ``--repeats`` times at each thread count (1 and 2), after an
 untimed warm-up pass of the whole batch, the passes of the contenders interleaved; a row reports the best thread
 count and every pass. attnkit runs eagerly and compiled (``attnkit.engine.compiled_decoding``: a static cache and
 a step compiled ahead of time, on the warm-up pass; the warm-up times are kept, as the cost of compiling). Eager
@@ -36,6 +37,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import multiprocessing
 import os
 import socket
 import subprocess
@@ -127,6 +129,62 @@ def ctranslate2_contender(export: Path, threads: int, device: torch.device):
     return run_batch
 
 
+def build_contender(name: str, run: Path, hf: Path, exports: dict[str, Path], threads: int, device: torch.device):
+    if name.startswith("attnkit"):
+        return attnkit_contender(run, name.endswith("bf16"), "compiled" in name, device)
+    if name.startswith("transformers"):
+        return transformers_contender(hf, device)
+    return ctranslate2_contender(exports[name.split()[-1]], threads, device)
+
+
+def contender_process(conn, name: str, run: Path, hf: Path, exports: dict[str, Path], threads: int,
+                      device: str) -> None:
+    """One contender in a process of its own, at ``threads``: answers each batch of prompt ids it receives with
+    ``("ok", (seconds, generated ids))`` (or ``("error", why)``) until it receives ``None``.
+
+    A process each, because a library's thread pool slows the others' in a shared process: CTranslate2 brings
+    its own OpenMP runtime, and after its two-thread contenders ran, every two-thread torch call in that process
+    took several times longer (``generate-race.json``, the note of the run of 2026-11-26 at ``e3dc2ab``)."""
+    torch.set_num_threads(threads)
+    try:
+        contender = build_contender(name, run, hf, exports, threads, torch.device(device))
+        conn.send(("ok", None))
+        while (ids := conn.recv()) is not None:
+            start = time.perf_counter()
+            out = contender(ids)
+            conn.send(("ok", (time.perf_counter() - start, out)))
+    except Exception as e:  # reported to the parent, which decides whether it is fatal
+        conn.send(("error", f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"))
+
+
+class Contender:
+    """A :func:`contender_process` started (spawned: nothing inherited) and ready; calling it times one batch."""
+
+    def __init__(self, name: str, run: Path, hf: Path, exports: dict[str, Path], threads: int, device: str) -> None:
+        context = multiprocessing.get_context("spawn")
+        self.conn, child = context.Pipe()
+        self.process = context.Process(target=contender_process, daemon=True,
+                                       args=(child, name, run, hf, exports, threads, device))
+        self.process.start()
+        self.answer()
+
+    def answer(self):
+        status, payload = self.conn.recv()
+        if status == "error":
+            raise RuntimeError(payload)
+        return payload
+
+    def __call__(self, ids: list[list[int]]) -> tuple[float, list[list[int]]]:
+        """``(seconds the contender took, its generated ids)``, timed in its own process."""
+        self.conn.send(ids)
+        return self.answer()
+
+    def close(self) -> None:
+        if self.process.is_alive():
+            self.conn.send(None)
+        self.process.join(timeout=60)
+
+
 def ctranslate2_runs_on(export: Path, device: torch.device, missing: dict[str, str], name: str) -> bool:
     """Whether CTranslate2 opens ``export`` on ``device``, tried in a child process (a build without the CUDA
     libraries it was made for may abort the process); if not, ``missing[name]`` says why."""
@@ -153,33 +211,33 @@ def offline(run: Path, hf: Path, exports: dict[str, Path], threads: list[int], r
         "transformers generate"] + [f"CTranslate2 {q}" for q in exports]
     rows, warmups, reference, missing = [], [], {}, {}
     for t in threads:
-        torch.set_num_threads(t)
-        contenders = {}
-        for name in names:  # built at this thread count
-            if name.startswith("attnkit"):
-                contenders[name] = attnkit_contender(run, name.endswith("bf16"), "compiled" in name, device)
-            elif name.startswith("transformers"):
-                contenders[name] = transformers_contender(hf, device)
-            elif device.type == "cpu" or ctranslate2_runs_on(exports[name.split()[-1]], device, missing, name):
-                contenders[name] = ctranslate2_contender(exports[name.split()[-1]], t, device)
+        contenders: dict[str, Contender] = {}
+        for name in names:  # each in its own process, at this thread count
+            if name.startswith("CTranslate2") and device.type != "cpu" and not ctranslate2_runs_on(
+                    exports[name.split()[-1]], device, missing, name):
+                continue
+            try:
+                contenders[name] = Contender(name, run, hf, exports, t, device.type)
+            except RuntimeError as e:
+                if device.type == "cpu":
+                    raise
+                missing[name] = str(e)
+                print(f"{name}: cannot run on {device.type}: {missing[name]}", flush=True)
         for b in BATCHES:
             for name, contender in list(contenders.items()):  # warm-up, the whole batch: compiles a compiled step
-                start = time.perf_counter()
                 try:
-                    contender(ids[b])
+                    seconds, _ = contender(ids[b])
                 except Exception as e:  # on a GPU, a contender that cannot run there is reported, not fatal
                     if device.type == "cpu":
                         raise
-                    missing[name] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+                    missing[name] = str(e)
                     print(f"{name}: cannot run on {device.type}: {missing[name]}", flush=True)
-                    del contenders[name]
+                    contenders.pop(name).close()
                     continue
-                warmups.append({"contender": name, "threads": t, "batch": b, "seconds": time.perf_counter() - start})
+                warmups.append({"contender": name, "threads": t, "batch": b, "seconds": seconds})
             for r in range(repeats):
                 for name, contender in contenders.items():  # one at a time
-                    start = time.perf_counter()
-                    out = contender(ids[b])
-                    seconds = time.perf_counter() - start
+                    seconds, out = contender(ids[b])
                     made = sum(len(x) for x in out)
                     if name == "attnkit float32":
                         reference.setdefault(b, out)
@@ -188,7 +246,8 @@ def offline(run: Path, hf: Path, exports: dict[str, Path], threads: list[int], r
                                  "tok_s": made / seconds, "tokens": made, "same_as_attnkit": sum(same) / len(same)})
                     print(f"{name}, {t} thread(s), batch {b}, pass {r + 1}: {made / seconds:.0f} tok/s "
                           f"(same greedy tokens as attnkit: {sum(same)}/{len(same)})", flush=True)
-        del contenders
+        for contender in contenders.values():
+            contender.close()
     return rows, warmups, missing
 
 
@@ -296,7 +355,8 @@ def measure(args: argparse.Namespace) -> dict:
                         str(exports[q])], check=True)
     rows, warmups, missing = offline(run, work / "hf", exports, args.threads, args.repeats, device)
     serving = [served(run, t, args.repeats, device) for t in args.threads] if not args.no_serve else []
-    forward = {str(t): prompt_forward_seconds(run, t, device) for t in args.threads}  # JSON keys are strings
+    with multiprocessing.get_context("spawn").Pool(1) as pool:  # a fresh process: no other library's threads
+        forward = {str(t): pool.apply(prompt_forward_seconds, (run, t, device)) for t in args.threads}
     cfg = load_run(run).cfg.model.transformer
     command = " ".join(["python benchmarks/generate_race.py", *sys.argv[1:]])
     gpu = {"device": "cuda", "gpu": torch.cuda.get_device_name(device)} if device.type == "cuda" else {}
