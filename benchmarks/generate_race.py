@@ -166,6 +166,7 @@ class Contender:
         self.process = context.Process(target=contender_process, daemon=True,
                                        args=(child, name, run, hf, exports, threads, device))
         self.process.start()
+        child.close()  # the child's end lives in the child: if it dies, recv() here ends (EOFError), not hangs
         self.answer()
 
     def answer(self):
@@ -180,8 +181,10 @@ class Contender:
         return self.answer()
 
     def close(self) -> None:
-        if self.process.is_alive():
+        try:
             self.conn.send(None)
+        except OSError:  # it ended already (after reporting an error)
+            pass
         self.process.join(timeout=60)
 
 

@@ -248,6 +248,7 @@ class CompiledDecoder:
         caches = cast(list[StaticKVCache], state.caches)
         length, context = state.length, self.model.context
         keys, values, pos = [c.k for c in caches], [c.v for c in caches], caches[0].pos
+        logits = tokens.new_empty(0)
         for j in range(tokens.size(1)):  # one position at a time
             if context is not None and length + 1 > context:
                 raise ValueError(f"position {length + 1} exceeds max_len={context}")
