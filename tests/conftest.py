@@ -20,6 +20,12 @@ def _trained(tmp_path_factory, name: str, make_config) -> Path:
     return tmp / "run"
 
 
+@pytest.fixture(autouse=True, scope="session")
+def compiled_step_cache(tmp_path_factory) -> None:
+    """Compiled decoding steps are kept in a cache of this session's own, not the user's."""
+    os.environ["ATTNKIT_CACHE"] = str(tmp_path_factory.mktemp("attnkit-cache"))
+
+
 @pytest.fixture(scope="module")
 def translation_run(tmp_path_factory) -> Path:
     return _trained(tmp_path_factory, "translation", translation_config)

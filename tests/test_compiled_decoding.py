@@ -164,3 +164,32 @@ def test_a_compiled_step_runs_a_bf16_model_and_refuses_autocast() -> None:
             b, theirs = eager.step(sequence[:, t: t + 1], theirs)
             assert ours.caches[0].k.dtype == torch.bfloat16  # (the test model's hook adds a float32 bias to logits)
             torch.testing.assert_close(a.float(), b.float(), atol=0.1, rtol=0.05)
+
+
+def test_a_compiled_step_is_kept_on_disk_and_loaded_by_the_next_decoder(monkeypatch: pytest.MonkeyPatch,
+                                                                        tmp_path) -> None:
+    """The second decoder of a model of the same architecture loads the step the first compiled (no compiling),
+    with the second model's own weights; a damaged file in the cache is compiled again and replaced."""
+    monkeypatch.setenv("ATTNKIT_CACHE", str(tmp_path))
+    prompt = prompts(1, 5).tolist()
+
+    def greedy(model: LanguageModel | CompiledDecoder) -> torch.Tensor:
+        return torch.stack(list(generate(model, prompt, 10, temperature=0.0, ignore_eos=True)), 1)
+
+    first, second = (accelerate(make_lm(positions="rope")).eval() for _ in range(2))
+    with torch.no_grad():
+        second.out_proj.weight.mul_(-1.0)  # other weights, same shapes
+    # eager first: the eager pass extends RoPE's table of angles, which the exported step reads as a constant
+    expected = {id(m): greedy(m) for m in (first, second)}
+    assert torch.equal(greedy(CompiledDecoder(first)), expected[id(first)])
+    [package] = (tmp_path / "compiled-steps").glob("*.pt2")
+
+    def no_compiling(*args, **kwargs):
+        raise AssertionError("compiled again")
+
+    with monkeypatch.context() as m:
+        m.setattr(torch._inductor, "aoti_compile_and_package", no_compiling)
+        assert torch.equal(greedy(CompiledDecoder(second)), expected[id(second)])
+    package.write_bytes(b"not a package")
+    assert torch.equal(greedy(CompiledDecoder(second)), expected[id(second)])
+    assert package.stat().st_size > 1000  # compiled again, in its place

@@ -28,13 +28,18 @@ generated kernels, but a graph wants fixed shapes, and the textbook cache grows 
   product for every row of the weight.
 
 The compiled step and the eager one give the same logits (``tests/test_compiled_decoding.py``); compiling costs
-seconds per shape, once per process, so it pays off for long or many generations (``attnkit generate --compile``).
+seconds per shape, and the compiled code (no weights) is kept on disk (:func:`step_cache`), so a later process with
+a model of the same architecture loads it instead. It pays off for long or many generations (``attnkit generate
+--compile``).
 The step runs in the model's own dtype: for bf16, convert the model (``model.to(torch.bfloat16)``; autocast is
 refused). Under bf16 ALiBi's larger constant is rounded with the bias, so its logits differ a little from eager.
 """
 
 from __future__ import annotations
 
+import hashlib
+import os
+import platform
 import tempfile
 import warnings
 from collections.abc import Callable, Iterator
@@ -167,18 +172,69 @@ def _compile_step(decoder: CompiledDecoder, tokens: Tensor, pos: Tensor, keys: l
         table = torch.export.default_decompositions()
         table[torch.ops.aten.linear.default] = matvec_linear
         program = program.run_decompositions(table)
-    with tempfile.TemporaryDirectory(prefix="attnkit-step-") as folder:
+    compiled = load_or_compile(program, tokens.device)
+    constants = step_constants(module, program, compiled.get_constant_fqns())
+    compiled.load_constants(constants, check_full_update=True, user_managed=True)  # pointers to these tensors
+    return CompiledStep(compiled.loader.boxed_run, constants)
+
+
+class CompiledStep:
+    """A loaded step: ``run`` takes a list of tensors and returns a list (no pytree, no guards). It holds the
+    tensors the package points at (``constants``), so that a buffer the model later replaces (RoPE's growing
+    tables) stays alive for it."""
+
+    def __init__(self, run: Callable[[list[Tensor]], list[Tensor]], constants: dict[str, Tensor]) -> None:
+        self.run = run
+        self.constants = constants
+
+    def __call__(self, tokens: Tensor, pos: Tensor, keys: list[Tensor], values: list[Tensor]) -> Tensor:
+        return self.run([tokens, pos, *keys, *values])[0]
+
+
+def step_cache() -> Path | None:
+    """Where compiled steps are kept between processes: ``$ATTNKIT_CACHE/compiled-steps`` (``ATTNKIT_CACHE=off``:
+    nowhere), else ``$XDG_CACHE_HOME/attnkit/compiled-steps``, else ``~/.cache/attnkit/compiled-steps``."""
+    root = os.environ.get("ATTNKIT_CACHE")
+    if root == "off":
+        return None
+    if not root:
+        root = str(Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "attnkit")
+    return Path(root) / "compiled-steps"
+
+
+def step_key(program: torch.export.ExportedProgram, device: torch.device) -> str:
+    """What a compiled step depends on, hashed: the exported graph with every tensor's shape and dtype (printed),
+    the compiler's settings, torch's version, the machine it was compiled for (``-march=native``) and the thread
+    count (the compiler decides which loops to run in parallel by it)."""
+    machine = (torch.cuda.get_device_name(device) if device.type == "cuda"
+               else f"{platform.machine()} {torch.backends.cpu.get_cpu_capability()} {platform.processor()}")
+    text = "\n".join([torch.__version__, repr(sorted(STEP_CONFIG.items())), str(device), machine,
+                      f"threads {torch.get_num_threads()}", str(program)])
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def load_or_compile(program: torch.export.ExportedProgram, device: torch.device):
+    """The AOTInductor package of ``program``: from :func:`step_cache` when it holds one for :func:`step_key`, else
+    compiled (seconds) and kept there, written whole or not at all. The package holds no weights, only code."""
+    folder = step_cache()
+    path = None if folder is None else folder / f"{step_key(program, device)}.pt2"
+    if path is not None and path.is_file():
+        try:
+            return torch._inductor.aoti_load_package(str(path))  # type: ignore[attr-defined]
+        except Exception:  # unreadable (another torch build, a damaged file): compiled again, replaced below
+            pass
+    if folder is not None and path is not None:
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError:  # no cache where it cannot be written: compiled for this process only
+            folder = path = None
+    with tempfile.TemporaryDirectory(prefix="attnkit-step-", dir=folder) as temporary:
         package = torch._inductor.aoti_compile_and_package(  # type: ignore[attr-defined]
-            program, package_path=str(Path(folder) / "step.pt2"), inductor_configs=dict(STEP_CONFIG))
-        compiled = torch._inductor.aoti_load_package(package)  # type: ignore[attr-defined]
-    compiled.load_constants(step_constants(module, program, compiled.get_constant_fqns()),
-                            check_full_update=True, user_managed=True)
-    run = compiled.loader.boxed_run  # a list of tensors in, a list out: no pytree, no guards
-
-    def step(tokens: Tensor, pos: Tensor, keys: list[Tensor], values: list[Tensor]) -> Tensor:
-        return run([tokens, pos, *keys, *values])[0]
-
-    return step
+            program, package_path=str(Path(temporary) / "step.pt2"), inductor_configs=dict(STEP_CONFIG))
+        if path is not None:
+            os.replace(package, path)  # atomic: a reader sees the whole package or none
+            package = str(path)
+        return torch._inductor.aoti_load_package(package)  # type: ignore[attr-defined]
 
 
 def step_constants(module: nn.Module, program: torch.export.ExportedProgram, names: list[str]) -> dict[str, Tensor]:
