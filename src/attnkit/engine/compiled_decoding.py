@@ -206,11 +206,21 @@ def step_key(program: torch.export.ExportedProgram, device: torch.device) -> str
     """What a compiled step depends on, hashed: the exported graph with every tensor's shape and dtype (printed),
     the compiler's settings, torch's version, the machine it was compiled for (``-march=native``) and the thread
     count (the compiler decides which loops to run in parallel by it)."""
-    machine = (torch.cuda.get_device_name(device) if device.type == "cuda"
-               else f"{platform.machine()} {torch.backends.cpu.get_cpu_capability()} {platform.processor()}")
+    machine = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_features()
     text = "\n".join([torch.__version__, repr(sorted(STEP_CONFIG.items())), str(device), machine,
                       f"threads {torch.get_num_threads()}", str(program)])
     return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def cpu_features() -> str:
+    """The CPU's model name and instruction-set flags, which ``-march=native`` compiles for (the first processor's
+    entry of ``/proc/cpuinfo``; the platform's name where there is none)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            first = f.read().split("\n\n", 1)[0].splitlines()
+    except OSError:
+        return f"{platform.machine()} {platform.processor()} {torch.backends.cpu.get_cpu_capability()}"
+    return "\n".join(line for line in first if line.startswith(("model name", "flags")))
 
 
 def load_or_compile(program: torch.export.ExportedProgram, device: torch.device):
