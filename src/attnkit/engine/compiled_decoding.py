@@ -121,8 +121,9 @@ def embed_at(model: LanguageModel, tokens: Tensor, pos: Tensor, table_rows: int)
 #: A step as :func:`compile_step` returns it: ``(tokens (B, 1), pos (B,), keys, values) -> logits (B, V)``.
 Step = Callable[[Tensor, Tensor, list[Tensor], list[Tensor]], Tensor]
 
-#: Inductor settings for a compiled step: realize every intermediate result on the CPU (see the module docstring).
-STEP_CONFIG = {"realize_cpu_opcount_threshold": 1, "realize_cpu_acc_reads_threshold": 1,
+#: Inductor settings for a compiled step: realize every intermediate result on the CPU (see the module docstring),
+#: and plan the intermediate buffers into one allocation (so a call does not allocate and free each of them).
+STEP_CONFIG = {"realize_cpu_opcount_threshold": 1, "realize_cpu_acc_reads_threshold": 1, "memory_planning": True,
                "aot_inductor.package_constants_in_so": False}
 
 
