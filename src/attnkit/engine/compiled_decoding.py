@@ -158,22 +158,17 @@ def compile_step(decoder: CompiledDecoder, tokens: Tensor, pos: Tensor, keys: li
     Exported with ``torch.export`` (a one-row step with :func:`matvec_linear` for ``nn.Linear``), compiled by
     AOTInductor with :data:`STEP_CONFIG`, loaded, and pointed at the model's own parameters and buffers (in place:
     an update that writes into them shows; a tensor replaced by another does not)."""
+    module = _DecodeStep(decoder)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*LeafSpec", category=FutureWarning)  # torch's own, not ours
-        return _compile_step(decoder, tokens, pos, keys, values)
-
-
-def _compile_step(decoder: CompiledDecoder, tokens: Tensor, pos: Tensor, keys: list[Tensor],
-                  values: list[Tensor]) -> Step:
-    module = _DecodeStep(decoder)
-    with torch.inference_mode(False), torch.no_grad():
-        examples = (tokens.clone(), pos.clone(), [k.clone() for k in keys], [v.clone() for v in values])
-        program = torch.export.export(module, examples)  # traces ordinary tensors of the same shapes
-    if tokens.size(0) == 1:
-        table = torch.export.default_decompositions()
-        table[torch.ops.aten.linear.default] = matvec_linear
-        program = program.run_decompositions(table)
-    compiled = load_or_compile(program, tokens.device)
+        with torch.inference_mode(False), torch.no_grad():
+            examples = (tokens.clone(), pos.clone(), [k.clone() for k in keys], [v.clone() for v in values])
+            program = torch.export.export(module, examples)  # traces ordinary tensors of the same shapes
+        if tokens.size(0) == 1:
+            table = torch.export.default_decompositions()
+            table[torch.ops.aten.linear.default] = matvec_linear
+            program = program.run_decompositions(table)
+        compiled = load_or_compile(program, tokens.device)
     constants = step_constants(module, program, compiled.get_constant_fqns())
     compiled.load_constants(constants, check_full_update=True, user_managed=True)  # pointers to these tensors
     return CompiledStep(compiled.loader.boxed_run, constants)
@@ -234,12 +229,12 @@ def load_or_compile(program: torch.export.ExportedProgram, device: torch.device)
             return torch._inductor.aoti_load_package(str(path))  # type: ignore[attr-defined]
         except Exception:  # unreadable (another torch build, a damaged file): compiled again, replaced below
             pass
-    if folder is not None and path is not None:
+    if path is not None:
         try:
-            folder.mkdir(parents=True, exist_ok=True)
+            path.parent.mkdir(parents=True, exist_ok=True)
         except OSError:  # no cache where it cannot be written: compiled for this process only
-            folder = path = None
-    with tempfile.TemporaryDirectory(prefix="attnkit-step-", dir=folder) as temporary:
+            path = None
+    with tempfile.TemporaryDirectory(prefix="attnkit-step-", dir=None if path is None else path.parent) as temporary:
         package = torch._inductor.aoti_compile_and_package(  # type: ignore[attr-defined]
             program, package_path=str(Path(temporary) / "step.pt2"), inductor_configs=dict(STEP_CONFIG))
         if path is not None:
