@@ -60,11 +60,13 @@ def test_greedy_tokens_are_generate_s_and_the_model_s_context_is_enforced() -> N
             list(generate(m, prompt, fits + 1, temperature=0.0, ignore_eos=True))
 
 
-def test_buffers_grow_for_positions_without_a_table(monkeypatch: pytest.MonkeyPatch) -> None:
-    """RoPE has no context: a sequence longer than the first capacity gets buffers twice as long, same logits."""
+@pytest.mark.parametrize("compile", [False, True], ids=["eager", "compiled"])
+def test_buffers_grow_for_positions_without_a_table(monkeypatch: pytest.MonkeyPatch, compile: bool) -> None:
+    """RoPE has no context: a sequence longer than the first capacity gets buffers twice as long, same logits;
+    compiled, one step serves every capacity and span (both are dimensions of the compiled step)."""
     monkeypatch.setattr(compiled_decoding, "FIRST_CAPACITY", 8)
     model = make_lm(positions="rope", n_kv_heads=2)
-    decoder = CompiledDecoder(model, compile=False)
+    decoder = CompiledDecoder(accelerate(copy.deepcopy(model)).eval() if compile else model, compile=compile)
     tokens = prompts(2, 30)
     with torch.inference_mode():
         full = model(tokens)
@@ -75,6 +77,9 @@ def test_buffers_grow_for_positions_without_a_table(monkeypatch: pytest.MonkeyPa
             capacities.add(state.caches[0].k.size(2))
     torch.testing.assert_close(logits, full[:, -1], atol=1e-4, rtol=1e-4)
     assert capacities == {8, 16, 32}
+    if compile:
+        [steps] = decoder.steps.values()
+        assert len(steps) == 1 and steps[0].spans[0] <= 8 and steps[0].spans[1] >= 30
 
 
 def test_reordered_rows_carry_their_own_caches_and_positions() -> None:
@@ -91,7 +96,7 @@ def test_reordered_rows_carry_their_own_caches_and_positions() -> None:
 
 
 def test_the_static_mask_hides_unwritten_and_out_of_window_keys() -> None:
-    mask = static_mask(torch.tensor([0, 3, 5]), 6, window=3)[:, 0, 0]  # (B, capacity)
+    mask = static_mask(torch.tensor([0, 3, 5]), torch.arange(6), window=3)[:, 0, 0]  # (B, L)
     assert mask.tolist() == [[True, False, False, False, False, False],
                              [False, True, True, True, False, False],
                              [False, False, False, True, True, True]]
@@ -136,7 +141,7 @@ def test_the_compiled_step_equals_the_textbook_step(name: str) -> None:
             for t in range(5, sequence.size(1)):
                 logits, state = decoder.step(sequence[:, t: t + 1], state)
             torch.testing.assert_close(logits, reference(sequence)[:, -1], atol=1e-4, rtol=1e-4)
-    assert len(decoder.steps) == 2  # one per batch size (capacity 64 holds these sequences)
+    assert sorted((B, len(steps)) for (B, *_), steps in decoder.steps.items()) == [(1, 1), (3, 1)]  # one each
     with torch.no_grad():  # the tied embedding and output layer, and one layer's projection, updated in place
         for m in (model, reference):
             m.out_proj.weight.mul_(1.5)

@@ -131,7 +131,7 @@ def fast_attend(
             and not compiled_step:
         scale = 1.0 / math.sqrt(q.size(-1)) if score == "scaled_dot" else 1.0
         scale *= 1.0 if beta is None else beta
-        is_causal = causal and mask is None and bias is None and T_q == T_k  # the kernel's own look-ahead mask
+        is_causal = bool(causal and mask is None and bias is None and T_q == T_k)  # the kernel's own look-ahead mask
         attn_mask = mask
         if causal and not is_causal:
             look_ahead = causal_mask(T_q, T_k, device=q.device)  # (T_q, T_k)

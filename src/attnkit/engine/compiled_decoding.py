@@ -1,25 +1,28 @@
-"""A compiled decoding step for a language model: a static key/value cache and ``torch.compile``.
+"""A compiled decoding step for a language model: a static key/value cache, compiled ahead of time.
 
 At batch 1 a small model's step is a few dozen matrix-vector products, and eager PyTorch spends most of it
 launching operators from Python (docs/language-models.md, the generation race). A compiled step runs as one graph of
 generated kernels, but a graph wants fixed shapes, and the textbook cache grows by one position per step. So:
 
 * :class:`StaticKVCache` keeps each layer's keys and values in buffers ``(B, H_kv, capacity, d)`` allocated once.
-  A step writes row ``b``'s new key and value at its position ``pos[b]``, in place, and attends over the whole
-  buffer with :func:`static_mask`: key ``s`` is visible when ``s <= pos`` (written already) and, under a sliding
-  window, ``s > pos - window``. A masked key gets exactly zero weight, so the step computes what the textbook's
-  growing cache computes.
+  A step writes row ``b``'s new key and value at its position ``pos[b]``, in place, and attends over the first
+  ``L`` columns of the buffers (the span, ``L > max(pos)``) with :func:`static_mask`: key ``s`` is visible when
+  ``s <= pos`` (written already) and, under a sliding window, ``s > pos - window``. A masked key gets exactly zero
+  weight, so the step computes what the textbook's growing cache computes.
 * RoPE rotates by each row's ``pos`` (the ``offset`` argument of the textbook's attention); a table of positions is
-  read at ``pos``. ALiBi's bias is taken for a query at the buffer's last column, ``-m_h (capacity - 1 - s)``,
-  which differs from the query's own ``-m_h (pos - s)`` by one constant per row and head: softmax does not see it.
+  read at ``pos``. ALiBi's bias is taken for a query at the span's last column, ``-m_h (L - 1 - s)``, which
+  differs from the query's own ``-m_h (pos - s)`` by one constant per row and head: softmax does not see it.
 * :class:`CompiledDecoder` runs the prompt through the model's own :meth:`~attnkit.lm.LanguageModel.step` (the
   prefill, eager), copies its cache into static buffers, then feeds one token at a time through
   :meth:`CompiledDecoder.decode_step`: the textbook's layers (:meth:`~attnkit.lm.LanguageModel.decode_layers`)
   with a static cache. The capacity doubles when a sequence outgrows it (64, 128, ...; at most the model's
-  context), so a step attends over at most twice the keys it needs.
-* :func:`compile_step` compiles that step ahead of time, once per batch size, capacity and dtype: ``torch.export``
-  then AOTInductor (a shared library of generated C++ kernels). It is called with a list of tensors, with no
-  guards to check and no Python wrapper per call; its weights are the model's own tensors (nothing copied).
+  context); the span grows one column per step.
+* :func:`compile_step` compiles that step ahead of time, once per batch size and dtype: ``torch.export`` then
+  AOTInductor (a shared library of generated C++ kernels), with the span and the capacity as dimensions of the
+  compiled code (its attention loops over the span, not the buffer, and a growing sequence compiles once; a
+  kernel chosen by the number of keys splits the spans in ranges, one compiled step each). It is called with a
+  list of tensors, with no guards to check and no Python wrapper per call; its weights are the model's own
+  tensors (nothing copied).
 * At batch 1 every ``nn.Linear`` is a matrix-vector product, and the library's matrix-matrix routine, called once
   per layer, spends more time being called than multiplying (``benchmarks/README.md``, the matrix-vector probe).
   So a one-row step writes each product as :func:`matvec_linear`, an elementwise product and a row sum, which
@@ -28,7 +31,7 @@ generated kernels, but a graph wants fixed shapes, and the textbook cache grows 
   product for every row of the weight.
 
 The compiled step and the eager one give the same logits (``tests/test_compiled_decoding.py``); compiling costs
-seconds per shape, and the compiled code (no weights) is kept on disk (:func:`step_cache`), so a later process with
+seconds per batch size, and the compiled code (no weights) is kept on disk (:func:`step_cache`), so a later process with
 a model of the same architecture loads it instead. It pays off for long or many generations (``attnkit generate
 --compile``).
 The step runs in the model's own dtype: for bf16, convert the model (``model.to(torch.bfloat16)``; autocast is
@@ -65,11 +68,13 @@ FIRST_CAPACITY = 64
 class StaticKVCache(KVCache):
     """Keys and values ``(B, H_kv, capacity, d)`` in fixed buffers; ``pos`` ``(B,)`` is where each row writes next.
 
-    :meth:`append` writes in place and returns a cache over the same buffers, one position further: a cache is
+    :meth:`append` writes in place and returns a cache one position further whose keys and values are the first
+    ``span`` columns of the buffers (all of them when ``span`` is None): the columns a step attends over. A cache is
     extended once (decoding replaces each step's cache by the next), like :class:`~.decoding.GrowingKVCache`.
     """
 
     pos: Tensor | None = None  # (B,) long
+    span: int | None = None  # columns attended (> every row's pos); None: the whole buffer
 
     def append(self, k: Tensor, v: Tensor) -> KVCache:
         if self.k is None or self.v is None or self.pos is None:
@@ -79,7 +84,9 @@ class StaticKVCache(KVCache):
         rows = torch.arange(k.size(0), device=k.device)  # (B,)
         self.k[rows, :, self.pos] = k[:, :, 0]  # row b's key at its position pos[b]: (B, H_kv, d)
         self.v[rows, :, self.pos] = v[:, :, 0]
-        return StaticKVCache(self.k, self.v, self.pos + 1)
+        if self.span is None:
+            return StaticKVCache(self.k, self.v, self.pos + 1)
+        return StaticKVCache(self.k.narrow(2, 0, self.span), self.v.narrow(2, 0, self.span), self.pos + 1)
 
     def select(self, index: Tensor) -> KVCache:
         if self.k is None or self.v is None or self.pos is None:
@@ -98,15 +105,16 @@ class StaticKVCache(KVCache):
         return StaticKVCache(k, v, torch.full((B,), t, dtype=torch.long, device=k.device))
 
 
-def static_mask(pos: Tensor, capacity: int, window: int | None) -> Tensor:
-    """Which of ``capacity`` cached keys the query at ``pos`` ``(B,)`` may see: ``s <= pos`` (the look-ahead mask;
-    later columns are not written yet) and ``pos - s < window`` -> ``(B, 1, 1, capacity)``, True = may attend."""
-    s = torch.arange(capacity, device=pos.device)[None, :]  # (1, capacity) key positions
+def static_mask(pos: Tensor, span: Tensor, window: int | None) -> Tensor:
+    """Which cached keys, at positions ``span`` ``(L,)`` (``0..L-1``), the query at ``pos`` ``(B,)`` may see:
+    ``s <= pos`` (the look-ahead mask; later columns are not written yet) and ``pos - s < window``
+    -> ``(B, 1, 1, L)``, True = may attend."""
+    s = span[None, :]  # (1, L) key positions
     t = pos[:, None]  # (B, 1) query positions
     mask = s <= t
     if window:
         mask = mask & (t - s < window)
-    return mask[:, None, None, :]  # (B, 1, 1, capacity)
+    return mask[:, None, None, :]  # (B, 1, 1, L)
 
 
 def embed_at(model: LanguageModel, tokens: Tensor, pos: Tensor, table_rows: int) -> Tensor:
@@ -117,9 +125,6 @@ def embed_at(model: LanguageModel, tokens: Tensor, pos: Tensor, table_rows: int)
         x = x + model.positions(table_rows)[pos][:, None]  # + PE at each row's own position
     return model.dropout(x)
 
-
-#: A step as :func:`compile_step` returns it: ``(tokens (B, 1), pos (B,), keys, values) -> logits (B, V)``.
-Step = Callable[[Tensor, Tensor, list[Tensor], list[Tensor]], Tensor]
 
 #: Inductor settings for a compiled step: realize every intermediate result on the CPU (see the module docstring),
 #: and plan the intermediate buffers into one allocation (so a call does not allocate and free each of them).
@@ -147,23 +152,35 @@ class _DecodeStep(nn.Module):
         self.model = decoder.model
         self.step = decoder.decode_step
 
-    def forward(self, tokens: Tensor, pos: Tensor, keys: list[Tensor], values: list[Tensor]) -> Tensor:
-        return self.step(tokens, pos, keys, values)
+    def forward(self, tokens: Tensor, pos: Tensor, span: Tensor, keys: list[Tensor], values: list[Tensor]) -> Tensor:
+        return self.step(tokens, pos, span, keys, values)
 
 
-def compile_step(decoder: CompiledDecoder, tokens: Tensor, pos: Tensor, keys: list[Tensor],
-                 values: list[Tensor]) -> Step:
-    """``decoder.decode_step`` for the shapes and dtype of these examples, compiled ahead of time (AOTInductor).
+def compile_step(decoder: CompiledDecoder, tokens: Tensor, pos: Tensor, span: Tensor, keys: list[Tensor],
+                 values: list[Tensor]) -> CompiledStep:
+    """``decoder.decode_step`` for this batch size and dtype, compiled ahead of time (AOTInductor), for every span
+    and capacity in the range the traced code allows (:attr:`CompiledStep.spans`).
 
-    Exported with ``torch.export`` (a one-row step with :func:`matvec_linear` for ``nn.Linear``), compiled by
-    AOTInductor with :data:`STEP_CONFIG`, loaded, and pointed at the model's own parameters and buffers (in place:
-    an update that writes into them shows; a tensor replaced by another does not)."""
+    Exported with ``torch.export``, the span (``L``) and the buffers' capacity as dimensions of their own (a
+    one-row step with :func:`matvec_linear` for ``nn.Linear``), compiled by AOTInductor with :data:`STEP_CONFIG`,
+    loaded, and pointed at the model's own parameters and buffers (in place: an update that writes into them
+    shows; a tensor replaced by another does not)."""
     module = _DecodeStep(decoder)
+    L = span.size(0)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*LeafSpec", category=FutureWarning)  # torch's own, not ours
         with torch.inference_mode(False), torch.no_grad():
-            examples = (tokens.clone(), pos.clone(), [k.clone() for k in keys], [v.clone() for v in values])
-            program = torch.export.export(module, examples)  # traces ordinary tensors of the same shapes
+            # ordinary tensors of the same shapes, but a capacity unequal to the span: equal sizes could be traced
+            # as one dimension
+            def example(buffer: Tensor) -> Tensor:
+                B, H, _, d = buffer.shape
+                return buffer.new_zeros(B, H, L + 1, d)
+
+            examples = (tokens.clone(), pos.clone(), span.clone(), [example(k) for k in keys],
+                        [example(v) for v in values])
+            auto = torch.export.Dim.AUTO
+            dims = (None, None, {0: auto}, [{2: auto}] * len(keys), [{2: auto}] * len(values))
+            program = torch.export.export(module, examples, dynamic_shapes=dims)
         if tokens.size(0) == 1:
             table = torch.export.default_decompositions()
             table[torch.ops.aten.linear.default] = matvec_linear
@@ -171,20 +188,34 @@ def compile_step(decoder: CompiledDecoder, tokens: Tensor, pos: Tensor, keys: li
         compiled = load_or_compile(program, tokens.device)
     constants = step_constants(module, program, compiled.get_constant_fqns())
     compiled.load_constants(constants, check_full_update=True, user_managed=True)  # pointers to these tensors
-    return CompiledStep(compiled.loader.boxed_run, constants)
+    return CompiledStep(compiled.loader.boxed_run, constants, span_range(program, L))
+
+
+def span_range(program: torch.export.ExportedProgram, L: int) -> tuple[int, float]:
+    """The spans an exported step holds for (its input ``span``'s dimension): the traced code may branch on it (a
+    kernel chosen by the number of keys), and export records the range where it took the branches it took."""
+    [span] = [node for node in program.graph.nodes if node.op == "placeholder" and node.name == "span"]
+    size = span.meta["val"].shape[0]
+    if not isinstance(size, torch.SymInt):
+        return L, L
+    bounds = program.range_constraints[size.node.expr]
+    return int(bounds.lower), float(bounds.upper) if bounds.upper.is_finite else float("inf")
 
 
 class CompiledStep:
     """A loaded step: ``run`` takes a list of tensors and returns a list (no pytree, no guards). It holds the
     tensors the package points at (``constants``), so that a buffer the model later replaces (RoPE's growing
-    tables) stays alive for it."""
+    tables) stays alive for it, and ``spans``, the least and the most columns it may attend over."""
 
-    def __init__(self, run: Callable[[list[Tensor]], list[Tensor]], constants: dict[str, Tensor]) -> None:
+    def __init__(self, run: Callable[[list[Tensor]], list[Tensor]], constants: dict[str, Tensor],
+                 spans: tuple[int, float]) -> None:
         self.run = run
         self.constants = constants
+        self.spans = spans
 
-    def __call__(self, tokens: Tensor, pos: Tensor, keys: list[Tensor], values: list[Tensor]) -> Tensor:
-        return self.run([tokens, pos, *keys, *values])[0]
+    def __call__(self, tokens: Tensor, pos: Tensor, span: Tensor, keys: list[Tensor], values: list[Tensor]
+                 ) -> Tensor:
+        return self.run([tokens, pos, span, *keys, *values])[0]
 
 
 def step_cache() -> Path | None:
@@ -277,8 +308,10 @@ class CompiledDecoder:
         device = next(model.parameters()).device
         for dtype in (torch.float32, torch.bfloat16):  # probe the fused kernel now: a probe in the graph would split it
             _fused_zeroes_empty_rows(device, dtype)
-        #: compiled steps by (batch size, capacity, dtype, device, training): each shape is compiled once
-        self.steps: dict[tuple, Step] = {}
+        #: compiled steps by (batch size, dtype, device, training), each for a range of spans
+        self.steps: dict[tuple, list[CompiledStep]] = {}
+        self._last: dict[tuple, CompiledStep] = {}  # the step used last, by its key
+        self.positions = torch.arange(FIRST_CAPACITY, device=device)  # spans are its leading slices
 
     def parameters(self) -> Iterator[nn.Parameter]:
         return self.model.parameters()
@@ -289,8 +322,8 @@ class CompiledDecoder:
     def capacity_for(self, length: int) -> int:
         """Buffer positions for a sequence of ``length``: a power of two with room (at most the model's context).
 
-        Every step attends over the whole buffer, so a buffer much longer than the sequence wastes work; each
-        capacity is one more step to compile, so they double."""
+        A step attends over the columns a sequence has reached (its span), so a longer buffer costs memory, not
+        time; buffers double, so that a growing sequence is copied a few times only."""
         capacity = FIRST_CAPACITY
         while capacity < length:
             capacity *= 2
@@ -307,47 +340,71 @@ class CompiledDecoder:
             logits, state = self.model.step(tokens, state)  # the prefill, eager
             capacity = self.capacity_for(state.length + 1)
             return logits, LMState([StaticKVCache.of(c, capacity) for c in state.caches], state.length)
-        caches = cast(list[StaticKVCache], state.caches)
-        length, context = state.length, self.model.context
-        keys, values, pos = [c.k for c in caches], [c.v for c in caches], caches[0].pos
         logits = tokens.new_empty(0)
         for j in range(tokens.size(1)):  # one position at a time
+            logits, state = self._advance(tokens if tokens.size(1) == 1 else tokens[:, j: j + 1], state)
+        return logits, state
+
+    def _advance(self, token: Tensor, state: LMState) -> tuple[Tensor, LMState]:
+        """One token per row ``(B, 1)`` through the step: its logits ``(B, V)`` and the state one position on (the
+        same buffers, written in place, or buffers twice as long when these are full)."""
+        caches = cast(list[StaticKVCache], state.caches)
+        length = state.length
+        keys, values = [c.k for c in caches], [c.v for c in caches]
+        if length >= keys[0].size(2):  # out of room (the capacity is at most the model's context)
+            context = self.model.context
             if context is not None and length + 1 > context:
                 raise ValueError(f"position {length + 1} exceeds max_len={context}")
-            if length + 1 > keys[0].size(2):  # out of room: copy into buffers twice as long
-                capacity = self.capacity_for(length + 1)
-                grown = [StaticKVCache.of(KVCache(k[:, :, :length], v[:, :, :length]), capacity)
-                         for k, v in zip(keys, values, strict=True)]
-                keys, values = [c.k for c in grown], [c.v for c in grown]
-            logits = self._step(tokens[:, j: j + 1], pos, keys, values)  # writes the buffers in place
-            pos = pos + 1
-            length += 1
-        return logits, LMState([StaticKVCache(k, v, pos) for k, v in zip(keys, values, strict=True)], length)
+            capacity = self.capacity_for(length + 1)
+            grown = [StaticKVCache.of(KVCache(k[:, :, :length], v[:, :, :length]), capacity)
+                     for k, v in zip(keys, values, strict=True)]
+            keys, values = [c.k for c in grown], [c.v for c in grown]
+        logits = self._step(token, caches[0].pos, length + 1, keys, values)  # writes the buffers in place
+        pos = caches[0].pos + 1
+        return logits, LMState([StaticKVCache(k, v, pos) for k, v in zip(keys, values, strict=True)], length + 1)
 
-    def _step(self, tokens: Tensor, pos: Tensor, keys: list[Tensor], values: list[Tensor]) -> Tensor:
-        """The compiled step for these shapes (compiled on first use), or :meth:`decode_step` eagerly.
+    def _step(self, tokens: Tensor, pos: Tensor, reached: int, keys: list[Tensor], values: list[Tensor]) -> Tensor:
+        """One step over the first ``reached`` (or more) columns of the buffers: the compiled step for this batch
+        size and span (compiled on first use), or :meth:`decode_step` eagerly.
 
-        A compiled step reads its inputs at the strides it was compiled for, unchecked: the tokens are made
-        contiguous here (a column of a prompt is not), and static buffers are contiguous by construction
-        (:meth:`StaticKVCache.of`, and ``index_select`` in :meth:`StaticKVCache.select`)."""
+        Spans are at least ``FIRST_CAPACITY`` columns (the masked ones get no weight), so that short and long
+        sequences share one compiled step. A compiled step reads its inputs at the strides it was compiled for,
+        unchecked: the tokens are made contiguous here (a column of a prompt is not), and static buffers are
+        contiguous by construction (:meth:`StaticKVCache.of`, and ``index_select`` in
+        :meth:`StaticKVCache.select`)."""
+        capacity = keys[0].size(2)
+        n = reached if reached > FIRST_CAPACITY else min(FIRST_CAPACITY, capacity)
         if not self.compile:
-            return self.decode_step(tokens, pos, keys, values)
+            return self.decode_step(tokens, pos, self.span(n), keys, values)
         if torch.is_autocast_enabled(keys[0].device.type):
             raise ValueError("the compiled step runs in the model's dtype: convert the model "
                              "(model.to(torch.bfloat16)) instead of autocast")
-        key = (tokens.size(0), keys[0].size(2), keys[0].dtype, keys[0].device, self.model.training)
-        step = self.steps.get(key)
-        if step is None:
-            step = self.steps[key] = compile_step(self, tokens, pos, keys, values)
-        return step(tokens.contiguous(), pos, keys, values)
+        key = (tokens.size(0), keys[0].dtype, keys[0].device, self.model.training)
+        step = self._last.get(key)  # the step of the previous call, most often the one
+        if step is None or not (step.spans[0] <= capacity and n <= step.spans[1]):
+            steps = self.steps.setdefault(key, [])
+            step = next((s for s in steps if s.spans[0] <= capacity and n <= s.spans[1]), None)
+            if step is None:
+                step = compile_step(self, tokens, pos, self.span(n), keys, values)
+                steps.append(step)
+            self._last = {key: step}
+        return step(tokens.contiguous(), pos, self.span(max(n, int(step.spans[0]))), keys, values)
 
-    def decode_step(self, tokens: Tensor, pos: Tensor, keys: list[Tensor], values: list[Tensor]) -> Tensor:
+    def span(self, n: int) -> Tensor:
+        """The key positions ``0..n-1`` ``(n,)``: a leading slice of one table, grown as needed."""
+        if self.positions.size(0) < n:
+            self.positions = torch.arange(max(n, 2 * self.positions.size(0)), device=self.positions.device)
+        return self.positions[:n]
+
+    def decode_step(self, tokens: Tensor, pos: Tensor, span: Tensor, keys: list[Tensor], values: list[Tensor]
+                    ) -> Tensor:
         """One token per row, ``tokens`` ``(B, 1)`` at ``pos`` ``(B,)``, through the textbook's layers with static
-        caches ``keys[l]`` / ``values[l]`` ``(B, H_kv, capacity, d)`` (written in place) -> logits ``(B, V)``."""
+        caches ``keys[l]`` / ``values[l]`` ``(B, H_kv, capacity, d)`` (written in place), attending over their
+        first ``L`` columns, at the positions ``span`` ``(L,)`` (``L > max(pos)``) -> logits ``(B, V)``."""
         model = self.model
-        capacity = keys[0].size(2)
-        x = embed_at(model, tokens, pos, capacity)  # (B, 1, d_model)
-        mask = static_mask(pos, capacity, model.cfg.window)  # (B, 1, 1, capacity)
-        caches: list[KVCache] = [StaticKVCache(k, v, pos) for k, v in zip(keys, values, strict=True)]
+        L = span.size(0)
+        x = embed_at(model, tokens, pos, L)  # (B, 1, d_model)
+        mask = static_mask(pos, span, model.cfg.window)  # (B, 1, 1, L)
+        caches: list[KVCache] = [StaticKVCache(k, v, pos, L) for k, v in zip(keys, values, strict=True)]
         hidden, _, _ = model.decode_layers(x, mask, caches, offset=pos)  # (B, 1, d_model)
         return model.out_proj(hidden[:, 0])  # (B, V)
