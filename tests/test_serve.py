@@ -656,3 +656,22 @@ def test_jobs_joining_together_start_in_one_call_and_a_refused_one_alone(refused
         assert e == ["E"] and starts == [["a"], ["b", "c", "d", "e", "f"]]  # the four queued jobs: one call
     else:
         assert isinstance(e, UserError) and starts == [["a"], ["b", "c"], ["d"], ["f"]]  # each alone
+
+
+def test_a_worker_computes_with_its_own_threads_and_the_main_thread_keeps_its_own() -> None:
+    """``threads`` is torch's intra-op thread count on the worker's thread (where the model's parallel regions
+    start); the thread that made the worker keeps its own setting (the server's main thread computes with one)."""
+    before = torch.get_num_threads()
+
+    async def scenario() -> list:
+        worker = ModelWorker("test", Limits(max_wait_ms=0), threads=3)
+        seen = await worker.submit(("t",), lambda texts: [torch.get_num_threads() for _ in texts], ["x"])
+        worker.close(timeout=10)
+        return seen
+
+    try:
+        torch.set_num_threads(1)
+        assert asyncio.run(scenario()) == [3]
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)

@@ -181,7 +181,8 @@ class _Gate:
 
 async def _lifespan(app: FastAPI):
     state: AppState = app.state.serve
-    state.workers.update({name: ModelWorker(name, state.limits, state.metrics.on_batch(name)) for name in state.models})
+    state.workers.update({name: ModelWorker(name, state.limits, state.metrics.on_batch(name), state.threads)
+                          for name in state.models})
     yield
     await asyncio.get_running_loop().run_in_executor(None, lambda: [w.close() for w in state.workers.values()])
 
@@ -252,9 +253,11 @@ async def classify(req: ClassifyRequest, request: Request) -> ClassifyResponse |
     return with_attention(response, attention, sent=state.workers[servable.info.name].release_soon)
 
 
-def create_app(servables: list[Servable], limits: Limits | None = None, api_key: str | None = None) -> Any:
+def create_app(servables: list[Servable], limits: Limits | None = None, api_key: str | None = None,
+               threads: int | None = None) -> Any:
     """The ASGI app serving ``servables`` (each under ``info.name``): FastAPI behind :class:`_Gate`, behind
     :class:`~attnkit.serve.metrics.Measured` (which counts and times every request, refused ones too).
+    ``threads``: torch's intra-op threads on each model's worker thread (:class:`~.batching.ModelWorker`).
 
     Its workers start with the app (lifespan) and are drained when it shuts down.
     """
@@ -269,7 +272,7 @@ def create_app(servables: list[Servable], limits: Limits | None = None, api_key:
                   description="Translation and classification with attnkit models, with their attention. "
                               "Errors are JSON {\"error\": \"...\"} with a 4xx status.")
     page = fill_page(files(__package__).joinpath("serve.html"), {"__ATTNKIT_LIMITS__": script_json(asdict(limits))})
-    app.state.serve = AppState(models, limits, api_key, page)
+    app.state.serve = AppState(models, limits, api_key, page, threads)
     app.add_exception_handler(RequestValidationError, validation_error)
     app.add_exception_handler(HTTPException, _http_error)
     app.add_exception_handler(Exception, _internal_error)
@@ -327,16 +330,17 @@ def serve(paths: list[str], *, host: str = "127.0.0.1", port: int = 8000, thread
 
     share_one_heap()  # before the workers' threads start: then an idle trim gives back all they freed
     sys.setswitchinterval(SWITCH_INTERVAL_S)
-    if threads is not None:
-        torch.set_num_threads(threads)
-    app = create_app([load_servable(p, threads or 0, precision, continuous, device) for p in paths], limits, api_key)
+    threads = threads or torch.get_num_threads()  # each model's worker computes with these (ModelWorker)
+    torch.set_num_threads(1)  # the main thread (loading, the event loop) starts no OpenMP pool of its own
+    app = create_app([load_servable(p, threads, precision, continuous, device) for p in paths], limits, api_key,
+                     threads)
     freeze_long_lived()  # the models and the app stay: full collections while serving need not scan them
     sock = listen(host, port)
     bound_host, bound_port = sock.getsockname()[:2]
     url_host = f"[{bound_host}]" if ":" in bound_host else bound_host
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on",
                                            timeout_graceful_shutdown=60))
-    print(f"attnkit serve: http://{url_host}:{bound_port}/ (API docs: /docs; {torch.get_num_threads()} threads)",
+    print(f"attnkit serve: http://{url_host}:{bound_port}/ (API docs: /docs; {threads} threads)",
           flush=True)
     server.run(sockets=[sock])
 

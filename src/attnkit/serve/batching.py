@@ -124,10 +124,20 @@ other queued, and the previous batch answered one request) runs at once, as does
     ``max_batch_tokens`` padded tokens). A job larger than either limit runs alone. :meth:`close` lets
     it finish what is queued, then stops it. ``on_batch`` (if given) hears of every batch, from the
     worker thread, before its futures are resolved.
+
+    ``threads`` (if given) is set as torch's intra-op thread count on the worker's thread, where the model's
+    parallel regions start. OpenMP keeps a pool of threads for each thread that starts a parallel region, and
+    when libgomp manages more threads than there are cores it lets idle ones sleep at once instead of spinning,
+    so every parallel region pays to wake them: a server that had loaded its model with two threads on the main
+    thread (one pool) and ran it on a worker thread with two more decoded at about the speed of one thread on
+    two cores. So :func:`attnkit.serve.app.serve` computes with one thread on the main thread (no pool) and
+    gives each worker the threads.
     """
 
-    def __init__(self, name: str, limits: Limits, on_batch: Callable[[BatchRecord], None] | None = None) -> None:
+    def __init__(self, name: str, limits: Limits, on_batch: Callable[[BatchRecord], None] | None = None,
+                 threads: int | None = None) -> None:
         self.limits = limits
+        self.threads = threads
         self.on_batch = on_batch
         self._jobs: deque[_Job] = deque()
         self._queued = 0  # texts in self._jobs
@@ -239,6 +249,9 @@ other queued, and the previous batch answered one request) runs at once, as does
         self._trimmed, self._dirty = time.monotonic(), False
 
     def _serve(self) -> None:
+        if self.threads is not None:
+            import torch  # only here: the batching itself knows nothing of models
+            torch.set_num_threads(self.threads)
         while True:
             if self._stepper is not None:  # continuous decoding in flight: admit what fits, then one step
                 self._continue()

@@ -50,6 +50,7 @@ class AppState:
     limits: Limits
     api_key: str | None
     page: str
+    threads: int | None = None  # torch's intra-op threads on each model's worker thread (None: as they are)
     workers: dict[str, ModelWorker] = field(default_factory=dict)
     metrics: ServeMetrics = field(init=False)
     routes: dict[str, dict[str, Servable]] = field(init=False)
