@@ -156,65 +156,103 @@ class _DecodeStep(nn.Module):
         return self.step(tokens, pos, span, keys, values)
 
 
+class _Prefill(nn.Module):
+    """The prompt's pass, :meth:`~attnkit.lm.LanguageModel.step` from an empty cache, as a module for
+    ``torch.export``: ``tokens (B, T) -> (logits (B, V), keys, values)``, each layer's ``(B, H_kv, T, d)``."""
+
+    def __init__(self, model: LanguageModel) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, tokens: Tensor) -> tuple[Tensor, list[Tensor], list[Tensor]]:
+        empty = LMState([KVCache() for _ in self.model.layers], 0)  # the textbook's cache: no copies
+        logits, state = self.model.step(tokens, empty)
+        return logits, [c.k for c in state.caches], [c.v for c in state.caches]  # type: ignore[misc]
+
+
 def compile_step(decoder: CompiledDecoder, tokens: Tensor, pos: Tensor, span: Tensor, keys: list[Tensor],
                  values: list[Tensor]) -> CompiledStep:
     """``decoder.decode_step`` for this batch size and dtype, compiled ahead of time (AOTInductor), for every span
-    and capacity in the range the traced code allows (:attr:`CompiledStep.spans`).
+    and capacity in the range the traced code allows (``ranges["span"]``).
 
-    Exported with ``torch.export``, the span (``L``) and the buffers' capacity as dimensions of their own (a
-    one-row step with :func:`matvec_linear` for ``nn.Linear``), compiled by AOTInductor with :data:`STEP_CONFIG`,
-    loaded, and pointed at the model's own parameters and buffers (in place: an update that writes into them
-    shows; a tensor replaced by another does not)."""
-    module = _DecodeStep(decoder)
+    The span (``L``) and the buffers' capacity are dimensions of their own; a one-row step has
+    :func:`matvec_linear` for ``nn.Linear``."""
     L = span.size(0)
+
+    def example(buffer: Tensor) -> Tensor:  # a capacity unequal to the span: equal sizes could be traced as one
+        B, H, _, d = buffer.shape
+        return buffer.new_zeros(B, H, L + 1, d)
+
+    auto = torch.export.Dim.AUTO
+    return compile_module(_DecodeStep(decoder), (tokens, pos, span, [example(k) for k in keys],
+                                                 [example(v) for v in values]),
+                          (None, None, {0: auto}, [{2: auto}] * len(keys), [{2: auto}] * len(values)),
+                          {"span": ("span", 0)}, matvec=tokens.size(0) == 1)
+
+
+def compile_prefill(model: LanguageModel, tokens: Tensor) -> CompiledStep:
+    """The prompt's pass (:class:`_Prefill`) compiled ahead of time, for the batch sizes and prompt lengths in the
+    ranges the traced code allows (``ranges["batch"]``, ``ranges["length"]``; a batch of one is its own)."""
+    auto = torch.export.Dim.AUTO
+    return compile_module(_Prefill(model), (tokens,), ({0: auto, 1: auto},),
+                          {"batch": ("tokens", 0), "length": ("tokens", 1)}, matvec=False)
+
+
+def compile_module(module: nn.Module, examples: tuple, dims: tuple, ranges: dict[str, tuple[str, int]], *,
+                   matvec: bool) -> CompiledStep:
+    """``module`` on inputs like ``examples`` (copied), with the dimensions ``dims`` left free, compiled ahead of
+    time: ``torch.export`` (``matvec``: with :func:`matvec_linear` for ``nn.Linear``), AOTInductor with
+    :data:`STEP_CONFIG`, loaded, and pointed at the module's own parameters and buffers (in place: an update that
+    writes into them shows; a tensor replaced by another does not). ``ranges`` names the free dimensions whose
+    range the result reports: ``{name: (input, dimension)}``."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*LeafSpec", category=FutureWarning)  # torch's own, not ours
         with torch.inference_mode(False), torch.no_grad():
-            # ordinary tensors of the same shapes, but a capacity unequal to the span: equal sizes could be traced
-            # as one dimension
-            def example(buffer: Tensor) -> Tensor:
-                B, H, _, d = buffer.shape
-                return buffer.new_zeros(B, H, L + 1, d)
-
-            examples = (tokens.clone(), pos.clone(), span.clone(), [example(k) for k in keys],
-                        [example(v) for v in values])
-            auto = torch.export.Dim.AUTO
-            dims = (None, None, {0: auto}, [{2: auto}] * len(keys), [{2: auto}] * len(values))
-            program = torch.export.export(module, examples, dynamic_shapes=dims)
-        if tokens.size(0) == 1:
+            copies = torch.utils._pytree.tree_map(lambda t: t.clone(), examples)  # ordinary tensors, same shapes
+            program = torch.export.export(module, copies, dynamic_shapes=dims)
+        if matvec:
             table = torch.export.default_decompositions()
             table[torch.ops.aten.linear.default] = matvec_linear
             program = program.run_decompositions(table)
-        compiled = load_or_compile(program, tokens.device)
+        compiled = load_or_compile(program, torch.utils._pytree.tree_leaves(examples)[0].device)
     constants = step_constants(module, program, compiled.get_constant_fqns())
     compiled.load_constants(constants, check_full_update=True, user_managed=True)  # pointers to these tensors
-    return CompiledStep(compiled.loader.boxed_run, constants, span_range(program, L))
+    return CompiledStep(compiled.loader.boxed_run, constants,
+                        {name: dim_range(program, *where) for name, where in ranges.items()})
 
 
-def span_range(program: torch.export.ExportedProgram, L: int) -> tuple[int, float]:
-    """The spans an exported step holds for (its input ``span``'s dimension): the traced code may branch on it (a
-    kernel chosen by the number of keys), and export records the range where it took the branches it took."""
-    [span] = [node for node in program.graph.nodes if node.op == "placeholder" and node.name == "span"]
-    size = span.meta["val"].shape[0]
+def dim_range(program: torch.export.ExportedProgram, name: str, dim: int) -> tuple[int, float]:
+    """The sizes of dimension ``dim`` of input ``name`` that an exported program holds for: the traced code may
+    branch on a size (a kernel chosen by the number of keys), and export records the range where it took the
+    branches it took."""
+    [node] = [n for n in program.graph.nodes if n.op == "placeholder" and n.name == name]
+    size = node.meta["val"].shape[dim]
     if not isinstance(size, torch.SymInt):
-        return L, L
-    bounds = program.range_constraints[size.node.expr]
+        return int(size), int(size)
+    bounds = program.range_constraints.get(size.node.expr)
+    if bounds is None:  # a size derived from others: only the traced one is known to hold
+        return int(size.node.hint), int(size.node.hint)
     return int(bounds.lower), float(bounds.upper) if bounds.upper.is_finite else float("inf")
 
 
 class CompiledStep:
-    """A loaded step: ``run`` takes a list of tensors and returns a list (no pytree, no guards). It holds the
+    """A loaded program: ``run`` takes a list of tensors and returns a list (no pytree, no guards). It holds the
     tensors the package points at (``constants``), so that a buffer the model later replaces (RoPE's growing
-    tables) stays alive for it, and ``spans``, the least and the most columns it may attend over."""
+    tables) stays alive for it, and ``ranges``, the least and the most size of each of its free dimensions."""
 
     def __init__(self, run: Callable[[list[Tensor]], list[Tensor]], constants: dict[str, Tensor],
-                 spans: tuple[int, float]) -> None:
+                 ranges: dict[str, tuple[int, float]]) -> None:
         self.run = run
         self.constants = constants
-        self.spans = spans
+        self.ranges = ranges
+
+    def holds(self, **sizes: int) -> bool:
+        """Whether each of ``sizes`` is in its dimension's range."""
+        return all(self.ranges[name][0] <= size <= self.ranges[name][1] for name, size in sizes.items())
 
     def __call__(self, tokens: Tensor, pos: Tensor, span: Tensor, keys: list[Tensor], values: list[Tensor]
                  ) -> Tensor:
+        """The decoding step: logits ``(B, V)``."""
         return self.run([tokens, pos, span, *keys, *values])[0]
 
 
@@ -290,6 +328,13 @@ def step_constants(module: nn.Module, program: torch.export.ExportedProgram, nam
     return {name: tensors[name] for name in names}
 
 
+def refuse_autocast(device: torch.device) -> None:
+    """A compiled program runs in the model's own dtype: autocast would not reach inside it."""
+    if torch.is_autocast_enabled(device.type):
+        raise ValueError("the compiled step runs in the model's dtype: convert the model "
+                         "(model.to(torch.bfloat16)) instead of autocast")
+
+
 class CompiledDecoder:
     """Generation from ``model`` through a compiled one-token step (see the module docstring).
 
@@ -310,6 +355,8 @@ class CompiledDecoder:
             _fused_zeroes_empty_rows(device, dtype)
         #: compiled steps by (batch size, dtype, device, training), each for a range of spans
         self.steps: dict[tuple, list[CompiledStep]] = {}
+        #: compiled prompt passes by (dtype, device, training), each for ranges of batch sizes and lengths
+        self.prefills: dict[tuple, list[CompiledStep]] = {}
         self._last: dict[tuple, CompiledStep] = {}  # the step used last, by its key
         self.positions = torch.arange(FIRST_CAPACITY, device=device)  # spans are its leading slices
 
@@ -333,11 +380,16 @@ class CompiledDecoder:
     def step(self, tokens: Tensor, state: LMState) -> tuple[Tensor, LMState]:
         """:meth:`LanguageModel.step`: ``tokens`` ``(B, T)`` -> ``(logits of the last position (B, V), new state)``.
 
-        A state that is not static yet (the prompt) goes through the model's own step, then into static buffers;
-        afterwards each token goes through the compiled step.
+        A state that is not static yet (the prompt) goes through the compiled prompt pass (:func:`compile_prefill`;
+        the model's own step when not compiling, or for a state that holds positions already), then into static
+        buffers; afterwards each token goes through the compiled step.
         """
         if not (state.caches and isinstance(state.caches[0], StaticKVCache)):
-            logits, state = self.model.step(tokens, state)  # the prefill, eager
+            if self.compile and state.length == 0:
+                logits, caches = self._prefill(tokens)  # the prompt, compiled
+                state = LMState(caches, tokens.size(1))
+            else:
+                logits, state = self.model.step(tokens, state)  # eager
             capacity = self.capacity_for(state.length + 1)
             return logits, LMState([StaticKVCache.of(c, capacity) for c in state.caches], state.length)
         logits = tokens.new_empty(0)
@@ -376,19 +428,33 @@ class CompiledDecoder:
         n = reached if reached > FIRST_CAPACITY else min(FIRST_CAPACITY, capacity)
         if not self.compile:
             return self.decode_step(tokens, pos, self.span(n), keys, values)
-        if torch.is_autocast_enabled(keys[0].device.type):
-            raise ValueError("the compiled step runs in the model's dtype: convert the model "
-                             "(model.to(torch.bfloat16)) instead of autocast")
+        refuse_autocast(keys[0].device)
         key = (tokens.size(0), keys[0].dtype, keys[0].device, self.model.training)
         step = self._last.get(key)  # the step of the previous call, most often the one
-        if step is None or not (step.spans[0] <= capacity and n <= step.spans[1]):
+        if step is None or not (step.ranges["span"][0] <= capacity and n <= step.ranges["span"][1]):
             steps = self.steps.setdefault(key, [])
-            step = next((s for s in steps if s.spans[0] <= capacity and n <= s.spans[1]), None)
+            step = next((s for s in steps if s.ranges["span"][0] <= capacity and n <= s.ranges["span"][1]), None)
             if step is None:
                 step = compile_step(self, tokens, pos, self.span(n), keys, values)
                 steps.append(step)
             self._last = {key: step}
-        return step(tokens.contiguous(), pos, self.span(max(n, int(step.spans[0]))), keys, values)
+        return step(tokens.contiguous(), pos, self.span(max(n, int(step.ranges["span"][0]))), keys, values)
+
+    def _prefill(self, tokens: Tensor) -> tuple[Tensor, list[KVCache]]:
+        """The prompt ``(B, T)`` through the compiled prompt pass for its batch size and length (compiled on first
+        use): the last position's logits ``(B, V)`` and each layer's cache ``(B, H_kv, T, d)``."""
+        weight = next(self.model.parameters())
+        refuse_autocast(weight.device)
+        key = (weight.dtype, weight.device, self.model.training)
+        B, T = tokens.shape
+        prefills = self.prefills.setdefault(key, [])
+        prefill = next((p for p in prefills if p.holds(batch=B, length=T)), None)
+        if prefill is None:
+            prefill = compile_prefill(self.model, tokens)
+            prefills.append(prefill)
+        logits, *kv = prefill.run([tokens.contiguous()])
+        n = len(kv) // 2
+        return logits, [KVCache(k, v) for k, v in zip(kv[:n], kv[n:], strict=True)]
 
     def span(self, n: int) -> Tensor:
         """The key positions ``0..n-1`` ``(n,)``: a leading slice of one table, grown as needed."""
