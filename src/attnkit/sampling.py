@@ -34,7 +34,9 @@ NEVER_SAMPLED = (PAD_ID, UNK_ID, BOS_ID)
 
 
 class StepModel(Protocol):
-    """What :func:`generate` needs of a model (:class:`attnkit.lm.LanguageModel` has it)."""
+    """What :func:`generate` needs of a model (:class:`attnkit.lm.LanguageModel` has it). A model may also bring its
+    own ``choose_next``, the same choice as :func:`choose_next` made where it is cheaper
+    (:class:`attnkit.engine.compiled_decoding.CompiledDecoder`: greedy inside its compiled step)."""
 
     def parameters(self) -> Iterator[Tensor]: ...
     def init_state(self): ...
@@ -67,10 +69,12 @@ def never_sampled(device: torch.device) -> Tensor:
 
 
 def choose_next(logits: Tensor, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
-                generator: torch.Generator | None = None) -> Tensor:
+                generator: torch.Generator | None = None, never: Tensor | None = None) -> Tensor:
     """The next token of every row, ``(B,)``, from logits ``(B, V)``: ``argmax`` at ``temperature == 0`` (hard
-    attention), else a sample of ``softmax(filter_logits(z) / temperature)`` (soft attention, ``beta = 1 / T``)."""
-    logits = logits.float().index_fill(-1, never_sampled(logits.device), float("-inf"))  # a copy: the caller's stay
+    attention), else a sample of ``softmax(filter_logits(z) / temperature)`` (soft attention, ``beta = 1 / T``).
+    ``never``: :data:`NEVER_SAMPLED` as a tensor on the logits' device (default: :func:`never_sampled`'s)."""
+    never = never_sampled(logits.device) if never is None else never
+    logits = logits.float().index_fill(-1, never, float("-inf"))  # a copy: the caller's stay
     if temperature == 0:
         return logits.argmax(dim=-1)
     probs = torch.softmax(filter_logits(logits, top_k, top_p) / temperature, dim=-1)  # (B, V)
@@ -92,8 +96,9 @@ def generate(model: StepModel, prompt: Sequence[Sequence[int]] | Tensor, max_new
     tokens = tokens.to(device)
     logits, state = model.step(tokens, model.init_state())  # the whole prompt at once: (B, V)
     done = torch.zeros(tokens.size(0), dtype=torch.bool, device=device)
+    choose = getattr(model, "choose_next", choose_next)
     for i in range(max_new_tokens):
-        nxt = choose_next(logits, temperature, top_k, top_p, generator)  # (B,)
+        nxt = choose(logits, temperature, top_k, top_p, generator)  # (B,)
         if not ignore_eos:
             nxt = nxt.masked_fill(done, PAD_ID)
             done |= nxt == EOS_ID

@@ -56,6 +56,7 @@ from torch import Tensor, nn
 
 from ..lm import LanguageModel, LMState
 from ..multihead import KVCache
+from ..sampling import choose_next, never_sampled
 from .attention import _fused_zeroes_empty_rows
 
 __all__ = ["CompiledDecoder", "StaticKVCache", "compile_step", "embed_at", "matvec_linear", "static_mask"]
@@ -151,9 +152,13 @@ class _DecodeStep(nn.Module):
         super().__init__()
         self.model = decoder.model
         self.step = decoder.decode_step
+        device = next(self.model.parameters()).device
+        self.register_buffer("never", never_sampled(device).clone(), persistent=False)  # a buffer, named in the program
 
-    def forward(self, tokens: Tensor, pos: Tensor, span: Tensor, keys: list[Tensor], values: list[Tensor]) -> Tensor:
-        return self.step(tokens, pos, span, keys, values)
+    def forward(self, tokens: Tensor, pos: Tensor, span: Tensor, keys: list[Tensor], values: list[Tensor]
+                ) -> tuple[Tensor, Tensor]:
+        logits = self.step(tokens, pos, span, keys, values)  # (B, V)
+        return logits, choose_next(logits, 0.0, never=self.never)  # and the greedy choice (B,), inside the program
 
 
 class _Prefill(nn.Module):
@@ -251,9 +256,9 @@ class CompiledStep:
         return all(self.ranges[name][0] <= size <= self.ranges[name][1] for name, size in sizes.items())
 
     def __call__(self, tokens: Tensor, pos: Tensor, span: Tensor, keys: list[Tensor], values: list[Tensor]
-                 ) -> Tensor:
-        """The decoding step: logits ``(B, V)``."""
-        return self.run([tokens, pos, span, *keys, *values])[0]
+                 ) -> list[Tensor]:
+        """The decoding step: logits ``(B, V)`` and the greedy choice ``(B,)``."""
+        return self.run([tokens, pos, span, *keys, *values])
 
 
 def step_cache() -> Path | None:
@@ -358,6 +363,7 @@ class CompiledDecoder:
         #: compiled prompt passes by (dtype, device, training), each for ranges of batch sizes and lengths
         self.prefills: dict[tuple, list[CompiledStep]] = {}
         self._last: dict[tuple, CompiledStep] = {}  # the step used last, by its key
+        self._greedy: tuple[Tensor, Tensor] | None = None  # the last compiled step's logits and greedy choice
         self.positions = torch.arange(FIRST_CAPACITY, device=device)  # spans are its leading slices
 
     def parameters(self) -> Iterator[nn.Parameter]:
@@ -438,7 +444,17 @@ class CompiledDecoder:
                 step = compile_step(self, tokens, pos, self.span(n), keys, values)
                 steps.append(step)
             self._last = {key: step}
-        return step(tokens.contiguous(), pos, self.span(max(n, int(step.ranges["span"][0]))), keys, values)
+        logits, greedy = step(tokens.contiguous(), pos, self.span(max(n, int(step.ranges["span"][0]))), keys, values)
+        self._greedy = (logits, greedy)
+        return logits
+
+    def choose_next(self, logits: Tensor, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
+                    generator: torch.Generator | None = None) -> Tensor:
+        """:func:`attnkit.sampling.choose_next` (:func:`~attnkit.sampling.generate` calls a model's own): for the
+        logits of the last compiled step at temperature 0, the choice the step made inside the program."""
+        if temperature == 0 and self._greedy is not None and self._greedy[0] is logits:
+            return self._greedy[1]
+        return choose_next(logits, temperature, top_k, top_p, generator)
 
     def _prefill(self, tokens: Tensor) -> tuple[Tensor, list[KVCache]]:
         """The prompt ``(B, T)`` through the compiled prompt pass for its batch size and length (compiled on first
