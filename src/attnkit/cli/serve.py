@@ -92,6 +92,11 @@ def add(sub: argparse._SubParsersAction) -> None:
                         "CPU we measured, docs/serving.md); beam search, attention, classification and "
                         "CTranslate2 exports always run in whole batches, and a language model's generations "
                         "always continuously")
+    p.add_argument("--compile", action="store_true",
+                   help="language-model runs: each prompt's pass compiled ahead of time (torch.export and "
+                        "AOTInductor; seconds of compiling before the first request is served, the code kept in "
+                        "$ATTNKIT_CACHE/compiled-steps, as attnkit generate --compile keeps it): faster first tokens; "
+                        "float32 only")
     add_device_option(p, "language-model runs (translation, classification and CTranslate2 exports are served "
                          "on the CPU)")
     p.add_argument("--api-key", metavar="KEY",
@@ -120,6 +125,7 @@ def run(args: argparse.Namespace) -> None:
     limits = Limits(**{name: getattr(args, name) for name, _, _ in LIMIT_FLAGS})
     try:
         serve(args.models, host=args.host, port=args.port, threads=args.threads, api_key=api_key, limits=limits,
-              precision=args.precision, continuous=args.batching == "continuous", device=pick_device(args.device))
+              precision=args.precision, continuous=args.batching == "continuous", device=pick_device(args.device),
+              compile=args.compile)
     except KeyboardInterrupt:  # Ctrl-C: the requests in flight were answered; nothing to resume
         print("attnkit serve: stopped", file=sys.stderr)

@@ -392,8 +392,7 @@ class CompiledDecoder:
         """
         if not (state.caches and isinstance(state.caches[0], StaticKVCache)):
             if self.compile and state.length == 0:
-                logits, caches = self._prefill(tokens)  # the prompt, compiled
-                state = LMState(caches, tokens.size(1))
+                logits, state = self.prefill(tokens)  # the prompt, compiled
             else:
                 logits, state = self.model.step(tokens, state)  # eager
             capacity = self.capacity_for(state.length + 1)
@@ -456,9 +455,10 @@ class CompiledDecoder:
             return self._greedy[1]
         return choose_next(logits, temperature, top_k, top_p, generator)
 
-    def _prefill(self, tokens: Tensor) -> tuple[Tensor, list[KVCache]]:
-        """The prompt ``(B, T)`` through the compiled prompt pass for its batch size and length (compiled on first
-        use): the last position's logits ``(B, V)`` and each layer's cache ``(B, H_kv, T, d)``."""
+    def prefill(self, tokens: Tensor) -> tuple[Tensor, LMState]:
+        """``model.step(tokens, model.init_state())`` through the compiled prompt pass for the prompts' batch size
+        and length (compiled on first use): the last position's logits ``(B, V)`` and a state whose caches are the
+        textbook's, each layer's ``(B, H_kv, T, d)``."""
         weight = next(self.model.parameters())
         refuse_autocast(weight.device)
         key = (weight.dtype, weight.device, self.model.training)
@@ -470,7 +470,7 @@ class CompiledDecoder:
             prefills.append(prefill)
         logits, *kv = prefill.run([tokens.contiguous()])
         n = len(kv) // 2
-        return logits, [KVCache(k, v) for k, v in zip(kv[:n], kv[n:], strict=True)]
+        return logits, LMState([KVCache(k, v) for k, v in zip(kv[:n], kv[n:], strict=True)], tokens.size(1))
 
     def span(self, n: int) -> Tensor:
         """The key positions ``0..n-1`` ``(n,)``: a leading slice of one table, grown as needed."""

@@ -25,6 +25,7 @@ client gone); its cache rows leave the batch, and the leading columns no row nee
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -79,15 +80,18 @@ class ContinuousSampler:
     """Sampling of a changing set of prompts (see the module docstring).
 
     ``add(prompt, ...)`` -> the prompt's first :class:`Token` (its ``handle`` names the row; ``add_many`` starts
-    prompts of one length with one prefill); ``step()`` -> a token
-    for every running row; ``drop(handles)`` takes rows out. Not thread-safe: one thread drives it (the server's
-    model worker). Runs under ``torch.inference_mode``.
+    prompts of one length with one prefill: ``prefill(tokens)``, the same as ``model.step`` from an empty cache,
+    e.g. :meth:`~attnkit.engine.compiled_decoding.CompiledDecoder.prefill`; default the model's step);
+    ``step()`` -> a token for every running row; ``drop(handles)`` takes rows out. Not thread-safe: one thread
+    drives it (the server's model worker). Runs under ``torch.inference_mode``.
     """
 
-    def __init__(self, model: LanguageModel) -> None:
+    def __init__(self, model: LanguageModel, prefill: Callable[[Tensor], tuple[Tensor, LMState]] | None = None
+                 ) -> None:
         if not isinstance(model, LanguageModel):
             raise TypeError(f"continuous sampling needs a LanguageModel, got {type(model).__name__}")
         self.model = model
+        self.prefill = prefill
         self.window = model.cfg.window
         self._next_handle = 0
         self.rows: list[_Row] = []
@@ -134,7 +138,8 @@ class ContinuousSampler:
         for budget, sampling, generator in zip(max_new_tokens, samplings, generators, strict=True):
             rows.append(_Row(self._next_handle, budget, sampling, generator))
             self._next_handle += 1
-        logits, state = model.step(torch.tensor(prompts, device=device), model.init_state())  # (G, V), as generate
+        tokens = torch.tensor(prompts, device=device)  # (G, L)
+        logits, state = self.prefill(tokens) if self.prefill else model.step(tokens, model.init_state())  # (G, V)
         tokens = self._choose(rows, logits)
         going = [i for i, token in enumerate(tokens) if token.finish is None]
         if going:
@@ -150,7 +155,7 @@ class ContinuousSampler:
             keep = torch.tensor(index, device=device)
             new_caches = [self._cache(c.k.index_select(0, keep), c.v.index_select(0, keep)) for c in state.caches]
         else:
-            new_caches = list(state.caches)
+            new_caches = [self._cache(c.k, c.v) for c in state.caches]  # the model's type (a prefill's may differ)
         new_valid = torch.ones(G, L, dtype=torch.bool, device=device)  # (G, L)
         new_prev = torch.tensor(tokens, device=device)
         new_pos = torch.full((G,), L, device=device)  # the first new token sits at position L

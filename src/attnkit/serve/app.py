@@ -181,8 +181,8 @@ class _Gate:
 
 async def _lifespan(app: FastAPI):
     state: AppState = app.state.serve
-    state.workers.update({name: ModelWorker(name, state.limits, state.metrics.on_batch(name), state.threads)
-                          for name in state.models})
+    state.workers.update({name: ModelWorker(name, state.limits, state.metrics.on_batch(name), state.threads,
+                                            servable.warm_up) for name, servable in state.models.items()})
     yield
     await asyncio.get_running_loop().run_in_executor(None, lambda: [w.close() for w in state.workers.values()])
 
@@ -319,9 +319,10 @@ SWITCH_INTERVAL_S = 0.005
 
 def serve(paths: list[str], *, host: str = "127.0.0.1", port: int = 8000, threads: int | None = None,
           api_key: str | None = None, limits: Limits | None = None, precision: str = "float32",
-          continuous: bool = False, device: torch.device | None = None) -> None:
+          continuous: bool = False, device: torch.device | None = None, compile: bool = False) -> None:
     """Load the models at ``paths`` (runs computing in ``precision``, translating greedily by continuous batching
-    when ``continuous``, language models on ``device``), listen on ``host:port`` and serve until SIGTERM or Ctrl-C.
+    when ``continuous``, language models on ``device``, their prompts through a compiled pass when ``compile``),
+    listen on ``host:port`` and serve until SIGTERM or Ctrl-C.
 
     Prints ``attnkit serve: http://HOST:PORT/ ...`` once it accepts requests (the port is the real one
     when ``port`` is 0).
@@ -332,8 +333,8 @@ def serve(paths: list[str], *, host: str = "127.0.0.1", port: int = 8000, thread
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     threads = threads or torch.get_num_threads()  # each model's worker computes with these (ModelWorker)
     torch.set_num_threads(1)  # the main thread (loading, the event loop) starts no OpenMP pool of its own
-    app = create_app([load_servable(p, threads, precision, continuous, device) for p in paths], limits, api_key,
-                     threads)
+    app = create_app([load_servable(p, threads, precision, continuous, device, compile) for p in paths], limits,
+                     api_key, threads)
     freeze_long_lived()  # the models and the app stay: full collections while serving need not scan them
     sock = listen(host, port)
     bound_host, bound_port = sock.getsockname()[:2]

@@ -131,13 +131,14 @@ other queued, and the previous batch answered one request) runs at once, as does
     so every parallel region pays to wake them: a server that had loaded its model with two threads on the main
     thread (one pool) and ran it on a worker thread with two more decoded at about the speed of one thread on
     two cores. So :func:`attnkit.serve.app.serve` computes with one thread on the main thread (no pool) and
-    gives each worker the threads.
+    gives each worker the threads. ``warm_up`` (if given) runs on the worker's thread before it takes a job
+    (jobs queue meanwhile); if it fails, the error is logged and the worker serves anyway.
     """
 
     def __init__(self, name: str, limits: Limits, on_batch: Callable[[BatchRecord], None] | None = None,
-                 threads: int | None = None) -> None:
+                 threads: int | None = None, warm_up: Callable[[], None] | None = None) -> None:
         self.limits = limits
-        self.threads = threads
+        self.threads, self.warm_up = threads, warm_up
         self.on_batch = on_batch
         self._jobs: deque[_Job] = deque()
         self._queued = 0  # texts in self._jobs
@@ -252,6 +253,11 @@ other queued, and the previous batch answered one request) runs at once, as does
         if self.threads is not None:
             import torch  # only here: the batching itself knows nothing of models
             torch.set_num_threads(self.threads)
+        if self.warm_up is not None:
+            try:
+                self.warm_up()
+            except Exception:  # a bug: logged; the jobs still run (a compiled program is made when first needed)
+                logging.getLogger(__name__).exception("attnkit serve: warming up the model failed")
         while True:
             if self._stepper is not None:  # continuous decoding in flight: admit what fits, then one step
                 self._continue()

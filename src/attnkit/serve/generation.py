@@ -39,7 +39,7 @@ import torch
 from ..data.tokenizer import EOS_ID, Tokenizer
 from ..engine.continuous_lm import ContinuousSampler, Sampling, Token
 from ..inference.language_model import TextStream
-from ..lm import LanguageModel
+from ..lm import LanguageModel, LMState
 
 __all__ = ["ContinuousGeneration", "Generated", "GenerationJob", "generate_exported"]
 
@@ -120,12 +120,13 @@ class _Progress:
 class ContinuousGeneration:
     """A run's jobs by continuous batching: the model worker's :class:`~attnkit.serve.batching.Stepper` (``start``
     takes :class:`GenerationJob` s, each result is a :class:`Generated`). ``computing`` is the context the model's
-    calls run in (the servable's precision)."""
+    calls run in (the servable's precision); ``prefill`` runs the joining prompts (:class:`ContinuousSampler`'s;
+    ``attnkit serve --compile``: compiled ahead of time)."""
 
-    def __init__(self, model: LanguageModel, tok: Tokenizer,
-                 computing: Callable[[], AbstractContextManager[Any]]) -> None:
-        self.model, self.tok, self.computing = model, tok, computing
-        self.sampler = ContinuousSampler(model)
+    def __init__(self, model: LanguageModel, tok: Tokenizer, computing: Callable[[], AbstractContextManager[Any]],
+                 prefill: Callable[[torch.Tensor], tuple[torch.Tensor, LMState]] | None = None) -> None:
+        self.model, self.tok, self.computing, self.prefill = model, tok, computing, prefill
+        self.sampler = ContinuousSampler(model, prefill)
         self._handles = count()
         self._rows: dict[int, tuple[int, _Progress]] = {}  # the sampler's handle -> (ours, the job's progress)
         self._ended: list[tuple[int, Generated]] = []  # jobs that ended outside a step, returned by the next one
@@ -194,7 +195,7 @@ class ContinuousGeneration:
         self._ended.append((handle, progress.result(reason)))
 
     def abandon(self) -> None:
-        self.sampler = ContinuousSampler(self.model)
+        self.sampler = ContinuousSampler(self.model, self.prefill)
         self._rows.clear()
         self._ended.clear()
 

@@ -31,6 +31,7 @@ from typing import Literal, Protocol
 import torch
 
 from ..common.errors import UserError
+from ..engine.compiled_decoding import CompiledDecoder
 from ..engine.continuous import ContinuousGreedy, Finished, supports_continuous
 from ..export import is_exported
 from ..export.ctranslate2 import MANIFEST, ExportedTranslator
@@ -42,6 +43,7 @@ from ..inference.translate import encode_sources, source_limit, translate_texts
 from ..runs.layout import find_weights
 from ..runs.load import LoadedRun, languages, load_run
 from ..tasks import spec
+from ..vocab import EOS_ID
 from .generation import ContinuousGeneration, Generated, GenerationJob, generate_exported
 
 __all__ = ["ContinuousTranslation", "ExportedGeneration", "ExportedServable", "ModelInfo", "RunServable", "Servable",
@@ -84,7 +86,8 @@ class Servable(Protocol):
     (:class:`~attnkit.serve.generation.ContinuousGeneration`). A language model's ``prompt_ids`` are a prompt's
     ids, checked (from the event loop: cheap, no model), and ``generate`` runs jobs as one batch; its
     ``attention`` shows ``target``, the continuation, after the prompt ``text``; ``seeded``: a request may give
-    its own seed (a run; not a CTranslate2 export, which samples from one generator).
+    its own seed (a run; not a CTranslate2 export, which samples from one generator). ``warm_up`` runs on the
+    worker's thread before its first job (``attnkit serve --compile`` compiles there).
     """
 
     info: ModelInfo
@@ -92,6 +95,7 @@ class Servable(Protocol):
     stepper: ContinuousTranslation | ContinuousGeneration | None
 
     def lengths(self, texts: list[str]) -> list[int]: ...
+    def warm_up(self) -> None: ...
     def translate(self, texts: list[str], *, beam: int, n_best: int, lenpen: float) -> list[list[str]]: ...
     def classify(self, texts: list[str]) -> list[list[float]]: ...
     def attention(self, text: str, *, beam: int, lenpen: float, target: str | None = None) -> AttentionMaps: ...
@@ -126,11 +130,14 @@ _INFO: dict[str, Callable[[LoadedRun, str, int], ModelInfo]] = {
 class RunServable:
     """A run directory of ``attnkit train`` (translation, classification or a language model), run by attnkit
     itself, in float32 or under bfloat16 autocast (``precision``); with ``continuous``, a Transformer's greedy
-    translations are batched continuously (``stepper``); a language model's generations always are."""
+    translations are batched continuously (``stepper``); a language model's generations always are, and with
+    ``compile`` its prompts run through a pass compiled ahead of time
+    (:meth:`~attnkit.engine.compiled_decoding.CompiledDecoder.prefill`, compiled here)."""
 
     seeded = True  # each generation samples with its own torch.Generator
 
-    def __init__(self, run: LoadedRun, name: str, precision: str = "float32", continuous: bool = False) -> None:
+    def __init__(self, run: LoadedRun, name: str, precision: str = "float32", continuous: bool = False,
+                 compile: bool = False) -> None:
         self.run = run
         serves = spec(run.task).serves
         if serves is None:
@@ -145,8 +152,26 @@ class RunServable:
         self.info = replace(info, precision="bf16 autocast" if precision == "bf16" else "float32")
         stepper = _STEPPERS.get(serves) if continuous and supports_continuous(run.model) else None
         self.stepper = stepper(self) if stepper is not None else None
+        self.compiled: CompiledDecoder | None = None
+        if compile and (serves != "generate" or precision != "float32"):
+            raise UserError(f"--compile: {name} is a {run.task} run; only language models' prompts are compiled"
+                            if serves != "generate" else f"--compile computes in float32; leave out --precision "
+                            f"{precision}")
         if serves == "generate":
-            self.stepper = ContinuousGeneration(run.model, run.tok, self._computing)
+            self.compiled = CompiledDecoder(run.model) if compile else None
+            self.stepper = ContinuousGeneration(run.model, run.tok, self._computing,
+                                                self.compiled.prefill if self.compiled else None)
+
+    def warm_up(self) -> None:
+        """(The model's worker thread, before its first job.) Compile the prompt pass, or load it from the cache of
+        compiled code (:func:`~attnkit.engine.compiled_decoding.step_cache`), for one prompt and for several: on the
+        worker's thread, where it runs, with its threads (the compiled code is made for a thread count)."""
+        if self.compiled is None:
+            return
+        device = next(self.run.model.parameters()).device
+        with torch.inference_mode():
+            for rows in (1, 2):  # a batch of one is its own program; 2 stands for any more
+                self.compiled.prefill(torch.full((rows, 8), EOS_ID, device=device))
 
     @contextmanager
     def _computing(self) -> Iterator[None]:
@@ -250,6 +275,9 @@ class ExportedServable:
     def lengths(self, texts: list[str]) -> list[int]:
         return [len(ids) for ids in self.translator.tok.encode_src(texts, threads=1)]  # the export's tokenizer
 
+    def warm_up(self) -> None:
+        """Nothing to compile: CTranslate2 runs the export as it is."""
+
     def translate(self, texts: list[str], *, beam: int, n_best: int, lenpen: float) -> list[list[str]]:
         d = self.translator.decode
         return self.translator.translate(texts, beam=beam, n_best=n_best, lenpen=lenpen, max_len_a=d.max_len_a,
@@ -302,12 +330,13 @@ class ExportedGeneration(ExportedServable):
 
 
 def load_servable(path: str | Path, threads: int = 0, precision: str = "float32", continuous: bool = False,
-                  device: torch.device | None = None) -> Servable:
+                  device: torch.device | None = None, compile: bool = False) -> Servable:
     """The model at ``path``, named after its directory: a run directory (or a ``.safetensors``
     checkpoint inside one), computing in ``precision`` (:data:`PRECISIONS`) and translating greedily by
     continuous batching when ``continuous``, or a CTranslate2 export of one (``attnkit export``),
     which computes in the quantization it was exported with. A language-model run computes on ``device``
-    (default: the CPU); everything else on the CPU.
+    (default: the CPU); everything else on the CPU. ``compile``: a language model's prompts run through a pass
+    compiled ahead of time (:class:`RunServable`).
 
     :raises UserError: ``path`` is not something that can be served.
     """
@@ -318,7 +347,7 @@ def load_servable(path: str | Path, threads: int = 0, precision: str = "float32"
     run = load_run(path)
     if device is not None and spec(run.task).serves == "generate":
         run.model.to(device)
-    return RunServable(run, Path(os.path.abspath(run_dir)).name, precision, continuous)  # a link's own name
+    return RunServable(run, Path(os.path.abspath(run_dir)).name, precision, continuous, compile)  # a link's own name
 
 
 def _exported_task(path: Path) -> str | None:
