@@ -11,16 +11,18 @@ characters of tiny Shakespeare's validation text, at batch 1 and batch 32 (32 di
 length). Every contender runs in a process of its own (one library's thread pool slows another's in a shared
 process) and is timed one at a time, ``--repeats`` times at each thread count (1 and 2), after an
 untimed warm-up pass of the whole batch, the passes of the contenders interleaved; a row reports the best thread
-count and every pass. attnkit runs eagerly and compiled (``attnkit.engine.compiled_decoding``: a static cache and
-a step compiled ahead of time, on the warm-up pass; the warm-up times are kept, as the cost of compiling). Eager
+count and every pass. attnkit runs eagerly and compiled (``attnkit.engine.compiled_decoding``: a static cache, the prompt's
+pass and a step compiled ahead of time, on the warm-up pass; the warm-up times are kept, as the cost of compiling). Eager
 bf16 runs under autocast; compiled bf16 holds its weights in bf16 (the compiled step refuses autocast).
 Tokens per second count the tokens each contender generated (a row that stopped at ``</s>`` counts what it
 made), and ``same`` says whether its greedy tokens equal attnkit's float32 ones.
 
-Served (``attnkit serve RUN``, a subprocess on a free port, ``--max-streams 64``): one streaming client,
-then 32 concurrent streaming clients (:data:`CLIENT`), each greedy for ``NEW_TOKENS`` tokens. Reported: the
-served tokens/s against the offline batch-32 rate, and the time to the first streamed token at one
-client against one forward pass of the prompt (``LanguageModel.step`` on the prompt, timed offline).
+Served (``attnkit serve RUN``, a subprocess on a free port, ``--max-streams 64``), eager and with ``--compile``
+(each prompt's pass compiled ahead of time; the decoding steps stay eager): one streaming client, then 32 concurrent
+streaming clients (:data:`CLIENT`), each greedy for ``NEW_TOKENS`` tokens. Reported: the served tokens/s against the
+offline batch-32 rate (attnkit float32, eager), and the time to the first streamed token at one client against one
+forward pass of the prompt, timed offline in a fresh process: ``LanguageModel.step`` on the prompt (eager), and the
+compiled prompt pass (what ``--compile`` serves with).
 
 Targets (issue 37): attnkit >= 2x transformers; >= 1x CTranslate2 float32 and >= 0.8x int8 at batch 1;
 32 served streams >= 0.8x the offline batch; time to first token <= 1.5x a forward pass of the prompt.
@@ -285,13 +287,14 @@ async def served_load(port: int, texts: list[str]) -> tuple[list[tuple[float, fl
 
 
 @contextmanager
-def serving(run: Path, threads: int, device: str = "cpu") -> Iterator[int]:
-    """``attnkit serve RUN`` at ``threads`` threads on a free port (yielded once it answers), stopped after."""
+def serving(run: Path, threads: int, device: str = "cpu", compiled: bool = False) -> Iterator[int]:
+    """``attnkit serve RUN`` at ``threads`` threads on a free port (yielded once it answers), stopped after;
+    ``compiled``: with ``--compile``."""
     port = free_port()
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
     server = subprocess.Popen([*ATTNKIT, "serve", str(run), "--port", str(port), "--threads", str(threads),
                                "--max-streams", str(2 * STREAMS), "--max-batch", str(STREAMS),
-                               "--device", device], env=env,
+                               "--device", device] + (["--compile"] if compiled else []), env=env,
                               stdout=subprocess.DEVNULL)
     try:
         import httpx
@@ -311,9 +314,10 @@ def serving(run: Path, threads: int, device: str = "cpu") -> Iterator[int]:
         server.wait(timeout=30)
 
 
-def served(run: Path, threads: int, repeats: int, device: torch.device) -> dict:
-    """One client, then :data:`STREAMS` concurrent ones, against ``attnkit serve RUN``."""
-    with serving(run, threads, device.type) as port:
+def served(run: Path, threads: int, repeats: int, device: torch.device, compiled: bool = False) -> dict:
+    """One client, then :data:`STREAMS` concurrent ones, against ``attnkit serve RUN`` (``compiled``: with
+    ``--compile``, whose warm-up request waits for the prompt pass to be compiled or loaded)."""
+    with serving(run, threads, device.type, compiled) as port:
         asyncio.run(served_load(port, prompts(1)))  # warm-up
         single, many = [], []
         for _ in range(repeats):
@@ -322,24 +326,29 @@ def served(run: Path, threads: int, repeats: int, device: torch.device) -> dict:
             results, wall = asyncio.run(served_load(port, prompts(STREAMS)))
             many.append({"tok_s": sum(r[2] for r in results) / wall, "ttft_s_median": sorted(r[0] for r in results)
                          [len(results) // 2]})
-            print(f"served, {threads} thread(s): 1 client {single[-1]['tok_s']:.0f} tok/s, first token "
-                  f"{single[-1]['ttft_s'] * 1000:.1f} ms; {STREAMS} streams {many[-1]['tok_s']:.0f} tok/s", flush=True)
-        return {"threads": threads, "client": CLIENT, "single": single, "streams": many}
+            print(f"served{' --compile' if compiled else ''}, {threads} thread(s): 1 client {single[-1]['tok_s']:.0f} "
+                  f"tok/s, first token {single[-1]['ttft_s'] * 1000:.1f} ms; {STREAMS} streams "
+                  f"{many[-1]['tok_s']:.0f} tok/s", flush=True)
+        return {"threads": threads, "compiled": compiled, "client": CLIENT, "single": single, "streams": many}
 
 
-def prompt_forward_seconds(run: Path, threads: int, device: torch.device, repeats: int = 20) -> float:
-    """The median time of one forward pass over a prompt (``LanguageModel.step`` from an empty cache), its logits
-    read back to the host as a served first token's are."""
+def prompt_forward_seconds(run: Path, threads: int, device: torch.device, compiled: bool = False,
+                           repeats: int = 20) -> float:
+    """The median time of one forward pass over a prompt (``LanguageModel.step`` from an empty cache; ``compiled``:
+    the compiled prompt pass that ``attnkit serve --compile`` runs), its logits read back to the host as a served
+    first token's are."""
     from attnkit.engine import accelerate
+    from attnkit.engine.compiled_decoding import CompiledDecoder
     torch.set_num_threads(threads)
     loaded = load_run(run, device)
     model = accelerate(loaded.model).eval()
+    forward = CompiledDecoder(model).prefill if compiled else lambda x: model.step(x, model.init_state())
     x = torch.tensor(loaded.tok.encode_src(prompts(1)), device=device)
     times = []
     with torch.inference_mode():
-        for _ in range(repeats + 3):
+        for _ in range(repeats + 3):  # the first compiles (or loads) the compiled pass
             start = time.perf_counter()
-            model.step(x, model.init_state())[0].argmax(-1).tolist()
+            forward(x)[0].argmax(-1).tolist()
             times.append(time.perf_counter() - start)
     return sorted(times[3:])[repeats // 2]
 
@@ -357,9 +366,13 @@ def measure(args: argparse.Namespace) -> dict:
         subprocess.run([*ATTNKIT, "export", str(run), "--to", "ctranslate2", "--quantization", q, "-o",
                         str(exports[q])], check=True)
     rows, warmups, missing = offline(run, work / "hf", exports, args.threads, args.repeats, device)
-    serving = [served(run, t, args.repeats, device) for t in args.threads] if not args.no_serve else []
-    with multiprocessing.get_context("spawn").Pool(1) as pool:  # a fresh process: no other library's threads
-        forward = {str(t): pool.apply(prompt_forward_seconds, (run, t, device)) for t in args.threads}
+    serving = [served(run, t, args.repeats, device, c) for c in (False, True) for t in args.threads
+               ] if not args.no_serve else []
+    forward, forward_compiled = {}, {}
+    for t in args.threads:
+        for c, into in ((False, forward), (True, forward_compiled)):
+            with multiprocessing.get_context("spawn").Pool(1) as pool:  # a fresh process: no other library's threads
+                into[str(t)] = pool.apply(prompt_forward_seconds, (run, t, device, c))
     cfg = load_run(run).cfg.model.transformer
     command = " ".join(["python benchmarks/generate_race.py", *sys.argv[1:]])
     gpu = {"device": "cuda", "gpu": torch.cuda.get_device_name(device)} if device.type == "cuda" else {}
@@ -370,7 +383,7 @@ def measure(args: argparse.Namespace) -> dict:
                       "parameters": sum(p.numel() for p in load_run(run).model.parameters())},
             "new_tokens": NEW_TOKENS, "prompt_chars": PROMPT_CHARS, "offline": rows, "warmups": warmups,
             "served": serving,
-            "prompt_forward_s": forward}
+            "prompt_forward_s": forward, "prompt_forward_compiled_s": forward_compiled}
 
 
 def fast_bf16(device: torch.device) -> bool:
@@ -421,14 +434,20 @@ def markdown_table(runs: dict) -> str:
         if run["served"]:
             offline32 = best(rows, "attnkit float32", 32)[0]
             served_rows = []
+            compiled_forward = run.get("prompt_forward_compiled_s", {})
             for s in run["served"]:
                 forward = run["prompt_forward_s"][str(s["threads"])]
                 ttft = sorted(x["ttft_s"] for x in s["single"])[len(s["single"]) // 2]
                 rate = sorted(x["tok_s"] for x in s["streams"])[len(s["streams"]) // 2]
-                served_rows.append([s["threads"], f"{ttft * 1000:.1f} ms", f"{forward * 1000:.1f} ms",
-                                    f"{ttft / forward:.2f}x", f"{rate:.0f}", f"{rate / offline32:.2f}x"])
-            out.append(markdown(["threads", "first token, 1 client", "forward pass of the prompt", "ratio",
-                                 f"{STREAMS} streams tok/s", "of the offline batch 32"], served_rows, "rrrrrr"))
+                other = compiled_forward.get(str(s["threads"]))
+                served_rows.append([s["threads"], "--compile" if s.get("compiled") else "eager",
+                                    f"{ttft * 1000:.1f} ms", f"{forward * 1000:.1f} ms", f"{ttft / forward:.2f}x",
+                                    f"{other * 1000:.1f} ms" if other else "-",
+                                    f"{ttft / other:.2f}x" if other else "-",
+                                    f"{rate:.0f}", f"{rate / offline32:.2f}x"])
+            out.append(markdown(["threads", "server", "first token, 1 client", "forward pass (eager)", "ratio",
+                                 "forward pass (compiled)", "ratio", f"{STREAMS} streams tok/s",
+                                 "of the offline batch 32 (eager)"], served_rows, "rlrrrrrrr"))
             out.append(f"Streaming client: {run['served'][0].get('client', 'httpx')}.")
         m = run["model"]
         where = f"GPU: {run['gpu']} (host CPU {run['cpu']}; bf16: " if run.get("gpu") else f"CPU: {run['cpu']} (bf16: "
