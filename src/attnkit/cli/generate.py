@@ -12,9 +12,9 @@ A model whose positions are a table (learned or sinusoidal) cannot see past its 
 MODEL may also be a directory written by `attnkit export RUN --to ctranslate2`: CTranslate2 generates then.
 Greedy decoding gives the same text; samples come from CTranslate2's own random numbers.
 
---compile decodes through the engine's compiled step (compiled ahead of time by torch.export and AOTInductor, a
-static key/value cache): the same logits up to float rounding, faster per token once compiled, after seconds of
-compiling per buffer length (benchmarks/generate_race.py). The compiled code (no weights) is kept in
+--compile decodes through the engine's compiled prompt pass and step (compiled ahead of time by torch.export and
+AOTInductor, a static key/value cache): the same logits up to float rounding, faster per token once compiled, after
+seconds of compiling per batch size (benchmarks/generate_race.py). The compiled code (no weights) is kept in
 $ATTNKIT_CACHE/compiled-steps (else attnkit/compiled-steps under $XDG_CACHE_HOME or ~/.cache; ATTNKIT_CACHE=off:
 nowhere), so the next run of a model of the same architecture skips the compiling.
 """

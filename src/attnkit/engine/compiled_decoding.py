@@ -199,7 +199,8 @@ def compile_prefill(model: LanguageModel, tokens: Tensor) -> CompiledStep:
     """The prompt's pass (:class:`_Prefill`) compiled ahead of time, for the batch sizes and prompt lengths in the
     ranges the traced code allows (``ranges["batch"]``, ``ranges["length"]``; a batch of one is its own)."""
     auto = torch.export.Dim.AUTO
-    return compile_module(_Prefill(model), (tokens,), ({0: auto, 1: auto},),
+    free = {0: auto, 1: auto} if tokens.size(0) > 1 else {1: auto}  # a batch of one is fixed (export would warn)
+    return compile_module(_Prefill(model), (tokens,), (free,),
                           {"batch": ("tokens", 0), "length": ("tokens", 1)}, matvec=False)
 
 
