@@ -11,11 +11,11 @@ characters of tiny Shakespeare's validation text, at batch 1 and batch 32 (32 di
 length). Every contender runs in a process of its own (one library's thread pool slows another's in a shared
 process) and is timed one at a time, ``--repeats`` times at each thread count (1 and 2), after an
 untimed warm-up pass of the whole batch, the passes of the contenders interleaved; a row reports the best thread
-count and every pass. attnkit runs eagerly and compiled (``attnkit.engine.compiled_decoding``: a static cache, the prompt's
-pass and a step compiled ahead of time, on the warm-up pass; the warm-up times are kept, as the cost of compiling). Eager
-bf16 runs under autocast; compiled bf16 holds its weights in bf16 (the compiled step refuses autocast).
-Tokens per second count the tokens each contender generated (a row that stopped at ``</s>`` counts what it
-made), and ``same`` says whether its greedy tokens equal attnkit's float32 ones.
+count and every pass. attnkit runs eagerly and compiled (``attnkit.engine.compiled_decoding``: a static cache,
+the prompt's pass and a step compiled ahead of time, on the warm-up pass; the warm-up times are kept, as the cost
+of compiling). Eager bf16 runs under autocast; compiled bf16 holds its weights in bf16 (the compiled step
+refuses autocast). Tokens per second count the tokens each contender generated (a row that stopped at ``</s>``
+counts what it made), and ``same`` says whether its greedy tokens equal attnkit's float32 ones.
 
 Served (``attnkit serve RUN``, a subprocess on a free port, ``--max-streams 64``), eager and with ``--compile``
 (each prompt's pass compiled ahead of time; the decoding steps stay eager): one streaming client, then 32 concurrent
@@ -468,12 +468,13 @@ def main() -> None:
     p.add_argument("--no-serve", action="store_true", help="only the offline race")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                    help="where every contender runs (cuda: written to results/generate-race-gpu.json)")
+    p.add_argument("--note", default="", help="a line kept with the run (e.g. what else ran on the machine)")
     p.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
                    help="config overrides for the model trained without --run (e.g. model.transformer.d_model=768)")
     args = p.parse_args()
     result = measure(args)
     out = OUT_GPU if args.device == "cuda" else OUT
-    append_run(out, result)
+    append_run(out, result, args.note)
     print(markdown_table({"runs": [result]}))
     print(f"wrote {out}")
 

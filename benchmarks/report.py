@@ -134,6 +134,7 @@ TABLES: dict[str, Table] = {
     "serve-switch-interval": Table(f"{RESULTS}/gil-switch-interval.json", "experiments/serve_switch_interval.py"),
     "serve-breakdown": Table(f"{RESULTS}/lm-serve-breakdown.json", "experiments/serve_breakdown.py"),
     "matvec-probe": Table(f"{RESULTS}/matvec-probe.json", "experiments/matvec_probe.py"),
+    "openmp-pools": Table(f"{RESULTS}/openmp-pools.json", "experiments/openmp_pools.py"),
 }
 
 
