@@ -13,10 +13,12 @@ generated kernels, but a graph wants fixed shapes, and the textbook cache grows 
   read at ``pos``. ALiBi's bias is taken for a query at the span's last column, ``-m_h (L - 1 - s)``, which
   differs from the query's own ``-m_h (pos - s)`` by one constant per row and head: softmax does not see it.
 * :class:`CompiledDecoder` runs the prompt through the model's own :meth:`~attnkit.lm.LanguageModel.step` (the
-  prefill, eager), copies its cache into static buffers, then feeds one token at a time through
-  :meth:`CompiledDecoder.decode_step`: the textbook's layers (:meth:`~attnkit.lm.LanguageModel.decode_layers`)
-  with a static cache. The capacity doubles when a sequence outgrows it (64, 128, ...; at most the model's
-  context); the span grows one column per step.
+  prefill; compiled too, :func:`compile_prefill`, its batch size and length free), copies its cache into static
+  buffers, then feeds one token at a time through :meth:`CompiledDecoder.decode_step`: the textbook's layers
+  (:meth:`~attnkit.lm.LanguageModel.decode_layers`) with a static cache. The capacity doubles when a sequence
+  outgrows it (64, 128, ...; at most the model's context); the span grows one column per step. The compiled
+  step also makes the greedy choice (the textbook's :func:`~attnkit.sampling.choose_next`, traced), which
+  :meth:`CompiledDecoder.choose_next` hands to :func:`~attnkit.sampling.generate`.
 * :func:`compile_step` compiles that step ahead of time, once per batch size and dtype: ``torch.export`` then
   AOTInductor (a shared library of generated C++ kernels), with the span and the capacity as dimensions of the
   compiled code (its attention loops over the span, not the buffer, and a growing sequence compiles once; a
