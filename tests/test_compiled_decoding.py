@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from attnkit.engine import accelerate, compiled_decoding
-from attnkit.engine.compiled_decoding import CompiledDecoder, StaticKVCache, matvec_linear, static_mask
+from attnkit.engine.aot import matvec_linear
+from attnkit.engine.compiled_decoding import CompiledDecoder, StaticKVCache, static_mask
 from attnkit.lm import LanguageModel
 from attnkit.multihead import KVCache
 from attnkit.sampling import generate

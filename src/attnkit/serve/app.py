@@ -331,8 +331,13 @@ def serve(paths: list[str], *, host: str = "127.0.0.1", port: int = 8000, thread
 
     share_one_heap()  # before the workers' threads start: then an idle trim gives back all they freed
     sys.setswitchinterval(SWITCH_INTERVAL_S)
-    threads = threads or torch.get_num_threads()  # each model's worker computes with these (ModelWorker)
-    torch.set_num_threads(1)  # the main thread (loading, the event loop) starts no OpenMP pool of its own
+    # Each model's worker thread computes with `threads`, the main thread (loading, the event loop) with one. OpenMP
+    # keeps a pool of threads for each thread that starts a parallel region, and libgomp, managing more threads
+    # than there are cores, lets idle ones sleep at once instead of spinning, so every parallel region pays to wake
+    # them: loading on the main thread with two threads and decoding on a worker with two more ran at about one
+    # thread's speed on two cores (benchmarks/README.md, OpenMP pools).
+    threads = threads or torch.get_num_threads()
+    torch.set_num_threads(1)
     app = create_app([load_servable(p, threads, precision, continuous, device, compile) for p in paths], limits,
                      api_key, threads)
     freeze_long_lived()  # the models and the app stay: full collections while serving need not scan them

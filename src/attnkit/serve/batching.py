@@ -124,15 +124,8 @@ other queued, and the previous batch answered one request) runs at once, as does
     ``max_batch_tokens`` padded tokens). A job larger than either limit runs alone. :meth:`close` lets
     it finish what is queued, then stops it. ``on_batch`` (if given) hears of every batch, from the
     worker thread, before its futures are resolved.
-
-    ``threads`` (if given) is set as torch's intra-op thread count on the worker's thread, where the model's
-    parallel regions start. OpenMP keeps a pool of threads for each thread that starts a parallel region, and
-    when libgomp manages more threads than there are cores it lets idle ones sleep at once instead of spinning,
-    so every parallel region pays to wake them: a server that had loaded its model with two threads on the main
-    thread (one pool) and ran it on a worker thread with two more decoded at about the speed of one thread on
-    two cores. So :func:`attnkit.serve.app.serve` computes with one thread on the main thread (no pool) and
-    gives each worker the threads. ``warm_up`` (if given) runs on the worker's thread before it takes a job
-    (jobs queue meanwhile); if it fails, the error is logged and the worker serves anyway.
+    ``threads`` (if given): torch's intra-op threads, set on the worker's thread (why: :func:`~.app.serve`).
+    ``warm_up`` (if given) runs there before the first job (jobs queue meanwhile; if it fails, it is logged).
     """
 
     def __init__(self, name: str, limits: Limits, on_batch: Callable[[BatchRecord], None] | None = None,

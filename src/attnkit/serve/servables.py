@@ -164,7 +164,7 @@ class RunServable:
 
     def warm_up(self) -> None:
         """(The model's worker thread, before its first job.) Compile the prompt pass, or load it from the cache of
-        compiled code (:func:`~attnkit.engine.compiled_decoding.step_cache`), for one prompt and for several: on the
+        compiled code (:func:`~attnkit.engine.aot.step_cache`), for one prompt and for several: on the
         worker's thread, where it runs, with its threads (the compiled code is made for a thread count)."""
         if self.compiled is None:
             return
