@@ -25,8 +25,9 @@ from torch import Tensor, nn
 __all__ = ["STEP_CONFIG", "CompiledProgram", "compile_module", "cpu_features", "dim_range", "load_or_compile",
            "matvec_linear", "step_cache", "step_constants", "step_key"]
 
-#: Inductor settings for a compiled step: realize every intermediate result on the CPU (see the module docstring),
-#: and plan the intermediate buffers into one allocation (so a call does not allocate and free each of them).
+#: Inductor settings for a compiled program: realize every intermediate result on the CPU (why:
+#: :mod:`attnkit.engine.compiled_decoding`, the matrix-vector products), and plan the intermediate buffers into one
+#: allocation (so a call does not allocate and free each of them).
 STEP_CONFIG = {"realize_cpu_opcount_threshold": 1, "realize_cpu_acc_reads_threshold": 1, "memory_planning": True,
                "aot_inductor.package_constants_in_so": False}
 
@@ -63,7 +64,7 @@ def compile_module(module: nn.Module, examples: tuple, dims: tuple, ranges: dict
     constants = step_constants(module, program, compiled.get_constant_fqns())
     compiled.load_constants(constants, check_full_update=True, user_managed=True)  # pointers to these tensors
     return CompiledProgram(compiled.loader.boxed_run, constants,
-                        {name: dim_range(program, *where) for name, where in ranges.items()})
+                           {name: dim_range(program, *where) for name, where in ranges.items()})
 
 
 def dim_range(program: torch.export.ExportedProgram, name: str, dim: int) -> tuple[int, float]:
@@ -94,7 +95,6 @@ class CompiledProgram:
     def holds(self, **sizes: int) -> bool:
         """Whether each of ``sizes`` is in its dimension's range."""
         return all(self.ranges[name][0] <= size <= self.ranges[name][1] for name, size in sizes.items())
-
 
 
 def step_cache() -> Path | None:
