@@ -7,6 +7,7 @@ import copy
 import pytest
 import torch
 
+from attnkit.common.errors import UserError
 from attnkit.engine import accelerate, compiled_decoding
 from attnkit.engine.aot import matvec_linear
 from attnkit.engine.compiled_decoding import CompiledDecoder, StaticKVCache, static_mask
@@ -203,3 +204,16 @@ def test_a_compiled_step_is_kept_on_disk_and_loaded_by_the_next_decoder(monkeypa
         package.write_bytes(b"not a package")
     assert torch.equal(greedy(CompiledDecoder(second)), expected[id(second)])
     assert all(package.stat().st_size > 1000 for package in packages)  # compiled again, in their places
+
+
+def test_a_failed_compile_is_a_one_line_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No C++ compiler (AOTInductor's compile raising): a user error that says what is needed and what to do."""
+    monkeypatch.setenv("ATTNKIT_CACHE", "off")
+
+    def no_compiler(*args, **kwargs):
+        raise RuntimeError("Failed to find C++ compiler.\nPlease specify via CXX environment variable.")
+
+    monkeypatch.setattr(torch._inductor, "aoti_compile_and_package", no_compiler)
+    model = accelerate(make_lm(positions="learned")).eval()
+    with pytest.raises(UserError, match=r"failed \(RuntimeError: Failed to find C\+\+ compiler\.\); .*--compile"):
+        list(generate(CompiledDecoder(model), prompts(1, 5).tolist(), 3, temperature=0.0))

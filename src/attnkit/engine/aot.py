@@ -22,6 +22,8 @@ import torch
 import torch._inductor
 from torch import Tensor, nn
 
+from ..common.errors import UserError
+
 __all__ = ["STEP_CONFIG", "CompiledProgram", "compile_module", "cpu_features", "dim_range", "load_or_compile",
            "matvec_linear", "step_cache", "step_constants", "step_key"]
 
@@ -145,8 +147,13 @@ def load_or_compile(program: torch.export.ExportedProgram, device: torch.device)
         except OSError:  # no cache where it cannot be written: compiled for this process only
             path = None
     with tempfile.TemporaryDirectory(prefix="attnkit-step-", dir=None if path is None else path.parent) as temporary:
-        package = torch._inductor.aoti_compile_and_package(  # type: ignore[attr-defined]
-            program, package_path=str(Path(temporary) / "step.pt2"), inductor_configs=dict(STEP_CONFIG))
+        try:
+            package = torch._inductor.aoti_compile_and_package(  # type: ignore[attr-defined]
+                program, package_path=str(Path(temporary) / "step.pt2"), inductor_configs=dict(STEP_CONFIG))
+        except Exception as e:  # no C++ compiler, most often: a one-line message instead of inductor's traceback
+            why = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            raise UserError(f"compiling ahead of time failed ({type(e).__name__}: {why[:200]}); AOTInductor needs "
+                            "a C++ compiler (g++); decode without compiling (leave out --compile)") from None
         if path is not None:
             os.replace(package, path)  # atomic: a reader sees the whole package or none
             package = str(path)

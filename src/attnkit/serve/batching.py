@@ -25,6 +25,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import torch
+
 from ..common.errors import UserError
 from ..common.memory import release_free_memory
 
@@ -114,18 +116,15 @@ def padded_tokens(jobs: list[_Job]) -> int:
 class ModelWorker:
     """The one thread that runs a model: takes queued jobs, merges those with the same key into a batch.
 
-    :meth:`submit` (from the event loop) queues texts and returns a future of their results; the
-    thread takes the oldest job, waits up to ``max_wait_ms`` after its arrival (or after the previous
-    batch was answered, if that is later) for jobs with the same key until ``max_batch`` texts are
-    queued, runs them as one call and resolves each job's future with its share; a lone request (none
-other queued, and the previous batch answered one request) runs at once, as does a job decoded continuously
-    (later ones join it at the next step). Which jobs join the
-    oldest is :meth:`_select`'s rule (closest in length, within ``max_batch`` texts and
-    ``max_batch_tokens`` padded tokens). A job larger than either limit runs alone. :meth:`close` lets
-    it finish what is queued, then stops it. ``on_batch`` (if given) hears of every batch, from the
-    worker thread, before its futures are resolved.
-    ``threads`` (if given): torch's intra-op threads, set on the worker's thread (why: :func:`~.app.serve`).
-    ``warm_up`` (if given) runs there before the first job (jobs queue meanwhile; if it fails, it is logged).
+    :meth:`submit` (from the event loop) queues texts and returns a future of their results; the thread takes the
+    oldest job, waits up to ``max_wait_ms`` after its arrival (or after the previous batch was answered, if that is
+    later) for jobs with the same key until ``max_batch`` texts are queued, runs them as one call and resolves each
+    job's future with its share; a lone request (none other queued, and the previous batch answered one request)
+    runs at once, as does a job decoded continuously (later ones join it at the next step). Which jobs join the
+    oldest is :meth:`_select`'s rule (closest in length, within ``max_batch`` texts and ``max_batch_tokens`` padded
+    tokens). A job larger than either limit runs alone. :meth:`close` lets it finish what is queued, then stops it.
+    ``on_batch`` (if given) hears of every batch, from the worker thread, before its futures are resolved. On its
+    thread, ``threads`` (if given) are set as torch's (why: :func:`~.app.serve`), then ``warm_up`` runs.
     """
 
     def __init__(self, name: str, limits: Limits, on_batch: Callable[[BatchRecord], None] | None = None,
@@ -244,13 +243,13 @@ other queued, and the previous batch answered one request) runs at once, as does
 
     def _serve(self) -> None:
         if self.threads is not None:
-            import torch  # only here: the batching itself knows nothing of models
             torch.set_num_threads(self.threads)
         if self.warm_up is not None:
             try:
                 self.warm_up()
-            except Exception:  # a bug: logged; the jobs still run (a compiled program is made when first needed)
-                logging.getLogger(__name__).exception("attnkit serve: warming up the model failed")
+            except Exception as e:  # logged (a bug with its traceback); the jobs still run, and meet it again
+                logging.getLogger(__name__).error("attnkit serve: warming up the model failed: %s", e,
+                                                  exc_info=not isinstance(e, UserError))
         while True:
             if self._stepper is not None:  # continuous decoding in flight: admit what fits, then one step
                 self._continue()
