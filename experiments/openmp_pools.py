@@ -1,6 +1,6 @@
 """Why ``attnkit serve`` computes with one thread on its main thread: two OpenMP pools on two cores. A probe.
 
-    flock /tmp/attnkit-bench.lock python experiments/openmp_pools.py [--threads 2] [--repeats 5]
+    flock /tmp/attnkit-bench.lock python experiments/openmp_pools.py [--threads 2] [--repeats 3] [--rounds 2]
 
 The server runs each model on a worker thread of its own (:class:`attnkit.serve.batching.ModelWorker`), and
 OpenMP keeps a pool of threads for every thread that starts a parallel region. libgomp, when it manages more
