@@ -146,6 +146,10 @@ def test_the_compiled_step_equals_the_textbook_step(name: str) -> None:
     assert sorted((B, len(steps)) for (B, *_), steps in decoder.steps.items()) == [(1, 1), (3, 1)]  # one each
     [prefills] = decoder.prefills.values()  # the prompt's pass: a batch of one is its own, 3 rows another
     assert sorted(p.ranges["batch"][0] for p in prefills) == [1, 2] and all(p.holds(length=5) for p in prefills)
+    one = prompts(1, 1)  # a one-token prompt: eager (no program holds it, none is compiled), the textbook's logits
+    with torch.inference_mode():
+        torch.testing.assert_close(decoder.prefill(one)[0], reference(one)[:, -1], atol=1e-4, rtol=1e-4)
+    assert len(prefills) == 2
     with torch.no_grad():  # the tied embedding and output layer, and one layer's projection, updated in place
         for m in (model, reference):
             m.out_proj.weight.mul_(1.5)

@@ -308,13 +308,18 @@ class CompiledDecoder:
     def prefill(self, tokens: Tensor) -> tuple[Tensor, LMState]:
         """``model.step(tokens, model.init_state())`` through the compiled prompt pass for the prompts' batch size
         and length (compiled on first use): the last position's logits ``(B, V)`` and a state whose caches are the
-        textbook's, each layer's ``(B, H_kv, T, d)``."""
+        textbook's, each layer's ``(B, H_kv, T, d)``. A one-token prompt, which the traced code takes apart (one
+        query needs no look-ahead mask), runs eagerly unless a program holds it: it is one step, not worth the
+        seconds of compiling (on a server, while its request waits)."""
         weight = next(self.model.parameters())
         refuse_autocast(weight.device)
         key = (weight.dtype, weight.device, self.model.training)
         B, T = tokens.shape
         prefills = self.prefills.setdefault(key, [])
         prefill = next((p for p in prefills if p.holds(batch=B, length=T)), None)
+        if prefill is None and T == 1:
+            empty = LMState([KVCache() for _ in self.model.layers], 0)  # the textbook's cache, as the program's
+            return self.model.step(tokens, empty)
         if prefill is None:
             prefill = compile_prefill(self.model, tokens)
             prefills.append(prefill)
