@@ -139,6 +139,12 @@ class _DecodeStep(nn.Module):
         return logits, choose_next(logits, 0.0, never=self.never)  # and the greedy choice (B,), inside the program
 
 
+def textbook_state(model: LanguageModel) -> LMState:
+    """An empty state with the textbook's caches (:class:`~attnkit.multihead.KVCache`, whatever the model's
+    ``cache_type``): a prompt's keys and values come out as they are computed, with no room to copy them into."""
+    return LMState([KVCache() for _ in model.layers], 0)
+
+
 class _Prefill(nn.Module):
     """The prompt's pass, :meth:`~attnkit.lm.LanguageModel.step` from an empty cache, as a module for
     ``torch.export``: ``tokens (B, T) -> (logits (B, V), keys, values)``, each layer's ``(B, H_kv, T, d)``."""
@@ -148,8 +154,7 @@ class _Prefill(nn.Module):
         self.model = model
 
     def forward(self, tokens: Tensor) -> tuple[Tensor, list[Tensor], list[Tensor]]:
-        empty = LMState([KVCache() for _ in self.model.layers], 0)  # the textbook's cache: no copies
-        logits, state = self.model.step(tokens, empty)
+        logits, state = self.model.step(tokens, textbook_state(self.model))
         return logits, [c.k for c in state.caches], [c.v for c in state.caches]  # type: ignore[misc]
 
 
@@ -284,10 +289,15 @@ class CompiledDecoder:
             return self.decode_step(tokens, pos, self.span(n), keys, values)
         refuse_autocast(keys[0].device)
         key = (tokens.size(0), keys[0].dtype, keys[0].device, self.model.training)
+
+        def fits(s: CompiledProgram) -> bool:  # n columns, raised to the program's least span if need be
+            low, high = s.ranges["span"]
+            return low <= capacity and n <= high
+
         step = self._last.get(key)  # the step of the previous call, most often the one
-        if step is None or not (step.ranges["span"][0] <= capacity and n <= step.ranges["span"][1]):
+        if step is None or not fits(step):
             steps = self.steps.setdefault(key, [])
-            step = next((s for s in steps if s.ranges["span"][0] <= capacity and n <= s.ranges["span"][1]), None)
+            step = next(filter(fits, steps), None)
             if step is None:
                 step = compile_step(self, tokens, pos, self.span(n), keys, values)
                 steps.append(step)
@@ -318,8 +328,7 @@ class CompiledDecoder:
         prefills = self.prefills.setdefault(key, [])
         prefill = next((p for p in prefills if p.holds(batch=B, length=T)), None)
         if prefill is None and T == 1:
-            empty = LMState([KVCache() for _ in self.model.layers], 0)  # the textbook's cache, as the program's
-            return self.model.step(tokens, empty)
+            return self.model.step(tokens, textbook_state(self.model))
         if prefill is None:
             prefill = compile_prefill(self.model, tokens)
             prefills.append(prefill)

@@ -152,13 +152,12 @@ class RunServable:
         self.info = replace(info, precision="bf16 autocast" if precision == "bf16" else "float32")
         stepper = _STEPPERS.get(serves) if continuous and supports_continuous(run.model) else None
         self.stepper = stepper(self) if stepper is not None else None
-        self.compiled: CompiledDecoder | None = None
-        if compile and (serves != "generate" or precision != "float32"):
-            raise UserError(f"--compile: {name} is a {run.task} run; only language models' prompts are compiled"
-                            if serves != "generate" else f"--compile computes in float32; leave out --precision "
-                            f"{precision}")
+        if compile and serves != "generate":
+            raise UserError(f"--compile: {name} is a {run.task} run; only language models' prompts are compiled")
+        if compile and precision != "float32":
+            raise UserError(f"--compile computes in float32; leave out --precision {precision}")
+        self.compiled = CompiledDecoder(run.model) if compile else None
         if serves == "generate":
-            self.compiled = CompiledDecoder(run.model) if compile else None
             self.stepper = ContinuousGeneration(run.model, run.tok, self._computing,
                                                 self.compiled.prefill if self.compiled else None)
 
