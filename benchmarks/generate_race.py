@@ -14,8 +14,10 @@ untimed warm-up pass of the whole batch, the passes of the contenders interleave
 count and every pass. attnkit runs eagerly and compiled (``attnkit.engine.compiled_decoding``: a static cache,
 the prompt's pass and a step compiled ahead of time, on the warm-up pass; the warm-up times are kept, as the cost
 of compiling). Eager bf16 runs under autocast; compiled bf16 holds its weights in bf16 (the compiled step
-refuses autocast). Tokens per second count the tokens each contender generated (a row that stopped at ``</s>``
-counts what it made), and ``same`` says whether its greedy tokens equal attnkit's float32 ones.
+refuses autocast); compiled int8 decodes through a copy with int8 weights (``attnkit.engine.quantize``,
+weight-only: its activations stay float32, where CTranslate2's int8 quantizes them too). Tokens per second count
+the tokens each contender generated (a row that stopped at ``</s>`` counts what it made), and ``same`` says
+whether its greedy tokens equal attnkit's float32 ones.
 
 Served (``attnkit serve RUN``, a subprocess on a free port, ``--max-streams 64``), eager and with ``--compile``
 (each prompt's pass compiled ahead of time; the decoding steps stay eager): one streaming client, then 32 concurrent
@@ -92,12 +94,14 @@ def train_model(work: Path, updates: int, settings: list[str]) -> Path:
 # -- the offline contenders: prompt ids (B, T) -> generated ids, a list per row -------------------
 
 
-def attnkit_contender(run: Path, bf16: bool, compiled: bool, device: torch.device):
+def attnkit_contender(run: Path, precision: str, compiled: bool, device: torch.device):
     from attnkit.engine import accelerate
     from attnkit.engine.compiled_decoding import CompiledDecoder
     model = accelerate(load_run(run, device).model).eval()
+    bf16 = precision == "bf16"
     if compiled:  # compiled on the warm-up pass of each batch size; in bf16 its weights are bf16 (no autocast)
-        model = CompiledDecoder(model.to(torch.bfloat16) if bf16 else model)
+        model = CompiledDecoder(model.to(torch.bfloat16) if bf16 else model,
+                                quantize="int8" if precision == "int8" else None)
 
     def run_batch(ids: list[list[int]]) -> list[list[int]]:
         with torch.inference_mode(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16 and not compiled):
@@ -133,7 +137,7 @@ def ctranslate2_contender(export: Path, threads: int, device: torch.device):
 
 def build_contender(name: str, run: Path, hf: Path, exports: dict[str, Path], threads: int, device: torch.device):
     if name.startswith("attnkit"):
-        return attnkit_contender(run, name.endswith("bf16"), "compiled" in name, device)
+        return attnkit_contender(run, name.split()[-1], "compiled" in name, device)
     if name.startswith("transformers"):
         return transformers_contender(hf, device)
     return ctranslate2_contender(exports[name.split()[-1]], threads, device)
@@ -212,7 +216,7 @@ def offline(run: Path, hf: Path, exports: dict[str, Path], threads: list[int], r
     if len({len(x) for b in BATCHES for x in ids[b]}) != 1:
         raise SystemExit("the prompts must all be one length in tokens (a character model gives that)")
     precisions = ["float32"] + (["bf16"] if fast_bf16(device) else [])
-    names = [f"attnkit {p}" for p in precisions] + [f"attnkit compiled {p}" for p in precisions] + [
+    names = [f"attnkit {p}" for p in precisions] + [f"attnkit compiled {p}" for p in [*precisions, "int8"]] + [
         "transformers generate"] + [f"CTranslate2 {q}" for q in exports]
     rows, warmups, reference, missing = [], [], {}, {}
     for t in threads:
@@ -407,22 +411,23 @@ def markdown_table(runs: dict) -> str:
     out = []
     for run in runs["runs"]:
         rows, names = run["offline"], list(dict.fromkeys(r["contender"] for r in run["offline"]))
-        compiled = "attnkit compiled float32" in names  # runs since the compiled step have it
+        # the columns of ratios: attnkit float32, and the compiled contenders of runs that have them
+        yardsticks = ["attnkit float32"] + [n for n in ("attnkit compiled float32", "attnkit compiled int8")
+                                            if n in names]
+        compiled = len(yardsticks) > 1
         table = []
         for b in BATCHES:
-            ours = best(rows, "attnkit float32", b)[0]
-            ours_compiled = best(rows, "attnkit compiled float32", b)[0] if compiled else 0.0
+            ours = [best(rows, n, b)[0] for n in yardsticks]
             for name in names:
                 if not any(r["contender"] == name and r["batch"] == b for r in rows):
                     continue  # it could not run at this batch size (the run's not_run says why)
                 rate, passes, t = best(rows, name, b)
                 same = min(r["same_as_attnkit"] for r in rows if r["contender"] == name and r["batch"] == b)
-                table.append([b, name, t, f"{rate:.0f}", " / ".join(f"{p:.0f}" for p in passes),
-                              f"{ours / rate:.2f}x"] + ([f"{ours_compiled / rate:.2f}x"] if compiled else [])
-                             + [f"{same:.0%}"])
-        out.append(markdown(["batch", "contender", "threads", "tok/s (median)", "every pass", "attnkit float32 is"]
-                            + (["attnkit compiled float32 is"] if compiled else []) + ["same greedy tokens"], table,
-                            "rllrrr" + ("r" if compiled else "") + "r"))
+                table.append([b, name, t, f"{rate:.0f}", " / ".join(f"{p:.0f}" for p in passes)]
+                             + [f"{x / rate:.2f}x" for x in ours] + [f"{same:.0%}"])
+        out.append(markdown(["batch", "contender", "threads", "tok/s (median)", "every pass"]
+                            + [f"{n} is" for n in yardsticks] + ["same greedy tokens as attnkit float32"], table,
+                            "rllrr" + "r" * len(yardsticks) + "r"))
         if compiled:
             first = {}
             for w in run["warmups"]:

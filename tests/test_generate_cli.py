@@ -95,6 +95,19 @@ def test_compile_decodes_the_same_text(lm_run, lm, capsys):
     assert generated(capsys, lm_run, *sample, "--compile") == generated(capsys, lm_run, *sample)
 
 
+def test_quantize_int8_decodes_the_int8_model_s_greedy_text(lm_run, lm, capsys):
+    """``--compile --quantize int8``: the greedy text of the model's int8 copy (by hand, full forwards); without
+    ``--compile`` it is a one-line error."""
+    from dataclasses import replace
+
+    from attnkit.engine.quantize import quantize_int8
+    greedy = greedy_by_hand(replace(lm, model=quantize_int8(lm.model)), PROMPT, 40)
+    assert generated(capsys, lm_run, "--max-new-tokens", "40", "--temperature", "0", "--compile",
+                     "--quantize", "int8") == PROMPT + greedy + "\n"
+    code, _, err = cli(capsys, "generate", str(lm_run), "--prompt", PROMPT, "--quantize", "int8")
+    assert_one_line_error(code, err, "--quantize int8 needs --compile")
+
+
 @pytest.mark.parametrize("options", [("--top-k", "1"), ("--top-p", "1e-6"), ("--top-k", "1", "--top-p", "0.5")])
 def test_one_candidate_left_is_greedy_at_any_temperature(lm_run, lm, capsys, options):
     greedy = greedy_by_hand(lm, PROMPT, 40)

@@ -16,7 +16,10 @@ Greedy decoding gives the same text; samples come from CTranslate2's own random 
 AOTInductor, a static key/value cache): the same logits up to float rounding, faster per token once compiled, after
 seconds of compiling per batch size (benchmarks/generate_race.py). The compiled code (no weights) is kept in
 $ATTNKIT_CACHE/compiled-steps (else attnkit/compiled-steps under $XDG_CACHE_HOME or ~/.cache; ATTNKIT_CACHE=off:
-nowhere), so the next run of a model of the same architecture skips the compiling.
+nowhere), so the next run of a model of the same architecture skips the compiling. --quantize int8 (with
+--compile) decodes through a copy of the model whose linear layers hold int8 weights, one scale per output row
+(attnkit.engine.quantize): a quarter of the bytes to read per token, logits within rounding of the float model's,
+so a greedy choice between two nearly equal tokens may differ.
 """
 
 from __future__ import annotations
@@ -60,6 +63,9 @@ def add(sub: argparse._SubParsersAction) -> None:
                    help="decode through a step compiled ahead of time, with a static cache: seconds of compiling "
                         "first, "
                         "then faster tokens (worth it for long or many continuations)")
+    p.add_argument("--quantize", choices=["int8"],
+                   help="with --compile: decode with int8 weights (one scale per output row; faster at batch 1 "
+                        "where reading the weights is the cost, logits within rounding of the float model's)")
 
 
 def run(args: argparse.Namespace) -> None:
@@ -68,7 +74,12 @@ def run(args: argparse.Namespace) -> None:
         raise UserError("--stop needs a non-empty string")
     if args.prompt is not None and args.input is not None:
         raise UserError("give --prompt or -i FILE, not both")
+    if args.quantize and not args.compile:
+        raise UserError("--quantize int8 needs --compile (it quantizes the compiled decoder's weights)")
     exported = ExportedGenerator(args.model, seed=args.seed) if is_exported(args.model) else None
+    if exported is not None and args.compile:
+        raise UserError("--compile / --quantize: a CTranslate2 export generates with CTranslate2 (its weights are "
+                        "quantized when exported: attnkit export --quantization); drop them or give a run")
     if exported is not None and args.device != "cpu":
         raise UserError("--device: a CTranslate2 export generates on the CPU here; drop --device or give a run")
     lm = None if exported is not None else require(load_run(args.model, pick_device(args.device)), "lm", args.model)
@@ -76,7 +87,8 @@ def run(args: argparse.Namespace) -> None:
     prompts = args.prompt if args.prompt is not None else read_input(args.input)
     checked = [prompt_ids(tok, p, context, args.max_new_tokens) for p in prompts]  # all, before any output
     generator = torch.Generator(device=next(lm.model.parameters()).device).manual_seed(args.seed) if lm else None
-    decoder = CompiledDecoder(lm.model) if lm is not None and args.compile else (lm.model if lm else None)
+    decoder = CompiledDecoder(lm.model, quantize=args.quantize) if lm is not None and args.compile else (
+        lm.model if lm else None)
     out = sys.stdout
     first = True
     for prompt, ids in zip(prompts, checked, strict=True):

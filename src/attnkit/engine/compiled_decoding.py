@@ -54,6 +54,7 @@ from ..multihead import KVCache
 from ..sampling import choose_next, never_sampled
 from .aot import CompiledProgram, compile_module
 from .attention import _fused_zeroes_empty_rows
+from .quantize import quantize_int8
 
 __all__ = ["CompiledDecoder", "StaticKVCache", "compile_prefill", "compile_step", "embed_at", "static_mask"]
 
@@ -202,12 +203,16 @@ class CompiledDecoder:
 
     :param compile: compile the step ahead of time (:func:`compile_step`; False: the same static-cache step, eager,
         for tests).
+    :param quantize: ``"int8"``: decode through a copy of the model whose linear layers hold int8 weights
+        (:func:`~.quantize.quantize_int8`; ``model`` itself is left as it is); None: the model's own weights.
     """
 
-    def __init__(self, model: LanguageModel, *, compile: bool = True) -> None:
+    def __init__(self, model: LanguageModel, *, compile: bool = True, quantize: str | None = None) -> None:
         if not isinstance(model, LanguageModel):
             raise TypeError(f"a compiled decoder needs a LanguageModel, got {type(model).__name__}")
-        self.model = model
+        if quantize not in (None, "int8"):
+            raise ValueError(f"quantize must be None or 'int8', got {quantize!r}")
+        self.model = model if quantize is None else cast(LanguageModel, quantize_int8(model))
         self.compile = compile
         device = next(model.parameters()).device
         for dtype in (torch.float32, torch.bfloat16):  # probe the fused kernel now: a probe in the graph would split it
@@ -216,9 +221,10 @@ class CompiledDecoder:
         self.steps: dict[tuple, list[CompiledProgram]] = {}
         #: compiled prompt passes by (dtype, device, training), each for ranges of batch sizes and lengths
         self.prefills: dict[tuple, list[CompiledProgram]] = {}
-        self._last: dict[tuple, CompiledProgram] = {}  # the step used last, by its key
+        self._last: dict[tuple, tuple[CompiledProgram, int, float]] = {}  # the step used last, by its key
         self._greedy: tuple[Tensor, Tensor] | None = None  # the last compiled step's logits and greedy choice
         self.positions = torch.arange(FIRST_CAPACITY, device=device)  # spans are its leading slices
+        self._spans: dict[int, Tensor] = {}  # those slices, by length
 
     def parameters(self) -> Iterator[nn.Parameter]:
         return self.model.parameters()
@@ -244,7 +250,10 @@ class CompiledDecoder:
         the model's own step when not compiling, or for a state that holds positions already), then into static
         buffers; afterwards each token goes through the compiled step.
         """
-        if not (state.caches and isinstance(state.caches[0], StaticKVCache)):
+        caches = state.caches
+        if caches and type(caches[0]) is StaticKVCache and tokens.size(1) == 1:  # a decoding step: kept lean
+            return self._advance(tokens, state)
+        if not (caches and isinstance(caches[0], StaticKVCache)):
             if self.compile and state.length == 0:
                 logits, state = self.prefill(tokens)  # the prompt, compiled
             else:
@@ -253,28 +262,25 @@ class CompiledDecoder:
             return logits, LMState([StaticKVCache.of(c, capacity) for c in state.caches], state.length)
         logits = tokens.new_empty(0)
         for j in range(tokens.size(1)):  # one position at a time
-            logits, state = self._advance(tokens if tokens.size(1) == 1 else tokens[:, j: j + 1], state)
+            logits, state = self._advance(tokens[:, j: j + 1], state)
         return logits, state
 
     def _advance(self, token: Tensor, state: LMState) -> tuple[Tensor, LMState]:
         """One token per row ``(B, 1)`` through the step: its logits ``(B, V)`` and the state one position on (the
         same buffers, written in place, or buffers twice as long when these are full)."""
         caches = cast(list[StaticKVCache], state.caches)
-        length = state.length
-        keys, values = [c.k for c in caches], [c.v for c in caches]
-        if length >= keys[0].size(2):  # out of room (the capacity is at most the model's context)
+        length, pos = state.length, caches[0].pos  # (B,) each row's position
+        if length >= caches[0].k.size(2):  # out of room (the capacity is at most the model's context)
             context = self.model.context
             if context is not None and length + 1 > context:
                 raise ValueError(f"position {length + 1} exceeds max_len={context}")
             capacity = self.capacity_for(length + 1)
-            grown = [StaticKVCache.of(KVCache(k[:, :, :length], v[:, :, :length]), capacity)
-                     for k, v in zip(keys, values, strict=True)]
-            keys, values = [c.k for c in grown], [c.v for c in grown]
-        logits = self._step(token, caches[0].pos, length + 1, keys, values)  # writes the buffers in place
-        pos = caches[0].pos + 1
-        return logits, LMState([StaticKVCache(k, v, pos) for k, v in zip(keys, values, strict=True)], length + 1)
+            caches = [StaticKVCache.of(KVCache(c.k[:, :, :length], c.v[:, :, :length]), capacity) for c in caches]
+        logits = self._step(token, pos, length + 1, caches)  # writes the buffers in place
+        pos = pos + 1
+        return logits, LMState([StaticKVCache(c.k, c.v, pos) for c in caches], length + 1)
 
-    def _step(self, tokens: Tensor, pos: Tensor, reached: int, keys: list[Tensor], values: list[Tensor]) -> Tensor:
+    def _step(self, tokens: Tensor, pos: Tensor, reached: int, caches: list[StaticKVCache]) -> Tensor:
         """One step over the first ``reached`` (or more) columns of the buffers: the compiled step for this batch
         size and span (compiled on first use), or :meth:`decode_step` eagerly.
 
@@ -282,28 +288,26 @@ class CompiledDecoder:
         sequences share one compiled step. A compiled step reads its inputs at the strides it was compiled for,
         unchecked: the tokens are made contiguous here (a column of a prompt is not), and static buffers are
         contiguous by construction (:meth:`StaticKVCache.of`, and ``index_select`` in
-        :meth:`StaticKVCache.select`)."""
-        capacity = keys[0].size(2)
+        :meth:`StaticKVCache.select`). Called once per token, it keeps its Python short: the step of the previous
+        call is checked first, and spans are views made once."""
+        first = caches[0].k
+        capacity = first.size(2)
         n = reached if reached > FIRST_CAPACITY else min(FIRST_CAPACITY, capacity)
+        keys, values = [c.k for c in caches], [c.v for c in caches]
         if not self.compile:
             return self.decode_step(tokens, pos, self.span(n), keys, values)
-        refuse_autocast(keys[0].device)
-        key = (tokens.size(0), keys[0].dtype, keys[0].device, self.model.training)
-
-        def fits(s: CompiledProgram) -> bool:  # n columns, raised to the program's least span if need be
-            low, high = s.ranges["span"]
-            return low <= capacity and n <= high
-
-        step = self._last.get(key)  # the step of the previous call, most often the one
-        if step is None or not fits(step):
+        refuse_autocast(first.device)
+        key = (tokens.size(0), first.dtype, first.device, self.model.training)
+        last = self._last.get(key)  # (program, its least span, its most span): most often the one
+        if last is None or not (last[1] <= capacity and n <= last[2]):
             steps = self.steps.setdefault(key, [])
-            step = next(filter(fits, steps), None)
+            step = next((s for s in steps if s.ranges["span"][0] <= capacity and n <= s.ranges["span"][1]), None)
             if step is None:
                 step = compile_step(self, tokens, pos, self.span(n), keys, values)
                 steps.append(step)
-            self._last = {key: step}
-        span = self.span(max(n, int(step.ranges["span"][0])))
-        logits, greedy = step.run([tokens.contiguous(), pos, span, *keys, *values])
+            low, high = step.ranges["span"]
+            last = self._last[key] = (step, int(low), high)
+        logits, greedy = last[0].run([tokens.contiguous(), pos, self.span(max(n, last[1])), *keys, *values])
         self._greedy = (logits, greedy)
         return logits
 
@@ -337,10 +341,15 @@ class CompiledDecoder:
         return logits, LMState([KVCache(k, v) for k, v in zip(kv[:n], kv[n:], strict=True)], tokens.size(1))
 
     def span(self, n: int) -> Tensor:
-        """The key positions ``0..n-1`` ``(n,)``: a leading slice of one table, grown as needed."""
-        if self.positions.size(0) < n:
-            self.positions = torch.arange(max(n, 2 * self.positions.size(0)), device=self.positions.device)
-        return self.positions[:n]
+        """The key positions ``0..n-1`` ``(n,)``: a leading slice of one table, grown as needed (each slice made once:
+        a step asks for one per token)."""
+        view = self._spans.get(n)
+        if view is None:
+            if self.positions.size(0) < n:
+                self.positions = torch.arange(max(n, 2 * self.positions.size(0)), device=self.positions.device)
+                self._spans = {}
+            view = self._spans[n] = self.positions[:n]
+        return view
 
     def decode_step(self, tokens: Tensor, pos: Tensor, span: Tensor, keys: list[Tensor], values: list[Tensor]
                     ) -> Tensor:

@@ -1,0 +1,80 @@
+"""Weight-only int8: each linear layer's weight as int8 with one float scale per output row.
+
+At batch 1 a decoding step reads every weight once per token, and on a CPU whose caches do not hold the float
+weights the step waits on memory (``benchmarks/README.md``, the generation race). Stored as int8 they are a
+quarter of the bytes. Symmetric, per output row ``o`` (as CTranslate2's int8 and gpt-fast's weight-only int8)::
+
+    s_o = max_i |W_oi| / 127        q_oi = round(W_oi / s_o)  in [-127, 127]
+    y_o = s_o * sum_i x_i q_oi (+ b_o)
+
+The activations stay in float (CTranslate2's int8 quantizes them too, per row, at every product). The rounding
+error of ``q`` is at most ``s_o / 2`` per weight, so logits move a little and a greedy choice between two nearly
+equal tokens may flip (``tests/test_quantize.py`` measures both on a trained model).
+:func:`quantize_int8` gives a copy of a model whose ``nn.Linear`` layers are :class:`Int8Linear`;
+:class:`~.compiled_decoding.CompiledDecoder` decodes through it with ``quantize="int8"``.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+__all__ = ["Int8Linear", "quantize_int8", "quantize_rows"]
+
+
+def quantize_rows(weight: Tensor) -> tuple[Tensor, Tensor]:
+    """``weight`` ``(out, in)`` -> ``(q int8 (out, in), s (out,) float32)``, ``W ~= s[:, None] * q``, symmetric per row
+    (a row of zeros gets the scale 1)."""
+    w = weight.detach().float()
+    scale = w.abs().amax(dim=1) / 127  # (out,)
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    q = torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8)  # (out, in)
+    return q, scale
+
+
+class Int8Linear(nn.Module):
+    """``nn.Linear`` with its weight in int8 and a scale per output row: ``y = s * (x q^T) + b``.
+
+    ``weight`` is the int8 ``q`` ``(out, in)`` (a buffer: nothing here trains), ``scale`` ``(out,)`` in the layer's
+    float dtype, ``bias`` as the layer's. One row (a decoding step at batch 1) is an elementwise product with the
+    int8 weight and a row sum, which a compiled step runs as one loop that widens each weight as it reads it; more
+    rows widen the weight once and use the matrix-matrix routine."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        q, scale = quantize_rows(linear.weight)
+        dtype = linear.weight.dtype
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.register_buffer("weight", q)
+        self.register_buffer("scale", scale.to(dtype))
+        bias = linear.bias
+        self.register_buffer("bias", None if bias is None else bias.detach().clone())
+
+    def forward(self, x: Tensor) -> Tensor:  # (..., in) -> (..., out)
+        if x.numel() == x.size(-1):  # one row: sum_i x_i q_oi, the int8 weight widened inside the product
+            y = (x.unsqueeze(-2) * self.weight).sum(-1)  # (..., 1, in) * (out, in) -> (..., out)
+        else:
+            y = F.linear(x, self.weight.to(x.dtype))  # (..., out)
+        y = y * self.scale
+        return y if self.bias is None else y + self.bias
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, int8"
+
+
+def quantize_int8(model: nn.Module) -> nn.Module:
+    """A copy of ``model`` (in eval mode) with every ``nn.Linear`` replaced by :class:`Int8Linear` (with the layer's
+    forward hooks); ``model`` is left as it is. Embeddings, norms and the other tensors are copied as they are (a
+    tied output layer gets an int8 copy of the embedding, which the lookup keeps reading in float)."""
+    quantized = copy.deepcopy(model).eval()
+    for parent in list(quantized.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, nn.Linear):
+                int8 = Int8Linear(child)
+                int8._forward_pre_hooks.update(child._forward_pre_hooks)  # the layer's hooks act as before
+                int8._forward_hooks.update(child._forward_hooks)
+                setattr(parent, name, int8)
+    return quantized

@@ -1,0 +1,75 @@
+"""Weight-only int8 (:mod:`attnkit.engine.quantize`): the rounding bound, the layer against its dequantized float
+layer, and the compiled int8 decoder against the same int8 model run eagerly."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from attnkit.engine import accelerate
+from attnkit.engine.compiled_decoding import CompiledDecoder
+from attnkit.engine.quantize import Int8Linear, quantize_int8, quantize_rows
+from attnkit.sampling import generate
+from test_compiled_decoding import make_lm, prompts
+from test_continuous_lm import CONFIGS
+from test_lm_model import one_thread  # noqa: F401  (autouse: one intra-op thread for this module's tiny tensors)
+
+
+def test_rows_round_to_within_half_a_step_and_the_largest_weight_is_127() -> None:
+    w = torch.randn(6, 40, generator=torch.Generator().manual_seed(0))
+    w[3] = 0.0  # a row of zeros: scale 1, all zeros
+    q, scale = quantize_rows(w)
+    assert q.dtype == torch.int8 and scale.shape == (6,)
+    assert (q.abs() <= 127).all() and q[3].eq(0).all() and scale[3] == 1
+    assert torch.equal(q.abs().amax(1)[[0, 1, 2, 4, 5]], torch.full((5,), 127, dtype=torch.int8))
+    assert ((w - scale[:, None] * q).abs() <= scale[:, None] / 2 + 1e-7).all()
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_an_int8_layer_is_the_dequantized_float_layer_for_one_row_and_many(bias: bool) -> None:
+    linear = nn.Linear(24, 10, bias=bias)
+    layer = Int8Linear(linear)
+    dequantized = layer.scale[:, None] * layer.weight.float()  # (out, in)
+    g = torch.Generator().manual_seed(1)
+    for x in (torch.randn(1, 1, 24, generator=g), torch.randn(3, 5, 24, generator=g)):
+        torch.testing.assert_close(layer(x), F.linear(x, dequantized, linear.bias), atol=1e-5, rtol=1e-5)
+
+
+def test_quantizing_copies_the_model_keeps_its_hooks_and_moves_logits_little() -> None:
+    model = make_lm(positions="rope", n_kv_heads=2)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    quantized = quantize_int8(model)
+    assert not any(isinstance(m, nn.Linear) for m in quantized.modules())
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())  # the model itself unchanged
+    tokens = prompts(2, 12)
+    with torch.inference_mode():
+        ours, theirs = quantized(tokens), model(tokens)  # (B, T, V), the out_proj hook's </s> bias in both
+    assert (ours - theirs).abs().max() < 0.05 * theirs.abs().max()
+    assert (ours.argmax(-1) == theirs.argmax(-1)).float().mean() > 0.9
+
+
+def test_the_int8_decoder_steps_give_the_int8_model_s_logits_eager_and_compiled() -> None:
+    """The static-cache step through the int8 copy equals that copy's full forward pass (eager), and the compiled
+    int8 step (the int8 weight widened inside the matrix-vector loop) gives its greedy tokens at batch 1."""
+    model = accelerate(make_lm(**CONFIGS["rope-gqa-window3"])).eval()
+    with pytest.raises(ValueError, match="quantize must be"):
+        CompiledDecoder(model, quantize="int4")
+    eager = CompiledDecoder(model, compile=False, quantize="int8")
+    tokens = prompts(3, 16)
+    with torch.inference_mode():
+        full = eager.model(tokens)  # (B, T, V)
+        logits, state = eager.step(tokens[:, :4], eager.init_state())
+        stepped = [logits]
+        for t in range(4, 16):
+            logits, state = eager.step(tokens[:, t: t + 1], state)
+            stepped.append(logits)
+    torch.testing.assert_close(torch.stack(stepped, 1), full[:, 3:], atol=1e-4, rtol=1e-4)
+    prompt = prompts(1, 5).tolist()
+    compiled = CompiledDecoder(copy.deepcopy(model), quantize="int8")
+    ours = torch.stack(list(generate(compiled, prompt, 20, temperature=0.0, ignore_eos=True)), 1)
+    theirs = torch.stack(list(generate(eager.model, prompt, 20, temperature=0.0, ignore_eos=True)), 1)
+    assert torch.equal(ours, theirs)
