@@ -28,10 +28,13 @@ in place
 step compiled ahead of time (AOTInductor)
 over static key/value buffers, one-row
 products as loops (opt-in)
+:class:`Int8Linear`: int8 weights, a scale    ``nn.Linear`` (in the compiled decoder's     ``quantize.py``
+per output row (``quantize="int8"``)          copy of the model)
 ============================================  ============================================  =======================
 
 Each has a test against its reference in ``tests/test_engine.py`` (the compiled decoder in
-``tests/test_compiled_decoding.py``). The compiled decoder is not part of :func:`accelerate`: compiling costs
+``tests/test_compiled_decoding.py``, int8 weights in ``tests/test_quantize.py``: those against the dequantized
+float layer, since rounding moves the logits). The compiled decoder is not part of :func:`accelerate`: compiling costs
 seconds, so ``attnkit generate --compile`` and the benchmarks ask for it.
 """
 
