@@ -127,10 +127,10 @@ def _sums(url: str) -> dict[str, float]:
     return out
 
 
-def served(run: Path, threads: int, requests: int) -> tuple[list[dict[str, float]], list[float]]:
+def served(run: Path, threads: int, requests: int, compiled: bool) -> tuple[list[dict[str, float]], list[float]]:
     """Per request of one client: its time to the first token and the server's stages, in seconds; then the tokens/s
-    of :data:`STREAMS` concurrent streams, several times."""
-    with generate_race.serving(run, threads) as port:
+    of :data:`STREAMS` concurrent streams, several times (``compiled``: the server with ``--compile``)."""
+    with generate_race.serving(run, threads, compiled=compiled) as port:
         url, prompt = f"http://127.0.0.1:{port}", generate_race.prompts(1)
         for _ in range(3):  # warm-up
             asyncio.run(generate_race.served_load(port, prompt))
@@ -148,10 +148,10 @@ def served(run: Path, threads: int, requests: int) -> tuple[list[dict[str, float
         return rows, streams
 
 
-def measure(run: Path, threads: int, requests: int) -> dict:
-    first, streams = served(run, threads, requests)
+def measure(run: Path, threads: int, requests: int, compiled: bool) -> dict:
+    first, streams = served(run, threads, requests, compiled)
     forward, rates = offline(run, threads, requests)
-    return {**stamp(), "cpu": cpu_model(), "threads": threads, "run": str(run), "new_tokens": NEW,
+    return {**stamp(), "cpu": cpu_model(), "threads": threads, "compiled": compiled, "run": str(run), "new_tokens": NEW,
             "prompt_chars": generate_race.PROMPT_CHARS, "served": first, "forward_s": forward,
             "streams_tok_s": {"offline generate": rates["generate"], "offline continuous batcher":
                               rates["continuous"], "served": streams}}
@@ -187,7 +187,8 @@ def markdown_table(data: dict) -> str:
         parts.append(markdown(["the first token (medians)", "time", "of the warm forward pass"], rows, "lrr")
                      + "\n\n" + markdown([f"{STREAMS} prompts, tokens/s", "median", "every pass",
                                           "of offline generate"], streams, "lrrr")
-                     + f"\n\n{run['cpu']}, server and offline model at {run['threads']} thread(s); "
+                     + f"\n\n{run['cpu']}, server{' (--compile)' if run.get('compiled') else ''} and offline model "
+                       f"at {run['threads']} thread(s); "
                        f"{len(served)} one-client requests of a {run['prompt_chars']}-character prompt, greedy, "
                        f"{run['new_tokens']} new tokens; each offline state {len(run['forward_s']['warm loop'])} "
                        f"times, interleaved; {measured(run)}.{note}")
@@ -199,9 +200,10 @@ def main() -> None:
     p.add_argument("--run", type=Path, required=True, help="a task: lm run (generate_race.py's model)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--requests", type=int, default=20)
+    p.add_argument("--compile", action="store_true", help="serve with --compile (the prompt's pass compiled)")
     p.add_argument("--note", default="", help="a line kept with the run (e.g. what else ran on the machine)")
     args = p.parse_args()
-    result = measure(args.run, args.threads, args.requests)
+    result = measure(args.run, args.threads, args.requests, args.compile)
     append_run(OUT, result, args.note)
     print(json.dumps({k: v for k, v in result.items() if k not in ("served", "forward_s")}, indent=2))
     print(markdown_table({"runs": [result]}))

@@ -213,9 +213,14 @@ async def _generated(request: Request, servable: Servable, job: GenerationJob, f
     return result
 
 
+#: ``json.dumps(data, ensure_ascii=False)``, with one encoder for all events (``json.dumps`` builds an encoder per
+#: call when given options: per token and stream, on the event loop).
+_encode = json.JSONEncoder(ensure_ascii=False).encode
+
+
 def _event(data: dict) -> bytes:
     """One server-sent event."""
-    return b"data: " + json.dumps(data, ensure_ascii=False).encode() + b"\n\n"
+    return b"data: " + _encode(data).encode() + b"\n\n"
 
 
 async def _events(request: Request, servable: Servable, job: GenerationJob, future: asyncio.Future,
