@@ -44,6 +44,7 @@ def test_quantizing_copies_the_model_keeps_its_hooks_and_moves_logits_little() -
     before = {k: v.clone() for k, v in model.state_dict().items()}
     quantized = quantize_int8(model)
     assert not any(isinstance(m, nn.Linear) for m in quantized.modules())
+    assert len(quantized.out_proj._forward_hooks) == 1  # the test model's </s> bias, carried over
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())  # the model itself unchanged
     tokens = prompts(2, 12)
     with torch.inference_mode():

@@ -9,7 +9,8 @@ quarter of the bytes. Symmetric, per output row ``o`` (as CTranslate2's int8 and
 
 The activations stay in float (CTranslate2's int8 quantizes them too, per row, at every product). The rounding
 error of ``q`` is at most ``s_o / 2`` per weight, so logits move a little and a greedy choice between two nearly
-equal tokens may flip (``tests/test_quantize.py`` measures both on a trained model).
+equal tokens may flip (``tests/test_quantize.py`` bounds both on a small model; the generation race counts the
+rows whose greedy tokens stay float32's).
 :func:`quantize_int8` gives a copy of a model whose ``nn.Linear`` layers are :class:`Int8Linear`;
 :class:`~.compiled_decoding.CompiledDecoder` decodes through it with ``quantize="int8"``.
 """
