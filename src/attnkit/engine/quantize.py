@@ -23,6 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .aot import matvec_linear
+
 __all__ = ["Int8Linear", "quantize_int8", "quantize_rows"]
 
 
@@ -55,9 +57,8 @@ class Int8Linear(nn.Module):
         self.register_buffer("bias", None if bias is None else bias.detach().clone())
 
     def forward(self, x: Tensor) -> Tensor:  # (..., in) -> (..., out)
-        if x.numel() == x.size(-1):  # one row: sum_i x_i q_oi, the int8 weight widened inside the product
-            y = (x.unsqueeze(-2) * self.weight).sum(-1)  # (..., 1, in) * (out, in) -> (..., out)
-        else:
+        y = matvec_linear(x, self.weight)  # one row: sum_i x_i q_oi, the int8 weight widened inside the product
+        if y is NotImplemented:  # more rows: a matrix product
             y = F.linear(x, self.weight.to(x.dtype))  # (..., out)
         y = y * self.scale
         return y if self.bias is None else y + self.bias
