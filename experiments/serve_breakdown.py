@@ -68,8 +68,8 @@ def offline(run: Path, threads: int, repeats: int) -> tuple[dict[str, list[float
     torch.set_num_threads(threads)
     servable = load_servable(run, threads)  # the server's model (the engine's fast paths), batcher and prompts
     model, batcher = servable.run.model.eval(), servable.stepper
-    ids = [servable.prompt_ids(p, NEW) for p in generate_race.prompts(1)]
-    batch = [servable.prompt_ids(p, NEW) for p in generate_race.prompts(STREAMS)]
+    ids = [servable.prompt_ids(p, NEW, NEW, False)[0] for p in generate_race.prompts(1)]
+    batch = [servable.prompt_ids(p, NEW, NEW, False)[0] for p in generate_race.prompts(STREAMS)]
     x = torch.tensor(ids)
 
     def forward() -> float:

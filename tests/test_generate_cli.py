@@ -19,7 +19,15 @@ from torch import nn
 
 from attnkit.common.errors import UserError
 from attnkit.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, save_characters
-from attnkit.inference.language_model import MAX_NEW_TOKENS, continue_text, prompt_ids, score_text_file
+from attnkit.inference.language_model import (
+    DEFAULT_NEW_TOKENS,
+    MAX_NEW_TOKENS,
+    ContextLimit,
+    context_limit,
+    continue_text,
+    prompt_ids,
+    score_text_file,
+)
 from attnkit.runs.load import LoadedRun, load_run
 from attnkit.sampling import choose_next, filter_logits, generate
 from test_lm_task import assert_one_line_error, cli, corpus, lm_config, train_lm
@@ -330,22 +338,46 @@ def test_generate_needs_a_language_model_run(translation_run, tmp_path, capsys):
 
 
 def test_prompt_ids_explains_the_limit(lm):
-    with pytest.raises(UserError, match=r"the prompt \(41 tokens\) and --max-new-tokens 8 exceed the model's 48"):
-        prompt_ids(lm.tok, LONG, lm.model.context, 8)
-    assert prompt_ids(lm.tok, LONG, lm.model.context, 7) == lm.tok.encode_src([LONG])[0]
+    limit = context_limit(lm)
+    assert limit == ContextLimit(48, fixed=True)
+    with pytest.raises(UserError, match=r"the prompt \(41 tokens\) and --max-new-tokens 8 exceed the model's 48 "
+                                        r"positions .*ask for at most 7 tokens"):
+        prompt_ids(lm.tok, LONG, limit, 8)
+    with pytest.raises(UserError, match="exceed the model's 48"):  # a table cannot be read past, asked or not
+        prompt_ids(lm.tok, LONG, limit, 8, beyond_context=True)
+    assert prompt_ids(lm.tok, LONG, limit, 7) == (lm.tok.encode_src([LONG])[0], 7)
+
+
+def test_a_default_never_asks_for_more_than_fits(lm, lm_run, capsys):
+    """Without --max-new-tokens a sample gets 256 tokens, or what the context leaves after the prompt."""
+    limit = context_limit(lm)
+    assert prompt_ids(lm.tok, PROMPT, limit)[1] == 48 - 7
+    assert prompt_ids(lm.tok, PROMPT, limit, default=5)[1] == 5
+    assert prompt_ids(lm.tok, PROMPT, None)[1] == DEFAULT_NEW_TOKENS
+    out = generated(capsys, lm_run, "--temperature", "0", prompt=LONG)  # 41 tokens: 7 fit
+    assert out == LONG + greedy_by_hand(lm, LONG, 7) + "\n"
+    with pytest.raises(UserError, match=r"the prompt \(48 tokens\) leaves no room in the model's 48 positions"):
+        prompt_ids(lm.tok, LONG + "ROMEO:\n", limit)
 
 
 # -- no table of positions: no length limit ------------------------------------------------------
 
 
 @pytest.mark.parametrize("positions", ["rope", "alibi"])
-def test_a_model_without_a_position_table_takes_long_prompts(tmp_path, capsys, positions):
+def test_a_model_without_a_position_table_reads_past_its_trained_context_on_request(tmp_path, capsys, positions):
     (tmp_path / "train.txt").write_text(corpus(150), encoding="utf-8")
     raw = lm_config(tmp_path / "train.txt", model={"positions": positions},
                     train_options={"max_updates": 2, "valid_every": 2})
     train_lm(raw, tmp_path / "run")
-    prompt = ("the king shall speak " * 6)[:120]  # 120 + 20 tokens, far past max_len 48
-    out = generated(capsys, tmp_path / "run", "--max-new-tokens", "20", "--temperature", "0", prompt=prompt)
+    assert context_limit(load_run(tmp_path / "run")) == ContextLimit(16, fixed=False)  # data.block_size
+    prompt = ("the king shall speak " * 6)[:120]  # 120 + 20 tokens, far past the 16 it was trained on
+    code, out, err = cli(capsys, "generate", tmp_path / "run", "--prompt", prompt, "--max-new-tokens", "20")
+    assert_one_line_error(code, err, "the prompt (120 tokens) leaves no room in the 16 positions the model was "
+                                     "trained on", "--beyond-context")
+    out = generated(capsys, tmp_path / "run", "--max-new-tokens", "20", "--temperature", "0", "--beyond-context",
+                    prompt=prompt)
     assert out.startswith(prompt) and len(out) <= len(prompt) + 20 + 1
     (tmp_path / "long.txt").write_text(corpus(40, seed=3), encoding="utf-8")
     assert score_text_file(load_run(tmp_path / "run"), str(tmp_path / "long.txt"), context=100).tokens > 100
+
+

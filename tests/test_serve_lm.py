@@ -219,7 +219,10 @@ def test_beyond_max_streams_is_429_and_the_server_goes_on(lm_run):
     ({"prompt": PROMPT, "max_new_tokens": 41}, 422, ["max_new_tokens must be in 1..40", "--max-new-tokens"]),
     ({"prompt": PROMPT, "max_new_tokens": 0}, 422, ["max_new_tokens must be in 1..40"]),
     ({"prompt": "x" * 101}, 413, ["prompt: 101 characters", "--max-chars"]),
-    ({"prompt": "ROMEO: " * 6, "max_new_tokens": 20}, 422, ["the prompt (42 tokens)", "48 positions"]),
+    ({"prompt": "ROMEO: " * 6, "max_new_tokens": 20}, 422, ["the prompt (42 tokens)", "48 positions",
+                                                             "max_new_tokens 20", "at most 6 tokens"]),
+    ({"prompt": "ROMEO: " * 7}, 422, ["the prompt (49 tokens) leaves no room in the model's 48 positions"]),
+    ({"prompt": "ROMEO: " * 6, "max_new_tokens": 20, "beyond_context": True}, 422, ["48 positions"]),  # a table
     ({"prompt": PROMPT, "temperature": -1.0}, 422, ["temperature must be a finite number >= 0"]),
     ({"prompt": PROMPT, "top_p": 0.0}, 422, ["top_p must be in (0, 1]"]),
     ({"prompt": PROMPT, "top_k": -2}, 422, ["top_k must be >= 0"]),
@@ -236,6 +239,17 @@ def test_bad_requests_get_a_one_line_json_4xx_and_the_server_goes_on(client, bod
     assert_error(client.post("/generate", json=body), status, *needles)
     ok = client.post("/generate", json={"prompt": PROMPT, "max_new_tokens": 2, "temperature": 0.0})
     assert ok.status_code == 200
+
+
+def test_a_request_without_max_new_tokens_gets_what_fits(client, capsys, lm_run):
+    """The default (256, at most --max-new-tokens: 40 here) never asks for more than the context leaves: a prompt of
+    42 of the model's 48 positions gets 6 tokens, attnkit generate's default continuation."""
+    prompt = "ROMEO: " * 6
+    answer = client.post("/generate", json={"prompt": prompt, "temperature": 0.0})
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["text"] == reference(capsys, lm_run, "--temperature", "0", prompt=prompt)
+    assert answer.json()["tokens"] <= 6
+    assert client.post("/generate", json={"prompt": PROMPT, "temperature": 0.0}).json()["tokens"] <= 40
 
 
 # -- metrics, attention, the page ------------------------------------------------------------------

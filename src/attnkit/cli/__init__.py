@@ -24,7 +24,7 @@ EXAMPLES = """examples:
   attnkit translate runs/de-en -i test.de -o test.hyp.en --beam 4
   attnkit evaluate runs/de-en --src test.de --ref test.en
   attnkit train configs/shakespeare-char.yaml --run-dir runs/shakespeare      # a character-level GPT
-  attnkit generate runs/shakespeare --prompt "ROMEO:" --max-new-tokens 200 --temperature 0.8 --seed 1
+  attnkit generate runs/shakespeare --prompt "ROMEO:" --max-new-tokens 120 --temperature 0.8 --seed 1
   attnkit evaluate runs/shakespeare --data held-out.txt                        # loss, perplexity, bits/char
   attnkit classify runs/sst2 -i reviews.txt --with-attention
   attnkit attention runs/de-en --src "Ein Hund rennt." -o attn/ --html

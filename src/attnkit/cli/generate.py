@@ -6,8 +6,10 @@ Each prompt (--prompt, repeatable, or one per line of -i FILE or of standard inp
 tail. A --seed gives the same text every time. Generation stops at the end of a document (</s>), at a --stop
 string (not printed), or after --max-new-tokens.
 
-A model whose positions are a table (learned or sinusoidal) cannot see past its max_len: a prompt plus
---max-new-tokens longer than that is an error (rope, alibi and none have no such limit).
+A prompt and its continuation must fit the model's context: a table of positions (learned, sinusoidal) has
+max_len rows and nothing past them can be read; a model with rope, alibi or no positions reads past the context it
+was trained on (an imported model's max_position_embeddings, else data.block_size) only with --beyond-context,
+where its predictions get worse and worse. Without --max-new-tokens a sample gets 256 tokens, or what fits.
 
 MODEL may also be a directory written by `attnkit export RUN --to ctranslate2`: CTranslate2 generates then.
 Greedy decoding gives the same text; samples come from CTranslate2's own random numbers.
@@ -33,7 +35,14 @@ from ..common.errors import UserError
 from ..engine.compiled_decoding import CompiledDecoder
 from ..export.ctranslate2 import is_exported
 from ..export.ctranslate2_lm import ExportedGenerator
-from ..inference.language_model import MAX_NEW_TOKENS, check_sampling, continue_text, prompt_ids
+from ..inference.language_model import (
+    DEFAULT_NEW_TOKENS,
+    MAX_NEW_TOKENS,
+    check_sampling,
+    context_limit,
+    continue_text,
+    prompt_ids,
+)
 from ..runs.load import load_run, require
 from .options import POSITIVE_INT, add_device_option, number, pick_device, read_input
 
@@ -47,8 +56,9 @@ def add(sub: argparse._SubParsersAction) -> None:
                                  "or a directory written by `attnkit export --to ctranslate2`")
     p.add_argument("--prompt", action="append", help="text to continue (repeat for several prompts)")
     p.add_argument("-i", "--input", help="prompts, one per line (default with no --prompt: standard input)")
-    p.add_argument("--max-new-tokens", type=number(int), default=256,
-                   help=f"tokens to generate per sample, 1..{MAX_NEW_TOKENS} (default 256)")
+    p.add_argument("--max-new-tokens", type=number(int),
+                   help=f"tokens to generate per sample, 1..{MAX_NEW_TOKENS} (default {DEFAULT_NEW_TOKENS}, or "
+                        "what fits in the model's context after the prompt)")
     p.add_argument("--temperature", type=number(float), default=0.8,
                    help="softmax temperature T = 1/beta; 0 is greedy (default 0.8)")
     p.add_argument("--top-k", type=number(int), default=0, help="sample among the k most likely tokens (0: all)")
@@ -56,6 +66,9 @@ def add(sub: argparse._SubParsersAction) -> None:
                                                                     "probabilities reach p, in (0, 1] (default 1)")
     p.add_argument("--seed", type=number(int), default=1, help="random seed (default 1)")
     p.add_argument("--num-samples", type=POSITIVE_INT, default=1, help="continuations per prompt (default 1)")
+    p.add_argument("--beyond-context", action="store_true",
+                   help="let prompt and continuation run past the context a rope, alibi or position-free model was "
+                        "trained on (its predictions get worse there); a table of positions cannot be read past")
     p.add_argument("--stop", action="append", default=[], help="stop at this string (repeatable)")
     p.add_argument("--no-echo", action="store_true", help="print only the continuation, not the prompt")
     add_device_option(p, "the model (a run; the same --seed gives the same text on the same device)")
@@ -83,15 +96,16 @@ def run(args: argparse.Namespace) -> None:
     if exported is not None and args.device != "cpu":
         raise UserError("--device: a CTranslate2 export generates on the CPU here; drop --device or give a run")
     lm = None if exported is not None else require(load_run(args.model, pick_device(args.device)), "lm", args.model)
-    tok, context = (exported.tok, exported.context) if exported is not None else (lm.tok, lm.model.context)
+    tok, limit = (exported.tok, exported.limit) if exported is not None else (lm.tok, context_limit(lm))
     prompts = args.prompt if args.prompt is not None else read_input(args.input)
-    checked = [prompt_ids(tok, p, context, args.max_new_tokens) for p in prompts]  # all, before any output
+    checked = [prompt_ids(tok, p, limit, args.max_new_tokens, beyond_context=args.beyond_context)
+               for p in prompts]  # all, before any output
     generator = torch.Generator(device=next(lm.model.parameters()).device).manual_seed(args.seed) if lm else None
     decoder = CompiledDecoder(lm.model, quantize=args.quantize) if lm is not None and args.compile else (
         lm.model if lm else None)
     out = sys.stdout
     first = True
-    for prompt, ids in zip(prompts, checked, strict=True):
+    for prompt, (ids, max_new_tokens) in zip(prompts, checked, strict=True):
         for _ in range(args.num_samples):
             if not first:
                 out.write("\n---\n")
@@ -100,9 +114,9 @@ def run(args: argparse.Namespace) -> None:
                 out.write(prompt)
             sampling = {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p, "stop": args.stop}
             if exported is not None:
-                pieces = exported.continue_text(ids, args.max_new_tokens, **sampling)
+                pieces = exported.continue_text(ids, max_new_tokens, **sampling)
             else:
-                pieces = continue_text(decoder, lm.tok, ids, args.max_new_tokens, generator=generator, **sampling)
+                pieces = continue_text(decoder, lm.tok, ids, max_new_tokens, generator=generator, **sampling)
             for piece in pieces:
                 out.write(piece)
                 out.flush()

@@ -57,7 +57,7 @@ import numpy as np
 
 from ..common.errors import UserError
 from ..data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
-from ..inference.language_model import MAX_NEW_TOKENS, TextStream, check_sampling
+from ..inference.language_model import MAX_NEW_TOKENS, ContextLimit, TextStream, check_sampling, context_limit
 from ..lm import LanguageModel
 from ..runs.load import LoadedRun
 from .ctranslate2 import (
@@ -148,7 +148,8 @@ def export_language_model(run: LoadedRun, out: str | Path, *, quantization: str,
         raise UserError(f"{run.run_dir} holds a {type(model).__name__}, not a language model; train it with task: lm")
     spec = decoder_spec(model, run.tok)
     manifest = run_manifest(run, quantization, positions=model.cfg.positions, max_len=model.cfg.max_len,
-                            context=export_context(model), window=model.cfg.window)
+                            context=export_context(model), trained_context=context_limit(run).length,
+                            window=model.cfg.window)
     return write_export(out, spec, quantization, run, manifest)
 
 
@@ -156,7 +157,8 @@ class ExportedGenerator:
     """Continue token ids with an exported language model (``ctranslate2.Generator``).
 
     Attributes: ``name``, ``task`` (``"lm"``), ``parameters``, ``quantization``, ``context`` (the most positions a
-    prompt and its continuation may fill, or None: any), ``window`` (the sliding window, 0: none), ``tok`` (the
+    prompt and its continuation may fill, or None: any), ``limit`` (the run's
+    :class:`~attnkit.inference.language_model.ContextLimit`), ``window`` (the sliding window, 0: none), ``tok`` (the
     run's tokenizer) and ``generator`` (the ``ctranslate2.Generator``).
     Prompts are ids as ``tok.encode_src`` gives them (no ``<s>``: attnkit's language models start without one);
     ``<pad>``, ``<unk>`` and ``<s>`` are never generated, as in :func:`attnkit.sampling.generate`.
@@ -180,6 +182,11 @@ class ExportedGenerator:
             raise UserError(f"{self.path / MANIFEST}: 'context' must be a positive integer or null, got "
                             f"{context!r}; export the run again")
         self.context: int | None = context
+        trained = manifest.get("trained_context") or manifest.get("max_len")  # exports before trained_context
+        if context is None and not (isinstance(trained, int) and trained > 0):
+            raise UserError(f"{self.path / MANIFEST}: 'trained_context' must be a positive integer, got "
+                            f"{trained!r}; export the run again")
+        self.limit = ContextLimit(context, fixed=True) if context is not None else ContextLimit(trained, fixed=False)
         self.window = int(manifest.get("window") or 0)  # sliding window (0: none)
         self.name = str(manifest.get("name") or self.path.name)
         self.parameters = int(manifest.get("parameters") or 0)

@@ -262,7 +262,7 @@ def _lm_maps(run: LoadedRun, prompt: str, continuation: str | None, new_tokens: 
         raise TypeError(f"expected a LanguageModel run, got {type(model).__name__}")
     if not 0 <= new_tokens <= MAX_NEW_TOKENS:
         raise UserError(f"--max-new-tokens must be in 0..{MAX_NEW_TOKENS} (0 shows the prompt only), got {new_tokens}")
-    ids = prompt_ids(run.tok, prompt, None, 1)  # not empty, every character in a character vocabulary
+    ids, _ = prompt_ids(run.tok, prompt, None, 1)  # not empty, every character in a character vocabulary
     context = model.context  # None: any length
     room = new_tokens if context is None else min(new_tokens, context - len(ids))
     if room < 0:

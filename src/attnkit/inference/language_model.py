@@ -138,13 +138,49 @@ def score_text_file(run: LoadedRun, path: str, context: int | None = None) -> LM
     return score_stream(run.model, ids, context, run.cfg.train.max_tokens, characters_per_id(run.tok))
 
 
-def prompt_ids(tok: Tokenizer, prompt: str, context: int | None, max_new_tokens: int) -> list[int]:
-    """The prompt's ids, checked: it has some, every character is in a character vocabulary, and prompt plus
-    continuation fit a model with a table of positions (``context``; None: any length).
+#: Tokens a continuation gets when its length is not given (``attnkit generate``, ``/generate``), at most what fits.
+DEFAULT_NEW_TOKENS = 256
+
+
+@dataclass(frozen=True)
+class ContextLimit:
+    """How many positions a language model reads, a prompt and its continuation together.
+
+    ``fixed``: its positions are a table of ``length`` rows (learned, sinusoidal), and nothing past it can be read.
+    Otherwise (RoPE, ALiBi, no positions) ``length`` is the context it was trained on: it reads further, but what it
+    predicts there is worse and worse (RoPE's rotations past the trained length were never seen), so going past it
+    is done only on request (``--beyond-context``; ``"beyond_context": true`` in a request).
+    """
+
+    length: int
+    fixed: bool
+
+    def describe(self) -> str:
+        return (f"the model's {self.length} positions (its positions are a table of that length)" if self.fixed else
+                f"the {self.length} positions the model was trained on")
+
+
+def context_limit(run: LoadedRun) -> ContextLimit:
+    """A language-model run's :class:`ContextLimit`: its table's ``max_len``; else the trained context: an imported
+    model's ``max_len`` (``max_position_embeddings``), a model trained here its ``data.block_size``."""
+    model = run.model
+    if model.context is not None:
+        return ContextLimit(model.context, fixed=True)
+    trained = run.cfg.model.transformer.max_len if run.cfg.data.imported_from else run.cfg.data.block_size
+    return ContextLimit(trained, fixed=False)
+
+
+def prompt_ids(tok: Tokenizer, prompt: str, limit: ContextLimit | None, max_new_tokens: int | None = None, *,
+               beyond_context: bool = False, default: int = DEFAULT_NEW_TOKENS) -> tuple[list[int], int]:
+    """The prompt's ids, checked, and the tokens to generate after it.
+
+    Checked: the prompt has some ids, every character is in a character vocabulary, and prompt plus continuation
+    fit ``limit`` (None: any length; past a trained context only with ``beyond_context``). ``max_new_tokens`` None
+    takes ``default``, at most what fits after the prompt: a default never asks for more than the model reads.
 
     :raises UserError: what is wrong, with the numbers.
     """
-    if not 0 < max_new_tokens <= MAX_NEW_TOKENS:
+    if max_new_tokens is not None and not 0 < max_new_tokens <= MAX_NEW_TOKENS:
         raise UserError(f"--max-new-tokens must be in 1..{MAX_NEW_TOKENS}, got {max_new_tokens}")
     ids = tok.encode_src([prompt])[0]
     if not ids:
@@ -153,11 +189,19 @@ def prompt_ids(tok: Tokenizer, prompt: str, context: int | None, max_new_tokens:
         bad = prompt[ids.index(UNK_ID)]
         raise UserError(f"the prompt has the character {bad!r}, which is not in this model's vocabulary of "
                         f"{tok.src_vocab_size - 4} characters")
-    if context is not None and len(ids) + max_new_tokens > context:
-        raise UserError(f"the prompt ({len(ids)} tokens) and --max-new-tokens {max_new_tokens} exceed the model's "
-                        f"{context} positions (its positions are a table of that length); shorten the prompt or "
-                        f"ask for fewer tokens")
-    return ids
+    if limit is None or (beyond_context and not limit.fixed):
+        return ids, default if max_new_tokens is None else max_new_tokens
+    room = limit.length - len(ids)
+    way = "" if limit.fixed else "; or pass --beyond-context to read past it"
+    if room < 1:
+        raise UserError(f"the prompt ({len(ids)} tokens) leaves no room in {limit.describe()}; shorten the "
+                        f"prompt{way}")
+    if max_new_tokens is None:
+        return ids, min(default, room)
+    if max_new_tokens > room:
+        raise UserError(f"the prompt ({len(ids)} tokens) and --max-new-tokens {max_new_tokens} exceed "
+                        f"{limit.describe()}; ask for at most {room} tokens or shorten the prompt{way}")
+    return ids, max_new_tokens
 
 
 def check_sampling(temperature: float, top_k: int, top_p: float) -> None:

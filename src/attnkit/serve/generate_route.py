@@ -25,7 +25,7 @@ from starlette.types import Receive, Scope, Send
 
 from ..common.errors import UserError
 from ..engine.continuous_lm import Sampling
-from ..inference.language_model import check_sampling
+from ..inference.language_model import DEFAULT_NEW_TOKENS, check_sampling
 from .batching import Limits, QueueFull
 from .generation import Generated, GenerationJob
 from .metrics import TIMING
@@ -33,10 +33,7 @@ from .routing import RETRY_AFTER, AppState, app_state, attention_jsons, pick, ru
 from .schemas import GenerateRequest, GenerateResponse
 from .servables import Servable
 
-__all__ = ["DEFAULT_NEW_TOKENS", "generate_text"]
-
-#: Tokens a ``/generate`` request without ``max_new_tokens`` gets (``attnkit generate``'s default), at most the limit.
-DEFAULT_NEW_TOKENS = 256
+__all__ = ["generate_text"]
 
 
 class _EventStream(StreamingResponse):
@@ -107,15 +104,15 @@ def _generation_job(req: GenerateRequest, servable: Servable, limits: Limits) ->
     if req.stream and req.attention:
         raise HTTPException(422, "attention: not with stream; ask for the attention in a request without stream")
     cap = limits.max_new_tokens
-    n = min(DEFAULT_NEW_TOKENS, cap) if req.max_new_tokens is None else req.max_new_tokens
-    if not 0 < n <= cap:
+    n = req.max_new_tokens
+    if n is not None and not 0 < n <= cap:
         raise HTTPException(422, f"max_new_tokens must be in 1..{cap} (this server's --max-new-tokens), got {n}")
     if req.seed is not None and not servable.seeded:
         raise HTTPException(422, f"seed: {servable.info.name!r} is a CTranslate2 export, which samples from one "
                                  "generator for the whole server; leave seed out, or serve its run directory")
     try:
         check_sampling(req.temperature, req.top_k, req.top_p)
-        ids = servable.prompt_ids(req.prompt, n)
+        ids, n = servable.prompt_ids(req.prompt, n, min(DEFAULT_NEW_TOKENS, cap), req.beyond_context)
     except UserError as e:
         raise HTTPException(422, _as_fields(str(e))) from None
     return GenerationJob(ids, n, Sampling(req.temperature, req.top_k, req.top_p), req.seed, tuple(req.stop))

@@ -85,7 +85,11 @@ class GenerateRequest(_Strict):
                                                 "is served")
     prompt: str = Field(min_length=1, description="the text to continue")
     max_new_tokens: int | None = Field(None, description="the most tokens to generate, 1..the server's "
-                                                         "--max-new-tokens (default: 256, or that limit if lower)")
+                                                         "--max-new-tokens (default: 256, or that limit if lower, "
+                                                         "or what fits in the model's context after the prompt)")
+    beyond_context: bool = Field(False, description="let prompt and continuation run past the context a rope, alibi "
+                                                    "or position-free model was trained on (GET /models: context); "
+                                                    "its predictions get worse there")
     temperature: float = Field(0.8, description="softmax temperature T = 1/beta; 0 is greedy (as attnkit generate)")
     top_k: int = Field(0, description="sample among the k most likely tokens (0: all)")
     top_p: float = Field(1.0, description="nucleus: the most likely tokens whose probabilities reach p, in (0, 1]")

@@ -38,7 +38,7 @@ from ..export.ctranslate2 import MANIFEST, ExportedTranslator
 from ..export.ctranslate2_lm import ExportedGenerator
 from ..inference.attention_maps import AttentionMaps, attention_maps
 from ..inference.classify import predict
-from ..inference.language_model import prompt_ids
+from ..inference.language_model import context_limit, prompt_ids
 from ..inference.translate import encode_sources, source_limit, translate_texts
 from ..runs.layout import find_weights
 from ..runs.load import LoadedRun, languages, load_run
@@ -64,7 +64,8 @@ class ModelInfo:
     lenpen: float | None
     classes: list[str] | None  # classification
     precision: str = "float32"  # what the model computes in: float32, bf16 (autocast), or the export's quantization
-    context: int | None = None  # a language model: the most positions prompt + continuation may fill (None: any)
+    context: int | None = None  # a language model: the positions prompt + continuation fill (ContextLimit.length)
+    context_fixed: bool | None = None  # a language model: its positions are a table (else the context it trained on)
 
 
 #: ``attnkit serve --precision``: a run computes in float32, or under bfloat16 autocast (matmuls in bf16, as
@@ -99,7 +100,8 @@ class Servable(Protocol):
     def translate(self, texts: list[str], *, beam: int, n_best: int, lenpen: float) -> list[list[str]]: ...
     def classify(self, texts: list[str]) -> list[list[float]]: ...
     def attention(self, text: str, *, beam: int, lenpen: float, target: str | None = None) -> AttentionMaps: ...
-    def prompt_ids(self, prompt: str, max_new_tokens: int) -> list[int]: ...
+    def prompt_ids(self, prompt: str, max_new_tokens: int | None, default: int, beyond_context: bool
+                   ) -> tuple[list[int], int]: ...
     def generate(self, jobs: list[GenerationJob]) -> list[Generated]: ...
 
 
@@ -117,9 +119,10 @@ def _classification_info(run: LoadedRun, name: str, parameters: int) -> ModelInf
 
 def _generation_info(run: LoadedRun, name: str, parameters: int) -> ModelInfo:
     positions = run.cfg.model.transformer.positions
+    limit = context_limit(run)
     return ModelInfo(name=name, task="generate", architecture=f"transformer language model ({positions} positions)",
                      source_language=None, target_language=None, parameters=parameters, beam=None, lenpen=None,
-                     classes=None, context=run.model.context)
+                     classes=None, context=limit.length, context_fixed=limit.fixed)
 
 
 #: How ``GET /models`` describes a run, by what its task serves (:attr:`attnkit.tasks.TaskSpec.serves`).
@@ -194,8 +197,10 @@ class RunServable:
         with self._computing():
             return attention_maps(self.run, text, target, beam=beam, lenpen=lenpen)
 
-    def prompt_ids(self, prompt: str, max_new_tokens: int) -> list[int]:
-        return prompt_ids(self.run.tok, prompt, self.info.context, max_new_tokens)
+    def prompt_ids(self, prompt: str, max_new_tokens: int | None, default: int, beyond_context: bool
+                   ) -> tuple[list[int], int]:
+        return prompt_ids(self.run.tok, prompt, context_limit(self.run), max_new_tokens, default=default,
+                          beyond_context=beyond_context)
 
     def generate(self, jobs: list[GenerationJob]) -> list[Generated]:
         return ContinuousGeneration(self.run.model, self.run.tok, self._computing).run(jobs)
@@ -289,7 +294,8 @@ class ExportedServable:
         raise UserError(f"{self.info.name} is a CTranslate2 export, which gives no attention weights; serve the run "
                         f"directory it was exported from to see them")
 
-    def prompt_ids(self, prompt: str, max_new_tokens: int) -> list[int]:
+    def prompt_ids(self, prompt: str, max_new_tokens: int | None, default: int, beyond_context: bool
+                   ) -> tuple[list[int], int]:
         raise UserError(f"{self.info.name} is a translation model")
 
     def generate(self, jobs: list[GenerationJob]) -> list[Generated]:
@@ -310,7 +316,7 @@ class ExportedGeneration(ExportedServable):
             name=Path(os.path.abspath(path)).name, task="generate",
             architecture=f"transformer language model (CTranslate2 {g.quantization})", source_language=None,
             target_language=None, parameters=g.parameters, beam=None, lenpen=None, classes=None,
-            precision=g.quantization, context=g.context)
+            precision=g.quantization, context=g.limit.length, context_fixed=g.limit.fixed)
 
     def lengths(self, texts: list[str]) -> list[int]:
         return [len(ids) for ids in self.generator.tok.encode_src(texts, threads=1)]
@@ -321,8 +327,10 @@ class ExportedGeneration(ExportedServable):
     def classify(self, texts: list[str]) -> list[list[float]]:
         raise UserError(f"{self.info.name} is a language model")
 
-    def prompt_ids(self, prompt: str, max_new_tokens: int) -> list[int]:
-        return prompt_ids(self.generator.tok, prompt, self.info.context, max_new_tokens)
+    def prompt_ids(self, prompt: str, max_new_tokens: int | None, default: int, beyond_context: bool
+                   ) -> tuple[list[int], int]:
+        return prompt_ids(self.generator.tok, prompt, self.generator.limit, max_new_tokens, default=default,
+                          beyond_context=beyond_context)
 
     def generate(self, jobs: list[GenerationJob]) -> list[Generated]:
         return generate_exported(self.generator, jobs)
