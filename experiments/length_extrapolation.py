@@ -22,7 +22,7 @@ from pathlib import Path
 
 from common import CONFIGS, ROOT, Recorder, caption, markdown, parser, start, train_for  # noqa: F401
 
-from attnkit.inference.language_model import characters_per_id, document_stream, score_stream
+from attnkit.inference.language_model import document_stream, score_stream, scored_characters
 from attnkit.runs.load import load_run
 from attnkit.tasks.language_model import lm_documents
 
@@ -58,14 +58,14 @@ def main(argv: list[str] | None = None) -> int:
         trained = train_for(kind, CONFIG, args.runs / kind, 0, overrides(kind, args.updates))
         run = load_run(args.runs / kind)
         ids = document_stream(run.tok, list(lm_documents(run.cfg, held_out=True)))
-        chars = characters_per_id(run.tok)
+        characters = scored_characters(run.tok, ids)
         losses = {}
         for context in CONTEXTS:
             limit = run.model.context
             if limit is not None and context > limit:
                 losses[str(context)] = None
                 continue
-            losses[str(context)] = score_stream(run.model, ids, context, 8192, chars).loss
+            losses[str(context)] = score_stream(run.model, ids, context, 8192, characters).loss
             print(f"{kind}: context {context}: loss {losses[str(context)]:.4f}", flush=True)
         rows.append({"positions": kind, "updates": trained.updates, "minutes": trained.minutes,
                      "parameters": trained.parameters, "loss": losses})

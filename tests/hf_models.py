@@ -156,9 +156,11 @@ def gpt2_tokenizer(out: Path, texts: list[str]):
     return tk
 
 
-def llama_tokenizer(out: Path, texts: list[str]):
+def llama_tokenizer(out: Path, texts: list[str], *, unk: bool = True):
     """Llama's kind of tokenizer, trained here: BPE over ``▁``-prefixed words with byte fallback (a small alphabet,
-    so accents and emoji fall back to ``<0xNN>`` pieces), ``<unk> <s> </s>`` at 0..2, ``<s>`` added in front."""
+    so accents and emoji fall back to ``<0xNN>`` pieces), ``<unk> <s> </s>`` at 0..2, ``<s>`` added in front.
+    ``unk=False``: as llama2.c's converted tokenizers, the BPE model names no ``unk_token`` (``<unk>`` stays a
+    special piece at 0, which no text encodes to)."""
     import tokenizers
     from tokenizers import decoders, pre_tokenizers, processors, trainers
     from tokenizers.models import BPE
@@ -172,7 +174,8 @@ def llama_tokenizer(out: Path, texts: list[str]):
     learned = sorted((i, p) for p, i in model["vocab"].items() if p not in specials)
     vocab = {p: i for i, p in enumerate(specials + [f"<0x{b:02X}>" for b in range(256)] + [p for _, p in learned])}
     merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model["merges"]]
-    tk = tokenizers.Tokenizer(BPE(vocab, merges, unk_token="<unk>", byte_fallback=True, fuse_unk=True))
+    tk = tokenizers.Tokenizer(BPE(vocab, merges, unk_token="<unk>" if unk else None, byte_fallback=True,
+                                  fuse_unk=unk))
     tk.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first", split=False)
     tk.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
                                     decoders.Strip(" ", 1, 0)])
@@ -233,13 +236,14 @@ def gpt2_dir(out: Path, *, seed: int = 0, **config) -> Path:
 
 
 def llama_dir(out: Path, *, seed: int = 0, model_type: str = "llama", tie: bool = False, kv_heads: int = 2,
-              **config) -> Path:
+              unk: bool = True, **config) -> Path:
     """A tiny LlamaForCausalLM (or MistralForCausalLM) directory: grouped-query attention, RoPE with another
-    base, three model rows past the tokenizer's vocabulary, a Llama-like tokenizer."""
+    base, three model rows past the tokenizer's vocabulary, a Llama-like tokenizer (``unk``: as
+    :func:`llama_tokenizer`'s)."""
     import transformers
 
     out.mkdir(parents=True, exist_ok=True)
-    tk = llama_tokenizer(out, causal_texts())
+    tk = llama_tokenizer(out, causal_texts(), unk=unk)
     Config, Model = {"llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
                      "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM)}[model_type]
     cfg = Config(vocab_size=tk.get_vocab_size() + 3, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
@@ -255,9 +259,9 @@ def llama_dir(out: Path, *, seed: int = 0, model_type: str = "llama", tie: bool 
 def qwen2_dir(out: Path, *, seed: int = 0, tie: bool = True, kv_heads: int = 2, window: int = 0, **config) -> Path:
     """A tiny Qwen2ForCausalLM directory: Llama's layers with biases on q_proj, k_proj and v_proj (raised well away
     from zero, so a bias copied to the wrong projection shows), a tokenizer like Qwen2's (byte-level BPE, no start
-    token), tied output as in Qwen2's small models. ``window``: a sliding window in every layer; else the config
-    reads as most Qwen2 checkpoints ship: ``use_sliding_window: false`` beside a ``sliding_window`` and
-    ``max_window_layers`` that must not be used."""
+    token), tied output as in Qwen2's small models, its end-of-text token also the padding (``pad_token_id``).
+    ``window``: a sliding window in every layer; else the config reads as most Qwen2 checkpoints ship:
+    ``use_sliding_window: false`` beside a ``sliding_window`` and ``max_window_layers`` that must not be used."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     out.mkdir(parents=True, exist_ok=True)
@@ -266,7 +270,8 @@ def qwen2_dir(out: Path, *, seed: int = 0, tie: bool = True, kv_heads: int = 2, 
     cfg = Qwen2Config(vocab_size=tk.get_vocab_size() + 3, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=kv_heads, max_position_embeddings=128,
                       rms_norm_eps=1e-5, rope_theta=500.0, tie_word_embeddings=tie, bos_token_id=eot, eos_token_id=eot,
-                      use_sliding_window=window > 0, sliding_window=window or None, max_window_layers=0, **config)
+                      pad_token_id=eot, use_sliding_window=window > 0, sliding_window=window or None,
+                      max_window_layers=0, **config)
     torch.manual_seed(seed)
     model = Qwen2ForCausalLM(cfg).eval()
     perturb(model, seed)

@@ -146,11 +146,11 @@ def imported(request, tmp_path_factory) -> tuple[Path, Path]:
 
 def test_imported_models_give_transformers_logits_and_greedy_tokens_on_the_gpu(imported) -> None:
     from attnkit.vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID
-    from test_interop_lm import PROMPTS, TEXTS, hf_ids, hf_model
+    from test_interop_lm import PROMPTS, TEXTS, columns_of, hf_ids, hf_model
     hf, run_dir = imported
     run, reference = load_run(run_dir, GPU), hf_model(hf).to(GPU)
     to_hf = hf_ids(run)
-    columns = [run.tok._src.to_attnkit[h] for h in range(len(run.tok._src.to_attnkit))]  # HF id -> attnkit column
+    columns = columns_of(run)  # HF id -> attnkit column
     for text in TEXTS[:12]:
         ids = run.tok.encode_src([text])[0][:60]
         if not ids:

@@ -1,16 +1,18 @@
 """Hugging Face causal language models <-> attnkit ``task: lm`` runs, checked against transformers itself (issue 37).
 
-Tiny random GPT-2, Llama (grouped-query attention, untied and tied), Mistral (a sliding window) and Qwen2 (biases on
-q, k and v; its unused window keys, and a window in every layer) directories with tokenizers trained here
-(tests/hf_models.py) are imported with ``attnkit import``: tokenization, logits, losses and greedy output must equal
-transformers'. ``attnkit export --to huggingface`` must give back the same
-directory, and a character-level run trained here must load in transformers with attnkit's logits and ids.
+Tiny random GPT-2, Llama (grouped-query attention, untied and tied; a tokenizer like llama2.c's converted ones, which
+names no ``unk_token``), Mistral (a sliding window) and Qwen2 (biases on q, k and v; its unused window keys, and a
+window in every layer) directories with tokenizers trained here (tests/hf_models.py) are imported with ``attnkit
+import``: tokenization, logits, losses and greedy output must equal transformers', and so must the greedy output of
+the import's CTranslate2 export. ``attnkit export --to huggingface`` must give back the same directory, and a
+character-level run trained here must load in transformers with attnkit's logits and ids.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -20,6 +22,7 @@ import yaml
 from safetensors.torch import load_file
 
 from attnkit.cli import main
+from attnkit.data.tokenizers_json import TOKEN_ID_KEYS, absent_piece
 from attnkit.inference.language_model import document_stream, read_documents
 from attnkit.interop.hf import HFDirectory
 from attnkit.interop.llama import sliding_window
@@ -35,6 +38,7 @@ TEXTS = hf_models.causal_texts()
 PROMPTS = ["The quick", "Größe und", "12 May", "emoji 🙂", "a"]
 FAMILIES = {"gpt2": hf_models.gpt2_dir, "llama": hf_models.llama_dir,
             "llama-tied-mha": lambda out: hf_models.llama_dir(out, tie=True, kv_heads=4, seed=1),
+            "llama2c": lambda out: hf_models.llama_dir(out, unk=False, seed=4),
             "mistral": lambda out: hf_models.llama_dir(out, model_type="mistral", sliding_window=5, seed=2),
             "qwen2": hf_models.qwen2_dir,
             "qwen2-window": lambda out: hf_models.qwen2_dir(out, window=5, tie=False, kv_heads=4, seed=3)}
@@ -46,9 +50,19 @@ def imported(request, tmp_path_factory) -> tuple[Path, Path]:
     return hf_models.imported(tmp_path_factory.mktemp(request.param), FAMILIES[request.param])
 
 
-def hf_ids(run) -> list[int | None]:
+def hf_ids(run) -> Sequence[int | None]:
     """The Hugging Face id of each attnkit id (None: an absent id)."""
-    return run.tok._src.to_hf
+    return run.tok.original_ids
+
+
+def columns_of(run) -> list[int]:
+    """The attnkit id of each Hugging Face id: the columns of attnkit's logits in Hugging Face's order."""
+    to_hf = hf_ids(run)
+    columns = [0] * sum(h is not None for h in to_hf)
+    for i, h in enumerate(to_hf):
+        if h is not None:
+            columns[h] = i
+    return columns
 
 
 def hf_model(path: Path):
@@ -67,7 +81,7 @@ def test_logits_and_loss_equal_transformers(imported, tmp_path, capsys):
     hf, run_dir = imported
     run, reference = load_run(run_dir), hf_model(hf)
     to_hf = hf_ids(run)
-    columns = [run.tok._src.to_attnkit[h] for h in range(len(run.tok._src.to_attnkit))]  # HF id -> attnkit column
+    columns = columns_of(run)
     for text in TEXTS[:12] + TEXTS[-6:-1]:
         ids = run.tok.encode_src([text])[0][:60]
         if not ids:
@@ -86,18 +100,44 @@ def test_logits_and_loss_equal_transformers(imported, tmp_path, capsys):
     assert f"loss {loss:.4f} nats/token" in capsys.readouterr().out
 
 
+def greedy_of_transformers(reference, run, ids: list[int], n: int = 20) -> list[int]:
+    """transformers' greedy continuation of attnkit's ``ids``, in Hugging Face's ids, never choosing what attnkit
+    never samples (its ``<pad>``, ``<unk>`` and ``<s>``)."""
+    to_hf = hf_ids(run)
+    never = [to_hf[i] for i in (PAD_ID, UNK_ID, BOS_ID) if to_hf[i] is not None]
+    x = torch.tensor([[to_hf[i] for i in ids]])
+    out = reference.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=n,
+                             suppress_tokens=never or None, pad_token_id=to_hf[EOS_ID])
+    return out[0, x.size(1):].tolist()
+
+
 def test_greedy_output_equals_generate(imported):
     hf, run_dir = imported
     run, reference = load_run(run_dir), hf_model(hf)
     to_hf = hf_ids(run)
-    never = [to_hf[i] for i in (PAD_ID, UNK_ID, BOS_ID) if to_hf[i] is not None]  # attnkit never samples these
     for prompt in PROMPTS:
         ids = run.tok.encode_src([prompt])[0]
         got = [to_hf[int(t[0])] for t in generate(run.model, [ids], 20, temperature=0)]
-        x = torch.tensor([[to_hf[i] for i in ids]])
-        out = reference.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=20,
-                                 suppress_tokens=never or None, pad_token_id=to_hf[EOS_ID])
-        assert got == out[0, x.size(1):].tolist(), prompt
+        assert got == greedy_of_transformers(reference, run, ids), prompt
+
+
+def test_the_ctranslate2_export_of_an_import_generates_as_transformers(imported, tmp_path):
+    """No two ids spell the same piece (an absent id's name is none of the vocabulary's: llama2.c's ``<unk>``), and
+    the export's greedy output is transformers'."""
+    pytest.importorskip("ctranslate2")
+    from attnkit.export import export_to_ctranslate2
+    from attnkit.export.ctranslate2_lm import ExportedGenerator
+
+    hf, run_dir = imported
+    run, reference = load_run(run_dir), hf_model(hf)
+    pieces = run.tok.src_pieces_from_ids(range(run.tok.src_vocab_size))
+    assert len(set(pieces)) == len(pieces)
+    ct2 = ExportedGenerator(export_to_ctranslate2(run_dir, tmp_path / "ct2"), threads=1)
+    to_hf = hf_ids(run)
+    for prompt in PROMPTS:
+        ids = run.tok.encode_src([prompt])[0]
+        got = [to_hf[i] for i in ct2.generate_batch([ids], 20, temperature=0, include_eos=True)[0]]
+        assert got == greedy_of_transformers(reference, run, ids), prompt
 
 
 def test_qwen2_is_llama_with_biases_on_q_k_and_v(imported):
@@ -144,6 +184,10 @@ def test_export_gives_back_the_checkpoint_and_import_the_run(imported, tmp_path)
     for key, value in original.items():
         torch.testing.assert_close(exported[key], value, atol=0, rtol=0, msg=key)
     assert (tmp_path / "out" / "tokenizer.json").read_bytes() == (hf / "tokenizer.json").read_bytes()
+    settings = json.loads((hf / "config.json").read_text())  # the special ids as the checkpoint has them (Qwen2's
+    for name in ("config.json", "generation_config.json"):    # pad is its end-of-text token)
+        written = json.loads((tmp_path / "out" / name).read_text())
+        assert {k: written[k] for k in TOKEN_ID_KEYS} == {k: settings.get(k) for k in TOKEN_ID_KEYS}, name
     reference = transformers.AutoTokenizer.from_pretrained(str(hf))
     again = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "out"))
     assert [again(t)["input_ids"] for t in TEXTS] == [reference(t)["input_ids"] for t in TEXTS]
@@ -176,7 +220,7 @@ def test_fine_tuning_an_import_and_exporting_it(imported, tmp_path):
     assert main(["export", str(tmp_path / "ft"), "--to", "huggingface", "-o", str(tmp_path / "out")]) == 0
     ids = pre.tok.encode_src([TEXTS[3]])[0]
     with torch.no_grad():
-        expected = fine.model(torch.tensor([ids]))[..., fine.tok._src.to_attnkit]
+        expected = fine.model(torch.tensor([ids]))[..., columns_of(fine)]
         got = hf_model(tmp_path / "out")(torch.tensor([[hf_ids(fine)[i] for i in ids]])).logits
     torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
 
@@ -289,6 +333,33 @@ def test_unsupported_configs_are_one_line_errors(sources, tmp_path, capsys, fami
     assert_one_line_error(code, capsys.readouterr().err, message, str(bad / file) if "vocab_size" not in changes
                           else "tokenizer.json")
     assert not (tmp_path / "run").exists()
+
+
+def test_an_absent_id_is_named_by_no_piece_of_the_vocabulary():
+    assert absent_piece("<unk>", {"<s>", "</s>"}) == "<unk>"  # GPT-2's and Llama's: attnkit's own name
+    assert absent_piece("<unk>", {"<unk>", "<s>"}) == "<attnkit-unk>"  # llama2.c's: <unk>, but no unk_token
+    assert absent_piece("<unk>", {"<unk>", "<attnkit-unk>"}) == "<attnkit-unk-2>"
+    assert absent_piece("<s>", {"<s>"}) == "<attnkit-s>"
+
+
+def test_the_checkpoints_special_ids_are_kept_and_checked(sources, tmp_path, capsys):
+    """The import keeps config.json's bos/eos/pad ids for the export (Qwen2's pad is its end-of-text token); ids that
+    are not ids are a one-line error; an import without them (an older attnkit's) exports the ids its renumbering
+    implies."""
+    assert main(["import", str(sources["qwen2"]), "-o", str(tmp_path / "run")]) == 0
+    meta_path = tmp_path / "run" / "tokenizer.json"
+    meta = json.loads(meta_path.read_text())
+    eot = json.loads((sources["qwen2"] / "config.json").read_text())["eos_token_id"]
+    assert meta["hf_token_ids"] == {"bos_token_id": eot, "eos_token_id": eot, "pad_token_id": eot}
+    assert meta["specials"] == [None, None, None, eot]  # one piece: attnkit's pad, unk and bos are added rows
+    meta_path.write_text(json.dumps({**meta, "hf_token_ids": {"pad_token_id": "x"}}))
+    capsys.readouterr()
+    code = main(["generate", str(tmp_path / "run"), "--prompt", "a", "--max-new-tokens", "2"])
+    assert_one_line_error(code, capsys.readouterr().err, str(meta_path), "hf_token_ids")
+    meta_path.write_text(json.dumps({k: v for k, v in meta.items() if k != "hf_token_ids"}))
+    assert main(["export", str(tmp_path / "run"), "--to", "huggingface", "-o", str(tmp_path / "out")]) == 0
+    written = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert {k: written[k] for k in TOKEN_ID_KEYS} == {"bos_token_id": eot, "eos_token_id": eot, "pad_token_id": None}
 
 
 # -- streamed text --------------------------------------------------------------------------------------------------

@@ -24,13 +24,15 @@ from attnkit.cli import main
 from attnkit.common.errors import UserError
 from attnkit.config.loader import load_config
 from attnkit.config.schema import RunConfig
-from attnkit.data.tokenizer import EOS_ID, UNK_ID, Tokenizer, save_characters
+from attnkit.data.tokenizer import EOS_ID, UNK_ID, Tokenizer, save_characters, train_tokenizer
+from attnkit.data.tokenizers_json import write_hf_tokenizers
 from attnkit.inference.language_model import (
-    characters_per_id,
     document_stream,
     read_documents,
     score_stream,
     score_text_file,
+    scored_characters,
+    stream_characters,
 )
 from attnkit.lm import LanguageModel
 from attnkit.runs.load import load_run
@@ -325,7 +327,7 @@ def test_score_stream_equals_brute_force(random_lm, n, context):
     ids = np.random.default_rng(n).integers(4, 20, size=n)
     expected = brute_force_loss(random_lm, ids.tolist(), context)
     for max_tokens in (1, context, 10_000):  # one window per forward pass, or all together (the last padded)
-        s = score_stream(random_lm, ids, context, max_tokens, np.ones(20, dtype=np.int64))
+        s = score_stream(random_lm, ids, context, max_tokens, n - 1)
         assert s.tokens == n - 1 and s.characters == n - 1  # every token but the first, once
         assert math.isclose(s.loss, expected, rel_tol=1e-5), (max_tokens, s.loss, expected)
         assert math.isclose(s.perplexity, math.exp(s.loss), rel_tol=1e-12)
@@ -333,7 +335,7 @@ def test_score_stream_equals_brute_force(random_lm, n, context):
 
 def test_the_context_decides_the_windows(random_lm):
     ids = np.random.default_rng(7).integers(4, 20, size=60)
-    losses = [score_stream(random_lm, ids, c, 1000, np.ones(20, dtype=np.int64)).loss for c in (1, 4, 16, 60)]
+    losses = [score_stream(random_lm, ids, c, 1000, len(ids) - 1).loss for c in (1, 4, 16, 60)]
     assert all(abs(a - b) > 1e-4 for i, a in enumerate(losses) for b in losses[:i])
 
 
@@ -341,10 +343,7 @@ def test_bits_per_character_of_a_characters_tokenizer(tmp_path, random_lm):
     tok = save_characters(tmp_path, ["abcdefghijklmn \n"])  # 16 characters: the model's vocabulary of 20
     docs = ["abc de\n\nfg", "  hij", "kn l\n"]
     ids = document_stream(tok, docs)
-    chars = characters_per_id(tok)
-    # <unk> stands for one character, </s> for the line break between documents
-    assert chars[:4].tolist() == [0, 1, 0, 1] and set(chars[4:].tolist()) == {1}
-    s = score_stream(random_lm, ids, 8, 1000, chars)
+    s = score_stream(random_lm, ids, 8, 1000, scored_characters(tok, ids))
     n_chars = sum(map(len, docs)) + len(docs) - 1 - 1  # + the </s> between documents, - the first (unscored)
     assert s.tokens == len(ids) - 1 == n_chars == s.characters
     assert math.isclose(s.bits_per_character, s.loss / math.log(2) * s.tokens / s.characters, rel_tol=1e-12)
@@ -356,8 +355,55 @@ def test_an_unknown_character_counts_as_one_character(tmp_path, random_lm):
     text = "abZcaé"
     ids = document_stream(tok, [text])
     assert ids.tolist().count(UNK_ID) == 2
-    s = score_stream(random_lm, ids, 8, 1000, characters_per_id(tok))
+    s = score_stream(random_lm, ids, 8, 1000, scored_characters(tok, ids))
     assert s.characters == len(text) - 1
+
+
+#: Documents of characters that take several bytes (é, an emoji, Hangul), with newlines, for bits per character.
+NON_ASCII = ["Café crème — déjà vu.\nNext line 🙂 and 서울 and 東京.", "é", "\n\nemoji 🚀🙂 at the end 🙂",
+             "Hangul 한국어 text\nwith two lines"]
+
+
+def tokenizer_of_kind(kind: str, out: Path) -> Tokenizer:
+    """A tokenizer of ``kind`` made here: characters, SentencePiece trained as attnkit trains it, or an imported
+    causal language model's (tests/hf_models.py): GPT-2's byte-level BPE, Llama's BPE with byte fallback."""
+    import hf_models
+
+    texts = hf_models.causal_texts() + NON_ASCII
+    if kind == "characters":
+        return save_characters(out, texts)
+    if kind == "sentencepiece":
+        return train_tokenizer(texts, None, out, vocab_size=300)
+    out.mkdir(parents=True)
+    tk = (hf_models.gpt2_tokenizer if kind == "byte-level-bpe" else hf_models.llama_tokenizer)(out, texts)
+    specials = [None, 0, 1, 2] if kind == "byte-fallback" else [None, None, None, tk.token_to_id("<|endoftext|>")]
+    write_hf_tokenizers(out / "tok", (out / "tokenizer.json").read_text(encoding="utf-8"), specials,
+                        tk.get_vocab_size())
+    return Tokenizer.load(out / "tok")
+
+
+@pytest.mark.parametrize("kind", ["characters", "sentencepiece", "byte-level-bpe", "byte-fallback"])
+def test_bits_per_character_counts_the_characters_of_the_scored_text(tmp_path, kind):
+    """The characters scored are those of the scored tokens' text, however many tokens spell a character (GPT-2's
+    ``é`` is two bytes, ``Ã©``; Llama's newline may be the byte piece ``<0x0A>``; an emoji is four bytes)."""
+    tok = tokenizer_of_kind(kind, tmp_path / kind)
+    # the text scored is the documents as the tokenizer decodes them, joined by </s> (one character, a line break);
+    # SentencePiece's normalisation reads each run of whitespace as one space and drops it at either end
+    texts = [" ".join(doc.split()) for doc in NON_ASCII] if kind == "sentencepiece" else NON_ASCII
+    ids = document_stream(tok, NON_ASCII)
+    assert tok.decode_src(tok.encode_src(NON_ASCII)) == texts
+    text = "\n".join(texts)
+    assert stream_characters(tok, ids) == len(text)
+    first = tok.decode_src([ids[:1]])[0]  # the first token is not scored: "C", or Llama's <s> and SentencePiece's ▁
+    assert first == text[: len(first)] and len(first) <= 1
+    torch.manual_seed(0)
+    model = LanguageModel(TransformerConfig(d_model=16, n_heads=2, d_ff=32, decoder_layers=1, dropout=0.0,
+                                            max_len=64, positions="learned"), vocab_size=tok.src_vocab_size).eval()
+    s = score_stream(model, ids, 16, 1000, scored_characters(tok, ids))
+    assert (s.tokens, s.characters) == (len(ids) - 1, len(text) - len(first))
+    assert math.isclose(s.bits_per_character, s.loss * s.tokens / (math.log(2) * s.characters), rel_tol=1e-12)
+    if kind != "characters":  # more tokens than characters: a byte, or a piece of a character, is not one
+        assert s.tokens != s.characters
 
 
 # -- a tiny character language model, end to end -------------------------------------------
@@ -401,6 +447,7 @@ def test_evaluate_prints_the_validation_score_of_the_held_out_text(trained_lm, c
     expected = score_text_file(run, str(trained_lm.tail))
     valid = trained_lm.trainer.task.validate(trained_lm.trainer.model, torch.device("cpu"))
     assert math.isclose(expected.loss, valid["valid_loss"], rel_tol=1e-5)
+    assert math.isclose(expected.bits_per_character, valid["valid_bpc"], rel_tol=1e-5)
     assert expected.tokens == expected.characters == len(trained_lm.text) - 1350 - 1
     code, out, _ = cli(capsys, "evaluate", trained_lm.run, "--data", trained_lm.tail)
     assert code == 0 and out == f"{expected}\n"

@@ -72,30 +72,17 @@ from .pieces import (
     read_vocab,
 )
 from .spm_train import MODEL_TYPES, check_options, train_model
-from .tokenizers_json import HF_TOKENIZER_CONFIG_FILE, HF_TOKENIZER_FILE, HF_TOKENIZERS, load_hf_tokenizers
+from .tokenizers_json import (
+    HF_TOKENIZER_CONFIG_FILE,
+    HF_TOKENIZER_FILE,
+    HF_TOKENIZERS,
+    HFTokenizersModel,
+    load_hf_tokenizers,
+)
 
-__all__ = [
-    "BOS_ID",
-    "BOS_PIECE",
-    "EOS_ID",
-    "EOS_PIECE",
-    "KINDS",
-    "MASK_PIECE",
-    "MODEL_TYPES",
-    "PAD_ID",
-    "PAD_PIECE",
-    "SPECIAL_IDS",
-    "TOKENIZER_FILE",
-    "tokenizer_files",
-    "Tokenizer",
-    "UNK_ID",
-    "UNK_PIECE",
-    "save_characters",
-    "save_sentencepiece_vocab",
-    "save_wordpiece",
-    "train_tokenizer",
-    "wordpiece_from_vocab_txt",
-]
+__all__ = ["BOS_ID", "BOS_PIECE", "EOS_ID", "EOS_PIECE", "KINDS", "MASK_PIECE", "MODEL_TYPES", "PAD_ID", "PAD_PIECE",
+           "SPECIAL_IDS", "TOKENIZER_FILE", "tokenizer_files", "Tokenizer", "UNK_ID", "UNK_PIECE", "save_characters",
+           "save_sentencepiece_vocab", "save_wordpiece", "train_tokenizer", "wordpiece_from_vocab_txt"]
 
 #: Ids that never carry text; decoding drops them.
 SPECIAL_IDS: frozenset[int] = frozenset({PAD_ID, BOS_ID, EOS_ID})
@@ -355,6 +342,15 @@ class Tokenizer:
         """Special ids with no piece behind them (an imported causal LM's missing pad, unk or bos), which the
         language model built over this tokenizer never outputs; empty for every kind but ``hf-tokenizers``."""
         return tuple(self._src.absent_ids)
+
+    @property
+    def original_ids(self) -> Sequence[int | None]:
+        """The id of each attnkit id (its index) in the checkpoint this tokenizer came from: an imported causal
+        language model's Hugging Face id, None for an absent id; ``AutoTokenizer`` encodes a text to
+        ``[tok.original_ids[i] for i in tok.encode_src([text])[0]]``. Every other kind keeps its ids."""
+        if isinstance(self._src, HFTokenizersModel):
+            return self._src.to_hf
+        return range(self._src.size)
 
     @property
     def src_vocab_size(self) -> int:

@@ -263,8 +263,8 @@ class ExportedGenerator:
             results = self.generator.generate_batch(
                 [self._prompt_pieces(prompts[i]) for i in rows], include_prompt_in_result=stepwise,
                 return_end_token=include_eos, **{**options, "max_length": max_new_tokens + max(skip - 1, 0)})
-            for i, result in zip(rows, results, strict=True):
-                out[i] = list(result.sequences_ids[0])[skip:]
+            for i, result in zip(rows, results, strict=True):  # the prompt leads the result, less a first <s>
+                out[i] = list(result.sequences_ids[0])[skip - (stepwise and int(prompts[i][0]) == BOS_ID):]
         return out
 
     def stream(self, prompt: Sequence[int], max_new_tokens: int, *, temperature: float = 1.0, top_k: int = 0,

@@ -9,6 +9,11 @@ very first is scored exactly once::
     loss = (1 / N) sum_t -ln p(y_t | y_{t-c}..y_{t-1})          (nats per token, c < context)
     perplexity = exp(loss);   bits per character = N * loss / (ln 2 * characters scored)
 
+The characters scored are those of the text the tokenizer decodes the scored tokens to
+(:func:`scored_characters`): each document decoded whole, one character for each ``</s>`` between documents, less
+what the first token alone decodes to. A character spelt over several tokens (a byte-level BPE's or a byte
+fallback's ``é``, an emoji) counts once, and an unknown piece counts what the tokenizer writes for it.
+
 Generation (:func:`continue_text`): the prompt's ids through :func:`attnkit.sampling.generate`, decoded as
 the tokens come so the text can be streamed, stopped at ``</s>``, a ``--stop`` string, or the token budget.
 """
@@ -43,7 +48,7 @@ class LMScore:
 
     loss: float  # mean cross-entropy per token, in nats
     tokens: int  # tokens scored
-    characters: int  # characters those tokens spell
+    characters: int  # characters those tokens spell (:func:`scored_characters`)
 
     @property
     def perplexity(self) -> float:
@@ -58,17 +63,21 @@ class LMScore:
                 f"{self.bits_per_character:.4f} | {self.tokens} tokens, {self.characters} characters")
 
 
-def characters_per_id(tok: Tokenizer) -> np.ndarray:
-    """``(V,)`` how many characters each id spells: a piece's length (SentencePiece's ``▁`` is one space), 1 for
-    ``</s>`` (the line break between documents) and for ``<unk>`` (a character the vocabulary lacks), 0 for the
-    other special pieces."""
-    pieces = tok.src_pieces_from_ids(range(tok.src_vocab_size))
-    counts = np.array([len(p) for p in pieces], dtype=np.int64)
-    counts[:4] = 0
-    counts[EOS_ID] = counts[UNK_ID] = 1
-    if tok.mask_id is not None:
-        counts[tok.mask_id] = 0
-    return counts
+def stream_characters(tok: Tokenizer, ids: Sequence[int] | np.ndarray) -> int:
+    """How many characters a stream of documents joined by ``</s>`` (:func:`document_stream`) spells: each
+    document's ids decoded together (a character may take several tokens; a decoder may drop the space before a
+    document's first word), and one character for each ``</s>`` (the line break between documents)."""
+    ids = np.asarray(ids, dtype=np.int64)
+    ends = np.flatnonzero(ids == EOS_ID)  # (D - 1,)
+    documents = np.split(ids, ends)  # each one after the first begins with its </s>
+    texts = tok.decode_src([doc[1:] if k else doc for k, doc in enumerate(documents)])
+    return sum(map(len, texts)) + len(ends)
+
+
+def scored_characters(tok: Tokenizer, ids: Sequence[int] | np.ndarray) -> int:
+    """The characters of the tokens :func:`score_stream` scores (every one but the first): those of the whole
+    stream less those of its first token alone (``<s>``: none; a piece of a character: that character)."""
+    return max(stream_characters(tok, ids) - stream_characters(tok, ids[:1]), 0)
 
 
 def document_stream(tok: Tokenizer, documents: Sequence[str]) -> np.ndarray:
@@ -80,19 +89,19 @@ def document_stream(tok: Tokenizer, documents: Sequence[str]) -> np.ndarray:
 
 
 @torch.inference_mode()
-def score_stream(model: nn.Module, ids: np.ndarray, context: int, max_tokens: int, chars: np.ndarray,
+def score_stream(model: nn.Module, ids: np.ndarray, context: int, max_tokens: int, characters: int,
                  device: torch.device | None = None) -> LMScore:
     """Score every token of ``ids`` ``(N,)`` after the first in windows of ``context`` (module docstring).
 
     :param max_tokens: tokens per forward pass (windows are batched).
-    :param chars: :func:`characters_per_id` of the tokenizer.
+    :param characters: the characters those tokens spell, :func:`scored_characters` (for bits per character).
     """
     was_training = model.training
     model.eval()
     device = device or next(model.parameters()).device
     starts = list(range(0, len(ids) - 1, context))  # window w predicts ids[s + 1 : s + context + 1]
     per_batch = max(max_tokens // context, 1)
-    total, n, characters = 0.0, 0, 0
+    total, n = 0.0, 0
     for b in range(0, len(starts), per_batch):
         group = starts[b: b + per_batch]
         lengths = [min(context, len(ids) - 1 - s) for s in group]
@@ -102,7 +111,6 @@ def score_stream(model: nn.Module, ids: np.ndarray, context: int, max_tokens: in
         for r, (s, L) in enumerate(zip(group, lengths, strict=True)):
             inputs[r, :L] = torch.from_numpy(ids[s: s + L])
             targets[r, :L] = torch.from_numpy(ids[s + 1: s + L + 1])
-            characters += int(chars[ids[s + 1: s + L + 1]].sum())
         logits = model(inputs.to(device)).float()  # (B, T, V)
         total += torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten().to(device),
                                                    ignore_index=-100, reduction="sum").item()
@@ -135,7 +143,7 @@ def score_text_file(run: LoadedRun, path: str, context: int | None = None) -> LM
     ids = document_stream(run.tok, read_documents(path, d.documents, d.text_column, d.line_break_tags))
     if len(ids) < 2:
         raise UserError(f"{path}: fewer than two tokens of text to score")
-    return score_stream(run.model, ids, context, run.cfg.train.max_tokens, characters_per_id(run.tok))
+    return score_stream(run.model, ids, context, run.cfg.train.max_tokens, scored_characters(run.tok, ids))
 
 
 #: Tokens a continuation gets when its length is not given (``attnkit generate``, ``/generate``), at most what fits.

@@ -21,7 +21,8 @@ Face's. Generation stops at the model's end-of-text token; attnkit never samples
 ``attnkit export RUN --to huggingface -o DIR`` writes a ``GPT2LMHeadModel`` (learned positions, LayerNorm,
 biases) or a ``LlamaForCausalLM`` (RoPE, RMSNorm, SwiGLU; ``MistralForCausalLM`` with a ``window``,
 ``Qwen2ForCausalLM`` with ``qkv_bias``) directory that ``AutoModelForCausalLM`` and ``AutoTokenizer``
-``.from_pretrained`` load. An imported run goes back to its original ids and tokenizer files; a character-level
+``.from_pretrained`` load. An imported run goes back to its original ids, tokenizer files and ``bos_token_id``,
+``eos_token_id``, ``pad_token_id`` (kept by the import, a pad that is the end-of-text token too); a character-level
 run's tokenizer is written as a ``tokenizers`` JSON that encodes as attnkit does (one piece per character, ids
 unchanged, special pieces in the text read as text). A trained SentencePiece tokenizer is refused:
 ``tokenizers`` does not reproduce SentencePiece's normalisation exactly. One exception to ``AutoTokenizer``:
@@ -50,6 +51,7 @@ from ..data.tokenizers_json import (
     HF_TOKENIZER_CONFIG_FILE,
     HF_TOKENIZER_FILE,
     HF_TOKENIZERS,
+    TOKEN_ID_KEYS,
     HFTokenizersModel,
     read_tokenizers_json,
     write_hf_tokenizers,
@@ -194,8 +196,10 @@ def import_causal_lm(hf: HFDirectory, out: str | Path, *, force: bool = False) -
                       tokenizer=TokenizerConfig(vocab_size=pieces.size, model_type="bpe"))
     run_cfg = RunConfig(task="lm", data=data, model=ModelConfig(transformer=cfg))
 
+    token_ids = {key: _one_id(hf, key) for key in TOKEN_ID_KEYS}  # written back as they are by the export
+
     def write_tokenizer(directory: Path) -> None:
-        write_hf_tokenizers(directory, text, specials, hf_size, settings)
+        write_hf_tokenizers(directory, text, specials, hf_size, settings, token_ids)
 
     return write_run(out, run_cfg, model.state_dict(), hf.path, write_tokenizer, force=force)
 
@@ -224,6 +228,9 @@ def _export_vocabulary(tok: Tokenizer, run_dir: Path, max_len: int) -> tuple[lis
         if not isinstance(pieces, HFTokenizersModel):
             raise TypeError(f"a {HF_TOKENIZERS} tokenizer holds an HFTokenizersModel, not {type(pieces).__name__}")
         pad, _, bos, eos = pieces.specials
+        ids = {"bos": bos if bos is not None else eos, "eos": eos, "pad": pad}  # what an older import implies
+        if pieces.token_ids is not None:  # the checkpoint's own, a pad shared with another part included
+            ids = {part: pieces.token_ids[f"{part}_token_id"] for part in ids}
         files = {TOKENIZER_JSON: (run_dir / HF_TOKENIZER_FILE).read_text(encoding="utf-8")}
         if (run_dir / HF_TOKENIZER_CONFIG_FILE).is_file():
             files[TOKENIZER_CONFIG_JSON] = (run_dir / HF_TOKENIZER_CONFIG_FILE).read_text(encoding="utf-8")
@@ -232,7 +239,7 @@ def _export_vocabulary(tok: Tokenizer, run_dir: Path, max_len: int) -> tuple[lis
             files[TOKENIZER_CONFIG_JSON] = _json({"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": eos_piece,
                                                   "bos_token": pieces.id_to_piece(BOS_ID) if bos is not None else
                                                   eos_piece, "clean_up_tokenization_spaces": False})
-        return pieces.to_attnkit, {"bos": bos if bos is not None else eos, "eos": eos, "pad": pad}, files
+        return pieces.to_attnkit, ids, files
     if tok.kind != CHARACTERS:
         raise UserError(f"{run_dir}: its tokenizer is of kind {tok.kind} ({tok.model_type}), which the `tokenizers` "
                         f"library cannot reproduce exactly; Hugging Face exports take character-level and imported "

@@ -39,7 +39,7 @@ from ..data.prepare import Encoded, flat
 from ..data.readers import ReadStats, read_text
 from ..data.tokenizer import EOS_ID, TOKENIZER_FILE, Tokenizer, save_characters
 from ..engine import FusedLMLoss
-from ..inference.language_model import LMScore, characters_per_id, document_stream, score_stream
+from ..inference.language_model import LMScore, document_stream, score_stream, scored_characters
 from ..positions import ADDITIVE_POSITIONS
 from .base import BaseRecipe, EpochTask, TaskSpec
 from .init_from import copy_pretrained_tokenizer, load_pretrained_body
@@ -157,7 +157,7 @@ class LanguageModelTask(EpochTask):
         if cfg.data.valid_blocks:  # a sample: the first blocks of the held-out text, so validating costs less
             ids = ids[: cfg.data.valid_blocks * self.block + 1]
         self.valid_ids = ids
-        self.chars = characters_per_id(self.tok)
+        self.valid_characters = scored_characters(self.tok, ids)  # decoded once, for bits per character
         batches = self.batches(0)
         log(f"language-model data: {len(self.stream)} training tokens in {len(batches)} batches of {self.per_batch} "
             f"blocks of {self.block}; {len(self.valid_ids)} validation tokens"
@@ -189,7 +189,8 @@ class LanguageModelTask(EpochTask):
 
     def validate(self, model: nn.Module, device: torch.device) -> dict[str, float]:
         """Loss, perplexity and bits per character of the validation text; score = -loss."""
-        s: LMScore = score_stream(model, self.valid_ids, self.block, self.cfg.train.max_tokens, self.chars, device)
+        s: LMScore = score_stream(model, self.valid_ids, self.block, self.cfg.train.max_tokens, self.valid_characters,
+                                 device)
         return {"valid_loss": s.loss, "valid_ppl": s.perplexity, "valid_bpc": s.bits_per_character,
                 "score": -s.loss}
 
