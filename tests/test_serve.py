@@ -398,7 +398,8 @@ def test_sigterm_finishes_the_requests_in_flight(runs, server):
         response = pending.result()
     assert response.status_code == 200
     assert response.json()["translations"] == [reference(server.dates, [text], beam=1)[0][0]]
-    assert proc.wait(timeout=60) in (0, -signal.SIGTERM)
+    assert proc.wait(timeout=60) == 0  # a clean shutdown, said in one line
+    assert proc.stderr.read().splitlines()[-1] == "attnkit serve: stopped (SIGTERM)"
     with pytest.raises(httpx.ConnectError):
         httpx.get(f"{url}/health")
 
@@ -425,6 +426,7 @@ def test_serve_user_errors_are_one_line(runs, tmp_path, capsys):
 
 
 def test_serving_docs_state_the_serving_defaults():
+    from attnkit.serve.connections import MAX_HEAD_BYTES, MAX_URL_BYTES
     from attnkit.serve.schemas import MAX_BEAM
 
     readme = (ROOT / "docs" / "serving.md").read_text(encoding="utf-8")
@@ -433,7 +435,9 @@ def test_serving_docs_state_the_serving_defaults():
                   f"`--max-attention-texts` ({d.max_attention_texts})",
                   f"`--max-body` bytes ({d.max_body // 1_000_000} MB)", f"`--max-queue` texts ({d.max_queue})",
                   f"`--max-batch` texts (default {d.max_batch})", f"`--max-wait-ms` (default {d.max_wait_ms:g})",
-                  f"a beam outside 1-{MAX_BEAM}"):
+                  f"a beam outside 1-{MAX_BEAM}", f"`--read-timeout` seconds ({d.read_timeout:g})",
+                  f"`--max-connections` ({d.max_connections})", f"target over {MAX_URL_BYTES // 1024} KiB gets 414",
+                  f"headers over {MAX_HEAD_BYTES // 1024} KiB 431"):
         assert claim in " ".join(readme.split()), claim
 
 

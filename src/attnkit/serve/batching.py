@@ -47,6 +47,8 @@ class Limits:
     max_attention_texts: int = 8  # texts per request with attention (each text's maps run to megabytes of JSON)
     max_new_tokens: int = 512  # tokens one /generate request may ask for (at most MAX_NEW_TOKENS, 4096)
     max_streams: int = 64  # generations in flight per language model (streamed or not); beyond: 429
+    max_connections: int = 512  # open connections; beyond, a new one is answered 503 and closed
+    read_timeout: float = 10.0  # seconds a request's head, and then its body, may take to arrive; beyond: 408
 
 
 #: Give freed memory back (:func:`~attnkit.common.memory.release_free_memory`) after this long idle, and while
