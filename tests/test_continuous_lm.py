@@ -207,3 +207,48 @@ def test_rope_with_a_position_per_row_equals_each_row_at_its_own_offset() -> Non
     per_row = rope(x, offsets)
     for b, offset in enumerate(offsets.tolist()):
         torch.testing.assert_close(per_row[b], rope(x[b: b + 1], offset)[0])
+
+
+def test_a_row_that_cannot_choose_ends_alone_and_the_others_go_on() -> None:
+    """A row whose choice fails (options torch refuses; logits gone NaN mid-way, as a hook makes them here) ends with
+    a token that carries the error, at its join or at any later step; every other row is continued exactly as
+    ``generate`` continues it alone."""
+    model = make_lm(eos_bias=-3.0, positions="rope")
+    sampler = ContinuousSampler(model)
+    poisoned: list[int] = []  # the handle whose logits the next step makes NaN
+
+    def poison(_module, _inputs, logits: torch.Tensor) -> torch.Tensor | None:
+        if not poisoned:
+            return None
+        row = [r.handle for r in sampler.rows].index(poisoned.pop())
+        logits = logits.clone()
+        logits[row] = float("nan")
+        return logits
+
+    model.out_proj.register_forward_hook(poison)
+    reqs = [{**r, "max_new_tokens": 12} for r in requests(6, seed=13)]  # even: greedy; odd: sampled
+    out: dict[int, list[int]] = {}
+    handles = []
+    for r in reqs:
+        first = sampler.add(r["prompt"], r["max_new_tokens"], r["sampling"], torch.Generator().manual_seed(r["seed"]))
+        handles.append(first.handle)
+        out[first.handle] = [first.id]
+    refused = sampler.add([5, 6, 7], 10, Sampling(1.0, top_k=-1), torch.Generator().manual_seed(1))  # k < 0
+    assert refused.finish == "error" and isinstance(refused.error, RuntimeError)
+    assert refused.handle not in {row.handle for row in sampler.rows}
+    errors = {}
+    for step in range(20):
+        if step == 3:
+            poisoned.append(handles[3])  # a sampled row, three tokens in
+        for token in sampler.step():
+            if token.finish == "error":
+                errors[token.handle] = token.error
+            else:
+                out[token.handle].append(token.id)
+        if not sampler.running:
+            break
+    assert list(errors) == [handles[3]] and "probability tensor" in str(errors[handles[3]])
+    assert sampler.running == 0
+    for i, (r, handle) in enumerate(zip(reqs, handles, strict=True)):
+        expected = alone(model, r)
+        assert out[handle] == (expected[:4] if i == 3 else expected), i

@@ -224,6 +224,59 @@ def test_specials_other_than_eos_are_never_chosen():
     assert choose_next(eos, temperature=0).tolist() == [EOS_ID]
 
 
+#: Temperatures at the ends of what a float can hold (a Python float beyond float32's range; subnormal ones).
+TINY_TEMPERATURES = (5e-324, 1e-300, 1e-45, 1e-38)
+HUGE_TEMPERATURES = (1e39, 1e308, sys.float_info.max)
+
+
+def test_sampling_is_defined_for_every_finite_temperature_and_top_p():
+    """softmax(z / T) for every finite T > 0 (z shifted by its maximum, T clamped to float32's range): a tiny T puts
+    all the probability on the largest logit, a huge one spreads it evenly over the tokens kept, an ordinary one is
+    softmax(z / T); the most likely token is kept however small top-p is."""
+    from attnkit.sampling import tempered
+
+    z = torch.randn(6, 40, generator=torch.Generator().manual_seed(0)) * 5
+    z[:, 7] = float("-inf")  # a token filtered out stays out
+    finite = torch.isfinite(z)
+    for t in TINY_TEMPERATURES:
+        probs = torch.softmax(tempered(z, t), dim=-1)
+        assert torch.equal(probs, torch.nn.functional.one_hot(z.argmax(-1), 40).float()), t
+    for t in HUGE_TEMPERATURES:
+        probs = torch.softmax(tempered(z, t), dim=-1)
+        assert torch.equal(probs, finite.float() / finite.sum(-1, keepdim=True)), t
+    for t in (0.05, 0.8, 1.0, 3.0):
+        torch.testing.assert_close(torch.softmax(tempered(z, t), -1), torch.softmax(z / t, -1))
+    greedy = choose_next(z, temperature=0)
+    top3 = [set(row.topk(3).indices.tolist()) for row in z.index_fill(-1, torch.tensor([PAD_ID, UNK_ID, BOS_ID]),
+                                                                        float("-inf"))]  # never chosen: -inf
+    for seed in range(5):
+        generator = torch.Generator().manual_seed(seed)
+        for t in TINY_TEMPERATURES:
+            assert torch.equal(choose_next(z, t, generator=generator), greedy)
+        for top_p in (1e-46, 5e-324, 1e-7):
+            assert torch.equal(choose_next(z, 2.0, top_p=top_p, generator=generator), greedy)
+        for t in HUGE_TEMPERATURES:
+            chosen = choose_next(z, t, top_k=3, generator=generator)  # evenly among the top 3
+            assert all(int(c) in top3[i] for i, c in enumerate(chosen))
+    draws = choose_next(z[:1].repeat(3000, 1), 1e308, generator=torch.Generator().manual_seed(1))
+    counts = torch.bincount(draws, minlength=40)
+    assert counts[[0, 1, 2, 7]].sum() == 0 and counts[3:7].min() > 0 and counts[8:].min() > 0  # every other token
+
+
+@pytest.mark.parametrize("options", [("--temperature", "1e-300"), ("--temperature", "1e-38"),
+                                     ("--temperature", "1", "--top-p", "1e-46")])
+def test_extreme_sampling_options_are_greedy(lm_run, lm, capsys, options):
+    greedy = greedy_by_hand(lm, PROMPT, 40)
+    assert generated(capsys, lm_run, "--max-new-tokens", "40", "--seed", "3", *options) == PROMPT + greedy + "\n"
+
+
+@pytest.mark.parametrize("temperature", ["1e39", "1e308"])
+def test_a_huge_temperature_samples_without_an_error(lm_run, capsys, temperature):
+    code, out, err = cli(capsys, "generate", lm_run, "--prompt", PROMPT, "--max-new-tokens", "20", "--seed", "1",
+                         "--temperature", temperature, "--no-echo")
+    assert code == 0 and err == "" and out.endswith("\n")
+
+
 # -- stop strings ---------------------------------------------------------------------------
 
 

@@ -398,7 +398,8 @@ def test_sigterm_finishes_the_requests_in_flight(runs, server):
         response = pending.result()
     assert response.status_code == 200
     assert response.json()["translations"] == [reference(server.dates, [text], beam=1)[0][0]]
-    assert proc.wait(timeout=60) in (0, -signal.SIGTERM)
+    assert proc.wait(timeout=60) == 0  # a clean shutdown, said in one line
+    assert proc.stderr.read().splitlines()[-1] == "attnkit serve: stopped (SIGTERM)"
     with pytest.raises(httpx.ConnectError):
         httpx.get(f"{url}/health")
 
@@ -425,6 +426,7 @@ def test_serve_user_errors_are_one_line(runs, tmp_path, capsys):
 
 
 def test_serving_docs_state_the_serving_defaults():
+    from attnkit.serve.connections import MAX_HEAD_BYTES, MAX_URL_BYTES
     from attnkit.serve.schemas import MAX_BEAM
 
     readme = (ROOT / "docs" / "serving.md").read_text(encoding="utf-8")
@@ -433,7 +435,9 @@ def test_serving_docs_state_the_serving_defaults():
                   f"`--max-attention-texts` ({d.max_attention_texts})",
                   f"`--max-body` bytes ({d.max_body // 1_000_000} MB)", f"`--max-queue` texts ({d.max_queue})",
                   f"`--max-batch` texts (default {d.max_batch})", f"`--max-wait-ms` (default {d.max_wait_ms:g})",
-                  f"a beam outside 1-{MAX_BEAM}"):
+                  f"a beam outside 1-{MAX_BEAM}", f"`--read-timeout` seconds ({d.read_timeout:g})",
+                  f"`--max-connections` ({d.max_connections})", f"target over {MAX_URL_BYTES // 1024} KiB gets 414",
+                  f"headers over {MAX_HEAD_BYTES // 1024} KiB 431"):
         assert claim in " ".join(readme.split()), claim
 
 
@@ -538,12 +542,13 @@ def test_worker_merges_jobs_by_key_up_to_max_batch_and_drains_on_close():
     asyncio.run(checked())
 
 
-def test_worker_isolates_a_request_it_cannot_run():
-    from attnkit.common.errors import UserError
-
+@pytest.mark.parametrize("error", [UserError, RuntimeError], ids=["refused", "bug"])
+def test_worker_isolates_a_request_it_cannot_run(error):
+    """A batch that fails is run again request by request: the request it fails on gets the error (a UserError:
+    422, a bug: 500), the others their results."""
     def run(texts: list[str]) -> list[str]:
         if "bad" in texts:
-            raise UserError("cannot run 'bad'")
+            raise error("cannot run 'bad'")
         return [t.upper() for t in texts]
 
     async def scenario() -> tuple:
@@ -554,8 +559,59 @@ def test_worker_isolates_a_request_it_cannot_run():
         return results, worker.stats()
 
     (good, bad, other), stats = asyncio.run(scenario())
-    assert good == ["A"] and other == ["B", "C"] and isinstance(bad, UserError)
+    assert good == ["A"] and other == ["B", "C"] and type(bad) is error
     assert stats["batches"] == 1  # one batch was tried; then each request alone
+
+
+def test_a_text_that_fails_in_a_running_batch_fails_its_job_alone():
+    """A stepper's result that is an exception (one text failed: a language model's row) answers that text's job
+    with it while the running batch goes on: the other jobs get their results, a job with several texts
+    is answered with its failure and the rest of its texts are let go."""
+    class Steps:  # a text "bad..." fails at its second step; the others end at their third
+        width = 1
+
+        def __init__(self) -> None:
+            self.live: dict[int, list] = {}  # handle -> [text, steps]
+            self.handles = 0
+
+        @property
+        def running(self) -> int:
+            return len(self.live)
+
+        def start(self, texts: list[str]) -> list[int]:
+            handles = list(range(self.handles, self.handles + len(texts)))
+            self.handles += len(texts)
+            self.live.update({h: [t, 0] for h, t in zip(handles, texts, strict=True)})
+            return handles
+
+        def step(self) -> list[tuple[int, object]]:
+            ended = []
+            for h, row in list(self.live.items()):
+                row[1] += 1
+                if row[0].startswith("bad") and row[1] == 2:
+                    ended.append((h, RuntimeError(f"row {row[0]} failed")))
+                elif row[1] == 3:
+                    ended.append((h, row[0].upper()))
+                if ended and ended[-1][0] == h:
+                    del self.live[h]
+            return ended
+
+        def abandon(self) -> None:
+            self.live = {}
+
+    async def scenario() -> list:
+        worker = ModelWorker("test", Limits(max_batch=8, max_wait_ms=0))
+        stepper = Steps()
+        futures = [worker.submit(("g",), lambda t: t, texts, stepper=stepper)
+                   for texts in (["a"], ["bad1"], ["b", "bad2", "c"], ["d"])]
+        results = await asyncio.gather(*futures, return_exceptions=True)
+        worker.close(timeout=10)
+        return results
+
+    a, bad, mixed, d = asyncio.run(scenario())
+    assert (a, d) == (["A"], ["D"])
+    assert isinstance(bad, RuntimeError) and str(bad) == "row bad1 failed"
+    assert isinstance(mixed, RuntimeError) and str(mixed) == "row bad2 failed"
 
 
 def test_a_job_decoded_continuously_does_not_wait_for_others():

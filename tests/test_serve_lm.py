@@ -7,6 +7,7 @@ export behind the same route."""
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import time
 import warnings
@@ -215,6 +216,76 @@ def test_beyond_max_streams_is_429_and_the_server_goes_on(lm_run):
         assert client.post("/generate", json={"prompt": PROMPT, "max_new_tokens": 5}).status_code == 200
 
 
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "streamed"])
+def test_a_request_whose_row_fails_ends_alone_and_the_batch_goes_on(lm_run, caplog, stream):
+    """A row that fails in a running batch (its logits made NaN by a hook: sampling cannot draw from them) ends its
+    own request, a 500 that closes its connection (or, streamed, an error event), with one line on the log; the
+    requests decoded beside it get the text they get alone, and the server goes on."""
+    served = RunServable(load_run(lm_run), "play")
+    slow(served, 0.01)
+    poison = threading.Event()
+
+    def nan_first_row(_module, _inputs, logits: torch.Tensor) -> torch.Tensor | None:
+        if poison.is_set() and logits.size(0) == 3 == served.stepper.sampler.running:  # a step of the three
+            poison.clear()
+            logits = logits.clone()
+            logits[0] = float("nan")  # the oldest row: the request that joined first
+            return logits
+        return None
+
+    served.run.model.out_proj.register_forward_hook(nan_first_row)
+    bad = {"prompt": PROMPT, "max_new_tokens": 40, "temperature": 1.0, "seed": 1, "stream": stream}
+    others = [{"prompt": "the king", "max_new_tokens": 20, "temperature": 0.0},
+              {"prompt": "NURSE:", "max_new_tokens": 20, "temperature": 0.9, "seed": 5}]
+    app = create_app([served], Limits(max_wait_ms=0))
+    with TestClient(app) as client:
+        alone = [client.post("/generate", json=b).json()["text"] for b in others]
+        poison.set()
+        caplog.clear()
+        with ThreadPoolExecutor(3) as pool:
+            failing = pool.submit(client.post, "/generate", json=bad)
+            wait_until(lambda: served.stepper.sampler.running == 1)
+            beside = list(pool.map(lambda b: client.post("/generate", json=b), others))
+            failed = failing.result()
+        wait_until(lambda: served.stepper.running == 0)
+        after = client.post("/generate", json={**bad, "stream": False})
+    assert not poison.is_set()  # the three shared a step, where the first one's row failed
+    assert [r.json()["text"] for r in beside] == alone
+    if stream:
+        assert events(failed)[-1] == {"error": "internal error (RuntimeError)"}
+    else:
+        assert_error(failed, 500, "internal error (RuntimeError)")
+        assert failed.headers["connection"] == "close"
+    logged = [r for r in caplog.records if r.levelname == "ERROR"]
+    assert len(logged) == 1 and "\n" not in logged[0].getMessage() and logged[0].exc_info is None
+    assert "internal error in POST /generate" in logged[0].getMessage()
+    assert after.status_code == 200 and after.json()["tokens"] >= 1
+
+
+def test_every_request_is_counted_once_streams_closed_early_too(lm_run):
+    """``attnkit_serve_requests_total`` counts each request once: a stream whose client went away before its end
+    as 499, the others with their status."""
+    served = RunServable(load_run(lm_run), "play")
+    slow(served, 0.02)
+    app = create_app([served], Limits(max_wait_ms=0))
+    body = {"prompt": PROMPT, "max_new_tokens": 30, "temperature": 1.0, "seed": 2}
+
+    def counted(samples: dict) -> dict[str, float]:
+        return {dict(labels)["status"]: value for (name, labels), value in samples.items()
+                if name == "attnkit_serve_requests_total" and dict(labels)["route"] == "/generate"}
+
+    with TestClient(app) as client:
+        for _ in range(4):
+            with client.stream("POST", "/generate", json={**body, "stream": True}) as response:
+                next(line for line in response.iter_lines() if line.startswith("data: "))  # one token, then away
+        events(client.post("/generate", json={**body, "max_new_tokens": 3, "stream": True}))
+        assert client.post("/generate", json={**body, "max_new_tokens": 3}).status_code == 200
+        assert client.post("/generate", json={**body, "top_p": 2.0}).status_code == 422
+        wait_until(lambda: sum(counted(scrape(client)).values()) >= 7)
+        time.sleep(0.2)  # a request counted twice would be by now
+        assert counted(scrape(client)) == {"499": 4, "200": 2, "422": 1}
+
+
 @pytest.mark.parametrize("body, status, needles", [
     ({"prompt": PROMPT, "max_new_tokens": 41}, 422, ["max_new_tokens must be in 1..40", "--max-new-tokens"]),
     ({"prompt": PROMPT, "max_new_tokens": 0}, 422, ["max_new_tokens must be in 1..40"]),
@@ -382,3 +453,129 @@ def test_a_compiled_prompt_pass_serves_the_same_texts(lm_run):
     assert sorted(p.ranges["batch"][0] for p in prefills) == [1, 2]
     with pytest.raises(UserError, match="float32"):
         RunServable(load_run(lm_run), "play", precision="bf16", compile=True)
+
+
+# -- a hostile client on uvicorn: requests that break nothing beside them, bounded heads, bodies and connections --
+
+
+def test_on_uvicorn_a_flood_with_extreme_options_answers_every_request(server):
+    """Requests with the extreme sampling options that once failed their whole batch (temperatures at a float's
+    ends, a top-p that is 0 in float32), sent at once among good ones: every one is answered 200, and the good
+    ones with the text they get alone."""
+    import httpx
+
+    good = [{"prompt": p, "max_new_tokens": 20, "temperature": t, "seed": s}
+            for p, t, s in [(PROMPT, 1.0, 1), ("the king", 0.0, 2), ("NURSE:", 0.8, 3), ("my lord", 1.2, 4)] * 3]
+    extreme = [{"prompt": PROMPT, "max_new_tokens": 20, **o} for o in
+               ({"temperature": 1e-300}, {"temperature": 1e-38}, {"temperature": 1e39}, {"temperature": 1e308},
+                {"temperature": 1.0, "top_p": 1e-46}, {"temperature": 1.0, "top_p": 5e-324})]
+    with httpx.Client(base_url=server, timeout=60) as client:
+        alone = [client.post("/generate", json=b).json()["text"] for b in good[:4]]
+        greedy = client.post("/generate", json={"prompt": PROMPT, "max_new_tokens": 20, "temperature": 0.0}).json()
+        with ThreadPoolExecutor(len(good) + len(extreme)) as pool:
+            answers = list(pool.map(lambda b: client.post("/generate", json=b), good + extreme))
+    assert [a.status_code for a in answers] == [200] * len(answers), [a.text for a in answers if a.status_code != 200]
+    assert [a.json()["text"] for a in answers[:len(good)]] == alone * 3
+    tiny = [answers[len(good) + i].json()["text"] for i in (0, 1, 4, 5)]  # all the probability on the top token
+    assert tiny == [greedy["text"]] * 4
+
+
+@pytest.fixture(scope="module")
+def bounded_server(lm_run: Path):
+    """A server with an API key, a read timeout of 1 s and at most 8 connections."""
+    from test_serve import start_server, stop
+
+    url, proc = start_server(str(lm_run), "--read-timeout", "1", "--max-connections", "8",
+                             env={"ATTNKIT_API_KEY": "s3cret"})
+    port = int(url.rsplit(":", 1)[1])
+    yield port, proc
+    assert stop(proc) == 0
+
+
+def exchange(port: int, raw: bytes = b"", wait: float = 5.0) -> bytes:
+    """Send ``raw`` on a new connection and read until the server closes it (what a client that cannot write all of
+    ``raw`` reads then); the answer, or what came before the time ran out."""
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.settimeout(wait)
+        try:
+            sock.sendall(raw)
+        except OSError:  # the server answered and closed while this was being sent
+            pass
+        data = b""
+        try:
+            while chunk := sock.recv(65536):
+                data += chunk
+        except (ConnectionResetError, TimeoutError):
+            pass
+    return data
+
+
+def answered(data: bytes) -> tuple[int, dict[str, str], dict]:
+    """An answer's status, headers (lower case) and JSON body."""
+    head, _, body = data.partition(b"\r\n\r\n")
+    status_line, *lines = head.decode("latin-1").split("\r\n")
+    headers = {k.lower(): v.strip() for k, _, v in (line.partition(":") for line in lines)}
+    return int(status_line.split()[1]), headers, json.loads(body)
+
+
+def rss_kib(proc) -> int:
+    return int(next(line.split()[1] for line in open(f"/proc/{proc.pid}/status") if line.startswith("VmRSS")))
+
+
+def test_on_uvicorn_heads_beyond_their_bounds_are_refused_before_the_api_key(bounded_server):
+    """A request target over 8 KiB gets 414, a head over 32 KiB 431, whether it has ended or is still coming,
+    before the API key is asked for; the connection closes, and the server holds on to nothing of it."""
+    from attnkit.serve.connections import MAX_HEAD_BYTES, MAX_URL_BYTES
+
+    port, proc = bounded_server
+    target = b"/generate?" + b"q" * MAX_URL_BYTES
+    cases = [(b"POST " + target + b" HTTP/1.1\r\nHost: x\r\n\r\n", 414),  # ended
+             (b"GET " + target * 8, 414),  # still coming
+             (b"GET /models HTTP/1.1\r\nX: " + b"a" * MAX_HEAD_BYTES + b"\r\n\r\n", 431),
+             (b"GET /models HTTP/1.1\r\n" + b"X-Many: 1234567890\r\n" * 4000 + b"\r\n", 431),
+             (b"GET /models HTTP/1.1\r\nX: " + b"a" * 200_000 + b"\r\n\r\n", 431),
+             (b"GET /models HTTP/1.1\r\nX: " + b"a" * 2_000_000, 431)]
+    for raw, status in cases:
+        got, headers, body = answered(exchange(port, raw))
+        assert got == status and headers["connection"] == "close" and str(MAX_URL_BYTES if status == 414 else
+                                                                            MAX_HEAD_BYTES) in body["error"]
+    before = rss_kib(proc)
+    for _ in range(16):  # heads that never end, 2 MB each: buffered whole, they would add 32 MB
+        exchange(port, b"GET /models HTTP/1.1\r\nX: " + b"a" * 2_000_000)
+    assert rss_kib(proc) - before < 8 * 1024
+    status, _, _ = answered(exchange(port, b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"))
+    assert status == 200
+    status, _, body = answered(exchange(port, b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}"))
+    assert status == 401 and "API key missing" in body["error"]  # /generate needs the key
+
+
+def test_on_uvicorn_slow_heads_and_bodies_get_408_and_lose_their_connection(bounded_server):
+    """A head that stalls, a body shorter than its Content-Length, a chunked body that never ends: 408 once the
+    read timeout (1 s) has passed, and the connection closes; a connection that sends nothing is closed."""
+    port, _ = bounded_server
+    post = b"POST /generate HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer s3cret\r\nContent-Type: application/json\r\n"
+    slow = {"head": b"GET /health HTTP/1.1\r\nHost: x\r\nX-Sl",
+            "short body": post + b"Content-Length: 100\r\n\r\n{\"prompt\": ",
+            "endless chunks": post + b"Transfer-Encoding: chunked\r\n\r\n5\r\n{\"pro\r\n",
+            "nothing": b""}
+    started = time.monotonic()
+    with ThreadPoolExecutor(len(slow)) as pool:
+        got = dict(zip(slow, pool.map(lambda raw: exchange(port, raw, wait=10), slow.values()), strict=True))
+    assert time.monotonic() - started < 5
+    assert got["nothing"] == b""
+    for name in ("head", "short body", "endless chunks"):
+        status, headers, body = answered(got[name])
+        assert status == 408 and headers["connection"] == "close" and "--read-timeout" in body["error"], name
+
+
+def test_on_uvicorn_connections_beyond_the_limit_are_refused_as_they_open(bounded_server):
+    port, _ = bounded_server
+    held = [socket.create_connection(("127.0.0.1", port)) for _ in range(8)]
+    try:
+        status, headers, body = answered(exchange(port))  # nothing sent: answered as it opens
+        assert status == 503 and headers["retry-after"] == "1" and "--max-connections" in body["error"]
+    finally:
+        for sock in held:
+            sock.close()
+    wait_until(lambda: answered(exchange(port, b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"))[0]
+               == 200)

@@ -54,10 +54,34 @@ def filter_logits(logits: Tensor, top_k: int = 0, top_p: float = 1.0) -> Tensor:
         sorted_logits, order = torch.sort(logits, dim=-1, descending=True)  # (B, V)
         probs = torch.softmax(sorted_logits, dim=-1)
         before = probs.cumsum(dim=-1) - probs  # probability of the tokens ranked above each
-        drop_sorted = before >= top_p  # already reached p without this one (the first is never dropped)
+        drop_sorted = before >= top_p  # already reached p without this one
+        drop_sorted[..., 0] = False  # the most likely token stays, however small p (1e-46 is 0 in float32)
         drop = drop_sorted.scatter(-1, order, drop_sorted)  # back to vocabulary order
         logits = logits.masked_fill(drop, float("-inf"))
     return logits
+
+
+#: float32's smallest normal number and its largest: a positive Python float outside them would round to a
+#: subnormal, 0 or inf in float32 (a temperature of 0 or inf gives NaN probabilities).
+FLOAT32_RANGE = (torch.finfo(torch.float32).tiny, torch.finfo(torch.float32).max)
+
+
+def in_float32(x: float) -> float:
+    """A positive ``x`` (a temperature, a top-p) as float32 holds it: clamped to :data:`FLOAT32_RANGE`."""
+    return min(max(x, FLOAT32_RANGE[0]), FLOAT32_RANGE[1])
+
+
+def tempered(logits: Tensor, temperature: float) -> Tensor:
+    """``(z - max z) / T`` for logits ``z`` ``(B, V)``: what :func:`choose_next` takes the softmax of
+    (``softmax(z / T)`` equals ``softmax((z - max z) / T)``), defined for every finite ``T > 0``.
+
+    After the shift every finite logit is ``<= 0`` and the largest is 0, so the quotient is never NaN: ``-inf``
+    stays ``-inf``, a quotient beyond float32's range becomes ``-inf`` (probability 0). ``T`` is clamped to
+    :data:`FLOAT32_RANGE` (:func:`in_float32`): below 1.2e-38 it samples as 1.2e-38 does, all the probability on
+    the largest logit (ties drawn evenly) unless another lies within about 1e-36 of it; above 3.4e38 as 3.4e38
+    does, evenly over the tokens kept (logits differ by far less than 3.4e38).
+    """
+    return (logits - logits.amax(dim=-1, keepdim=True)) / in_float32(temperature)  # (B, V)
 
 
 @functools.cache
@@ -71,13 +95,14 @@ def never_sampled(device: torch.device) -> Tensor:
 def choose_next(logits: Tensor, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
                 generator: torch.Generator | None = None, never: Tensor | None = None) -> Tensor:
     """The next token of every row, ``(B,)``, from logits ``(B, V)``: ``argmax`` at ``temperature == 0`` (hard
-    attention), else a sample of ``softmax(filter_logits(z) / temperature)`` (soft attention, ``beta = 1 / T``).
+    attention), else a sample of ``softmax(filter_logits(z) / temperature)`` (soft attention, ``beta = 1 / T``),
+    well defined for every finite temperature (:func:`tempered`) and every ``top_p`` in (0, 1].
     ``never``: :data:`NEVER_SAMPLED` as a tensor on the logits' device (default: :func:`never_sampled`'s)."""
     never = never_sampled(logits.device) if never is None else never
     logits = logits.float().index_fill(-1, never, float("-inf"))  # a copy: the caller's stay
     if temperature == 0:
         return logits.argmax(dim=-1)
-    probs = torch.softmax(filter_logits(logits, top_k, top_p) / temperature, dim=-1)  # (B, V)
+    probs = torch.softmax(tempered(filter_logits(logits, top_k, top_p), temperature), dim=-1)  # (B, V)
     return torch.multinomial(probs, 1, generator=generator).squeeze(1)
 
 

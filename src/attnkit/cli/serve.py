@@ -21,8 +21,12 @@ the running batch (at most --max-batch rows), and each request leaves it when it
   GET  /docs        the OpenAPI page
 
 Errors are JSON {"error": "..."} with a 4xx status: 422 bad field, 413 too large, 404 unknown model,
-401 API key, 503 queue full (with Retry-After), 429 more than --max-streams generations in flight.
-SIGTERM or Ctrl-C finishes the requests in flight, then exits.
+401 API key, 503 queue full or more than --max-connections open (with Retry-After), 429 more than
+--max-streams generations in flight, 414/431 a request line or headers too long (8 KiB target, 32 KiB
+head), 408 a head or body slower than --read-timeout; a bug is a 500 for its request alone, and closes
+its connection.
+SIGTERM or Ctrl-C stops taking connections, finishes the requests in flight, prints "attnkit serve:
+stopped (SIGTERM)" on stderr and exits with status 0.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ from ..common.errors import UserError
 from ..inference.language_model import MAX_NEW_TOKENS
 from ..serve.batching import Limits  # the limits' defaults, without loading FastAPI for --help
 from ..serve.servables import PRECISIONS
-from .options import NON_NEGATIVE, POSITIVE_INT, add_device_option, pick_device
+from .options import NON_NEGATIVE, POSITIVE_INT, add_device_option, number, pick_device
 
 HELP = "serve trained models over HTTP: a JSON API and a page to translate and see attention"
 EPILOG = """\
@@ -49,7 +53,7 @@ examples:
 
 #: ``--max-...``: every field of :class:`~attnkit.serve.batching.Limits` as a flag, in --help's order: (field,
 #: metavar, what the help says of it; its default is appended). A whole number must be positive, milliseconds
-#: may be 0.
+#: may be 0, seconds must be at least 0.1.
 LIMIT_FLAGS = (
     ("max_texts", "N", "texts per request; more is refused with 413"),
     ("max_attention_texts", "N", "texts per request that asks for attention (a long text's maps run to megabytes "
@@ -67,7 +71,14 @@ LIMIT_FLAGS = (
                             "with 422 (a request without max_new_tokens gets 256, or this if lower)"),
     ("max_streams", "N", "generations in flight per language model, streamed or not (each holds a row of the "
                          "running batch, or waits for one); more are refused with 429"),
+    ("max_connections", "N", "open connections (kept-alive ones included); a connection beyond is answered 503 "
+                             "and closed before anything of it is read"),
+    ("read_timeout", "SECONDS", "how long a request's head (request line and headers) may take to arrive, and "
+                                "then its body; a request slower than that is answered 408 and its connection "
+                                "closed"),
 )
+#: The type of a limit's flag, by its metavar.
+LIMIT_TYPES = {"N": POSITIVE_INT, "BYTES": POSITIVE_INT, "MS": NON_NEGATIVE, "SECONDS": number(float, 0.1)}
 
 
 def add(sub: argparse._SubParsersAction) -> None:
@@ -107,9 +118,8 @@ def add(sub: argparse._SubParsersAction) -> None:
     defaults = Limits()
     for name, metavar, what in LIMIT_FLAGS:
         default = getattr(defaults, name)
-        whole = isinstance(default, int)
-        p.add_argument(f"--{name.replace('_', '-')}", type=POSITIVE_INT if whole else NON_NEGATIVE, default=default,
-                       metavar=metavar, help=f"{what} (default: {default if whole else format(default, 'g')})")
+        p.add_argument(f"--{name.replace('_', '-')}", type=LIMIT_TYPES[metavar], default=default, metavar=metavar,
+                       help=f"{what} (default: {default if isinstance(default, int) else format(default, 'g')})")
 
 
 def run(args: argparse.Namespace) -> None:
@@ -123,9 +133,7 @@ def run(args: argparse.Namespace) -> None:
     if args.max_new_tokens > MAX_NEW_TOKENS:
         raise UserError(f"--max-new-tokens must be at most {MAX_NEW_TOKENS}, got {args.max_new_tokens}")
     limits = Limits(**{name: getattr(args, name) for name, _, _ in LIMIT_FLAGS})
-    try:
-        serve(args.models, host=args.host, port=args.port, threads=args.threads, api_key=api_key, limits=limits,
-              precision=args.precision, continuous=args.batching == "continuous", device=pick_device(args.device),
-              compile=args.compile)
-    except KeyboardInterrupt:  # Ctrl-C: the requests in flight were answered; nothing to resume
-        print("attnkit serve: stopped", file=sys.stderr)
+    stopped_by = serve(args.models, host=args.host, port=args.port, threads=args.threads, api_key=api_key,
+                       limits=limits, precision=args.precision, continuous=args.batching == "continuous",
+                       device=pick_device(args.device), compile=args.compile)
+    print(f"attnkit serve: stopped ({stopped_by or 'the server ended'})", file=sys.stderr)  # exit status 0

@@ -21,6 +21,10 @@ so its tokens are ``generate``'s for that seed (``tests/test_continuous_lm.py`` 
 against ``generate``, joining mid-way, for every kind of positions and a window). A row ends at ``</s>`` (which it
 reports) or after ``max_new_tokens``, or when :meth:`ContinuousSampler.drop` takes it out (a stop string, a
 client gone); its cache rows leave the batch, and the leading columns no row needs any more are cut.
+
+A row whose choice fails (its sampling options refused by torch, non-finite logits) ends alone, with a
+:class:`Token` that carries the error; the other rows go on. A failing model call fails the rows it computes:
+a prefill only its prompts (the running batch is left as it was), a step every running row.
 """
 
 from __future__ import annotations
@@ -35,14 +39,14 @@ from torch import Tensor
 from ..lm import LanguageModel, LMState
 from ..multihead import KVCache
 from ..sampling import choose_next
-from ..vocab import EOS_ID
+from ..vocab import EOS_ID, PAD_ID
 from .compiled_decoding import embed_at
 from .continuous import _pad_to
 
 __all__ = ["ContinuousSampler", "Sampling", "Token"]
 
-#: Why a row ended: it chose ``</s>``, or it used its ``max_new_tokens``.
-FinishReason = Literal["eos", "length"]
+#: Why a row ended: it chose ``</s>``, it used its ``max_new_tokens``, or it could not choose (``Token.error``).
+FinishReason = Literal["eos", "length", "error"]
 
 
 @dataclass(frozen=True)
@@ -60,11 +64,13 @@ GREEDY = Sampling(temperature=0.0)
 
 @dataclass(frozen=True)
 class Token:
-    """A row's token of one step: its handle, the id, and why the row ended with it (None: it goes on)."""
+    """A row's token of one step: its handle, the id, and why the row ended with it (None: it goes on); ``error``:
+    why it could not choose (finish ``"error"``, the id meaningless)."""
 
     handle: int
     id: int
     finish: FinishReason | None = None
+    error: Exception | None = None
 
 
 @dataclass
@@ -126,7 +132,8 @@ class ContinuousSampler:
     def add_many(self, prompts: list[list[int]], max_new_tokens: list[int], samplings: list[Sampling],
                  generators: list[torch.Generator | None]) -> list[Token]:
         """:meth:`add` for several prompts of one length at once: one prefill of the batch ``(G, L)`` instead of
-        ``G`` prefills (rows do not interact, so each row's logits are its own prefill's), one first token each."""
+        ``G`` prefills (rows do not interact, so each row's logits are its own prefill's), one first token each. An
+        exception of the prefill leaves the running batch as it was."""
         if len({len(p) for p in prompts}) != 1 or not prompts[0] or min(max_new_tokens) < 1:
             raise ValueError(f"rows need prompts of one length (at least one id) and max_new_tokens >= 1, got "
                              f"lengths {sorted({len(p) for p in prompts})} and {min(max_new_tokens)}")
@@ -148,7 +155,7 @@ class ContinuousSampler:
 
     def _merge(self, state: LMState, index: list[int], rows: list[_Row], tokens: list[int]) -> None:
         """Append fresh rows (rows ``index`` of a prefill's cache ``(G, H_kv, L, d_k)``) to the batch, left-padding
-        the shorter side."""
+        the shorter side; all or nothing."""
         L, G = state.length, len(rows)
         device = state.caches[0].k.device
         if len(index) < state.caches[0].k.size(0):
@@ -159,19 +166,19 @@ class ContinuousSampler:
         new_valid = torch.ones(G, L, dtype=torch.bool, device=device)  # (G, L)
         new_prev = torch.tensor(tokens, device=device)
         new_pos = torch.full((G,), L, device=device)  # the first new token sits at position L
-        if not self.rows:
-            self.caches, self.valid, self.prev, self.pos = new_caches, new_valid, new_prev, new_pos
-        else:
+        if self.rows:
             t = max(self.width, L)
 
             def joined(own: Tensor, new: Tensor) -> Tensor:
                 return torch.cat([_pad_to(own, 2, t, left=True), _pad_to(new, 2, t, left=True)])  # (B + G, H, t, d)
 
-            self.caches = [self._cache(joined(own.k, new.k), joined(own.v, new.v))
-                           for own, new in zip(self.caches, new_caches, strict=True)]
-            self.valid = torch.cat([_pad_to(self.valid, 1, t, left=True, value=False),
-                                    _pad_to(new_valid, 1, t, left=True, value=False)])  # (B + G, t)
-            self.prev, self.pos = torch.cat([self.prev, new_prev]), torch.cat([self.pos, new_pos])
+            new_caches = [self._cache(joined(own.k, new.k), joined(own.v, new.v))
+                          for own, new in zip(self.caches, new_caches, strict=True)]
+            new_valid = torch.cat([_pad_to(self.valid, 1, t, left=True, value=False),
+                                   _pad_to(new_valid, 1, t, left=True, value=False)])  # (B + G, t)
+            new_prev, new_pos = torch.cat([self.prev, new_prev]), torch.cat([self.pos, new_pos])
+        # all made before any is kept: a failure above leaves the running batch as it was
+        self.caches, self.valid, self.prev, self.pos = new_caches, new_valid, new_prev, new_pos
         self.rows.extend(rows)
 
     @torch.inference_mode()
@@ -198,8 +205,10 @@ class ContinuousSampler:
         return tokens
 
     def _choose(self, rows: list[_Row], logits: Tensor) -> list[Token]:
-        """Each row's next token from its logits ``(R, V)``, with its own sampling and generator."""
+        """Each row's next token from its logits ``(R, V)``, with its own sampling and generator; a row whose choice
+        fails gets a token with the error (it ends; the others do not)."""
         ids = [0] * len(rows)
+        errors: dict[int, Exception] = {}
         greedy = [i for i, row in enumerate(rows) if row.sampling.temperature == 0]
         if greedy:
             index = torch.tensor(greedy, device=logits.device)
@@ -209,10 +218,16 @@ class ContinuousSampler:
         for i, row in enumerate(rows):
             if row.sampling.temperature != 0:
                 s = row.sampling
-                ids[i] = int(choose_next(logits[i: i + 1], s.temperature, s.top_k, s.top_p, row.generator)[0])
+                try:
+                    ids[i] = int(choose_next(logits[i: i + 1], s.temperature, s.top_k, s.top_p, row.generator)[0])
+                except Exception as e:  # this row's options or logits: it alone ends
+                    errors[i] = e
         tokens = []
-        for row, token in zip(rows, ids, strict=True):
+        for i, (row, token) in enumerate(zip(rows, ids, strict=True)):
             row.emitted += 1
+            if i in errors:
+                tokens.append(Token(row.handle, PAD_ID, "error", errors[i]))
+                continue
             finish = "eos" if token == EOS_ID else ("length" if row.emitted >= row.budget else None)
             tokens.append(Token(row.handle, token, finish))
         return tokens

@@ -60,6 +60,7 @@ from ..data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
 from ..inference.language_model import MAX_NEW_TOKENS, ContextLimit, TextStream, check_sampling, context_limit
 from ..lm import LanguageModel
 from ..runs.load import LoadedRun
+from ..sampling import in_float32
 from .ctranslate2 import (
     MANIFEST,
     _array,
@@ -227,9 +228,11 @@ class ExportedGenerator:
                 raise UserError(f"the prompt ({len(ids)} tokens) and max_new_tokens {max_new_tokens} exceed the "
                                 f"export's {self.context} positions; shorten the prompt or ask for fewer tokens")
         greedy = temperature == 0 or top_k == 1
+        # CTranslate2 takes float32: a top-p below its range would be 0, which it refuses (attnkit's own sampling
+        # keeps the most likely token however small top-p is, as CTranslate2 does at its smallest)
         sampling = ({"sampling_topk": 1} if greedy else
-                    {"sampling_topk": top_k if top_k < V else 0, "sampling_topp": top_p,
-                     "sampling_temperature": temperature})
+                    {"sampling_topk": top_k if top_k < V else 0, "sampling_topp": in_float32(top_p),
+                     "sampling_temperature": in_float32(temperature)})
         pad, bos = self._pieces[PAD_ID], self._pieces[BOS_ID]
         return {"max_length": max_new_tokens, "disable_unk": True, "suppress_sequences": [[pad], [bos]], **sampling}
 

@@ -20,10 +20,12 @@ module                  holds
                         loop as it is chosen (streaming), a client gone cancelling its row
 ``metrics.py``          ``GET /metrics`` (prometheus_client, one registry per app) and the middleware that
                         counts and times every request
+``connections.py``      uvicorn's HTTP protocol with bounds: head and target sizes, the time a head may take,
+                        the connections open at once
 ``serve.html``          the page at ``GET /`` (the attention explorer's script and style inlined)
 ======================  ===================================================================================
 
-Nothing here imports FastAPI or prometheus_client (only ``app.py`` and the two route modules it imports,
-``generate_route.py`` and ``routing.py``, load them): the CLI reads the limits' defaults from
+Nothing here imports FastAPI, uvicorn or prometheus_client (only ``app.py`` and the modules it imports,
+``generate_route.py``, ``routing.py`` and ``connections.py``, load them): the CLI reads the limits' defaults from
 :mod:`attnkit.serve.batching` for its ``--help`` without loading them.
 """

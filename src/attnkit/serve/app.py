@@ -60,23 +60,30 @@ when the request asks for attention), a too-long text or a too-large body,
 404 for an unknown model, 401 for a missing or wrong API key, 503 with ``Retry-After`` when the
 model's queue is full, 429 with ``Retry-After`` when a language model has ``max_streams`` generations in
 flight; a ``/generate`` option out of range (or a prompt too long for the model's positions) is 422, a
-prompt longer than ``max_chars`` 413. SIGTERM (or Ctrl-C) stops accepting connections, finishes the requests in
-flight, then exits.
+prompt longer than ``max_chars`` 413. What a client sends is bounded before the API key is asked for
+(:mod:`attnkit.serve.connections`, :class:`_Gate`): 414 and 431 for a head too large, 408 for a head or body
+slower than ``read_timeout``, 503 for a connection beyond ``max_connections``. A bug is a 500 for the request
+that met it alone (the workers run each request of a failed batch again alone, and a running batch lets the
+failed text go), with ``Connection: close`` and one line on the log. SIGTERM (or Ctrl-C) stops accepting
+connections, finishes the requests in flight, then :func:`serve` returns (``attnkit serve`` exits 0).
 """
 
 from __future__ import annotations
 
 import asyncio
 import hmac
+import signal
 import socket
 import sys
 from collections.abc import Callable
 from dataclasses import asdict
 from functools import partial
 from importlib.resources import files
+from types import FrameType
 from typing import Any
 
 import torch
+import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
@@ -87,9 +94,19 @@ from ..common.errors import UserError
 from ..common.memory import freeze_long_lived, share_one_heap
 from ..viz.explorer import fill_page, script_json
 from .batching import Limits, ModelWorker
+from .connections import REFUSED, BoundedHttp
 from .generate_route import generate_text
 from .metrics import CONTENT_TYPE, Measured
-from .routing import AppState, app_state, attention_jsons, check_size, pick, run_on_worker, with_attention
+from .routing import (
+    AppState,
+    app_state,
+    attention_jsons,
+    check_size,
+    log_internal_error,
+    pick,
+    run_on_worker,
+    with_attention,
+)
 from .schemas import (
     ClassifyRequest,
     ClassifyResponse,
@@ -115,59 +132,66 @@ PAGE_POLICY = "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe
 # --------------------------------------------------------------------------------------
 
 
-class _Gate:
-    """ASGI middleware run before FastAPI reads a request: the API key, then the body size.
+#: The header that ends a connection after its answer: sent with every answer given before the request's body was
+#: read whole (what is left of it cannot be told from a next request), and with every 500.
+CLOSE = {"Connection": "close"}
 
-    The key is checked first (no body is read for a client without it), in constant time. The body
-    is read here up to ``max_body`` bytes (413 beyond; a ``Content-Length`` above it is refused
-    before reading), checked to be UTF-8 and handed on whole.
+
+class _Gate:
+    """ASGI middleware run before FastAPI reads a request: the head's size, the API key, then the body; and the last
+    word on a bug.
+
+    A head that :class:`~attnkit.serve.connections.BoundedHttp` marked too large (:data:`~.connections.REFUSED`)
+    is answered 414 or 431 first. The key is checked next (no body is read for a client without it), in constant
+    time. The body is read here up to ``max_body`` bytes (413 beyond; a ``Content-Length`` above it is refused
+    before reading) within ``read_timeout`` seconds (408 beyond: a body that stalls, or never ends, holds no
+    connection), checked to be UTF-8 and handed on whole. An answer given before the body was read closes the
+    connection (:data:`CLOSE`).
+
+    An exception that escapes the app (FastAPI has answered it with a JSON 500 that closes the connection,
+    :func:`_internal_error`) ends here, logged in one line (:func:`~.routing.log_internal_error`) instead of
+    uvicorn's traceback; if nothing was answered yet, the gate answers the 500.
     """
 
-    def __init__(self, app: Any, api_key: str | None, max_body: int) -> None:
-        self.app, self.api_key, self.max_body = app, api_key, max_body
+    def __init__(self, app: Any, api_key: str | None, limits: Limits) -> None:
+        self.app, self.api_key, self.limits = app, api_key, limits
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        if (refused := scope.get(REFUSED)) is not None:
+            await error_response(*refused, CLOSE)(scope, receive, send)
+            return
         headers = Headers(scope=scope)
+        length = headers.get("content-length", "0")  # none: a chunked body, counted as it comes
+        unread = CLOSE if length != "0" or "transfer-encoding" in headers else None  # a body follows
         if self.api_key is not None and scope["path"].startswith(PROTECTED):
             given = headers.get("authorization", "")
             token = given[7:] if given[:7].lower() == "bearer " else ""  # header bytes, decoded as latin-1
             if not hmac.compare_digest(token.encode("latin-1"), self.api_key.encode("utf-8")):
                 reason = "missing" if not given else "wrong"
                 await error_response(401, f"API key {reason}: send the header Authorization: Bearer KEY",
-                             {"WWW-Authenticate": "Bearer"})(scope, receive, send)
+                                     {"WWW-Authenticate": "Bearer", **(unread or {})})(scope, receive, send)
                 return
-        length = headers.get("content-length", "0")  # none: a chunked body, counted as it comes
         if not length.isdigit():
-            await error_response(400, f"Content-Length {length!r} is not a number")(scope, receive, send)
+            await error_response(400, f"Content-Length {length!r} is not a number", CLOSE)(scope, receive, send)
             return
-        if int(length) > self.max_body:
-            await error_response(413, f"request body of {length} bytes is more than the limit {self.max_body} "
-                              "(--max-body)")(scope, receive, send)
+        max_body = self.limits.max_body
+        if int(length) > max_body:
+            await error_response(413, f"request body of {length} bytes is more than the limit {max_body} "
+                                      "(--max-body)", CLOSE)(scope, receive, send)
             return
-        chunks, size = [], 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > self.max_body:
-                await error_response(413, f"request body is more than the limit {self.max_body} bytes (--max-body)")(
-                    scope, receive, send)
-                return
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                break
-        body, replayed = b"".join(chunks), False
+        body = await self._body(scope, receive, send)
+        if body is None:
+            return
         try:
             body.decode("utf-8")  # JSON is UTF-8 (RFC 8259); say where it is not, rather than "cannot parse"
         except UnicodeDecodeError as e:
             await error_response(400, f"body: not valid UTF-8 (byte 0x{body[e.start]:02x} at position {e.start}); "
-                              "send UTF-8 text")(scope, receive, send)
+                                      "send UTF-8 text")(scope, receive, send)
             return
+        replayed = False
 
         async def replay() -> dict:
             nonlocal replayed
@@ -176,7 +200,48 @@ class _Gate:
             replayed = True
             return {"type": "http.request", "body": body, "more_body": False}
 
-        await self.app(scope, replay, send)
+        await self._run(scope, replay, send)
+
+    async def _body(self, scope: dict, receive: Callable, send: Callable) -> bytes | None:
+        """The request's body, read within ``max_body`` bytes and ``read_timeout`` seconds; None once answered
+        (413, 408) or when the client went away."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.limits.read_timeout
+        chunks, size = [], 0
+        while True:
+            try:
+                message = await asyncio.wait_for(receive(), max(deadline - loop.time(), 0))
+            except asyncio.TimeoutError:
+                await error_response(408, f"request body: not received within {self.limits.read_timeout:g} s "
+                                          "(--read-timeout)", CLOSE)(scope, receive, send)
+                return None
+            if message["type"] == "http.disconnect":
+                return None
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.limits.max_body:
+                await error_response(413, f"request body is more than the limit {self.limits.max_body} bytes "
+                                          "(--max-body)", CLOSE)(scope, receive, send)
+                return None
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(chunks)
+
+    async def _run(self, scope: dict, receive: Callable, send: Callable) -> None:
+        """The app on the request; a bug that escapes it is logged in one line and answered 500 if it was not."""
+        started = False
+
+        async def watched(message: dict) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, watched)
+        except Exception as e:
+            log_internal_error(f"{scope['method']} {scope['path']}", e)
+            if not started:
+                await _internal_error(None, e)(scope, receive, send)  # type: ignore[arg-type]
 
 
 async def _lifespan(app: FastAPI):
@@ -192,8 +257,8 @@ def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
 
 
 def _internal_error(request: Request, exc: Exception) -> JSONResponse:
-    # a bug still answers in JSON (uvicorn logs the traceback)
-    return error_response(500, f"internal error ({type(exc).__name__})")
+    # a bug still answers in JSON, and ends the connection (its state is unknown); the gate logs it (_Gate._run)
+    return error_response(500, f"internal error ({type(exc).__name__})", CLOSE)
 
 
 async def index(request: Request) -> HTMLResponse:
@@ -283,7 +348,7 @@ def create_app(servables: list[Servable], limits: Limits | None = None, api_key:
     app.post("/classify", response_model=ClassifyResponse, response_model_exclude_none=True)(classify)
     app.post("/generate", response_model=GenerateResponse, response_model_exclude_none=True)(generate_text)
     app.get("/metrics", response_class=Response, include_in_schema=False)(metrics)
-    return Measured(_Gate(app, api_key, limits.max_body), app.state.serve.metrics)
+    return Measured(_Gate(app, api_key, limits), app.state.serve.metrics)
 
 
 # --------------------------------------------------------------------------------------
@@ -317,18 +382,33 @@ def listen(host: str, port: int) -> socket.socket:
 SWITCH_INTERVAL_S = 0.005
 
 
+class _Server(uvicorn.Server):
+    """uvicorn's server, stopped by SIGTERM or Ctrl-C as uvicorn stops (no new connections; the requests in flight
+    answered, within 60 s; the models' workers drained) but without raising the signal again once stopped: uvicorn
+    does, so that a clean shutdown ended in death by SIGTERM (exit status 143). ``stopped_by``: the signal's
+    name."""
+
+    stopped_by: str | None = None
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        self.stopped_by = self.stopped_by or signal.Signals(sig).name
+        if self.should_exit and sig == signal.SIGINT:  # a second Ctrl-C: stop now (uvicorn's rule)
+            self.force_exit = True
+        self.should_exit = True
+
+
 def serve(paths: list[str], *, host: str = "127.0.0.1", port: int = 8000, threads: int | None = None,
           api_key: str | None = None, limits: Limits | None = None, precision: str = "float32",
-          continuous: bool = False, device: torch.device | None = None, compile: bool = False) -> None:
+          continuous: bool = False, device: torch.device | None = None, compile: bool = False) -> str | None:
     """Load the models at ``paths`` (runs computing in ``precision``, translating greedily by continuous batching
     when ``continuous``, language models on ``device``, their prompts through a compiled pass when ``compile``),
-    listen on ``host:port`` and serve until SIGTERM or Ctrl-C.
+    listen on ``host:port`` and serve until SIGTERM or Ctrl-C; returns the name of the signal that stopped it.
 
     Prints ``attnkit serve: http://HOST:PORT/ ...`` once it accepts requests (the port is the real one
-    when ``port`` is 0).
+    when ``port`` is 0). Connections are :class:`~attnkit.serve.connections.BoundedHttp`'s (``limits``), and no
+    WebSocket is accepted.
     """
-    import uvicorn
-
+    limits = limits or Limits()
     share_one_heap()  # before the workers' threads start: then an idle trim gives back all they freed
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     # Each model's worker thread computes with `threads`, the main thread (loading, the event loop) with one. OpenMP
@@ -344,9 +424,9 @@ def serve(paths: list[str], *, host: str = "127.0.0.1", port: int = 8000, thread
     sock = listen(host, port)
     bound_host, bound_port = sock.getsockname()[:2]
     url_host = f"[{bound_host}]" if ":" in bound_host else bound_host
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on",
-                                           timeout_graceful_shutdown=60))
+    server = _Server(uvicorn.Config(app, http=partial(BoundedHttp, limits=limits), ws="none", log_level="warning",
+                                    access_log=False, lifespan="on", timeout_graceful_shutdown=60))
     print(f"attnkit serve: http://{url_host}:{bound_port}/ (API docs: /docs; {threads} threads)",
           flush=True)
     server.run(sockets=[sock])
-
+    return server.stopped_by

@@ -47,6 +47,8 @@ class Limits:
     max_attention_texts: int = 8  # texts per request with attention (each text's maps run to megabytes of JSON)
     max_new_tokens: int = 512  # tokens one /generate request may ask for (at most MAX_NEW_TOKENS, 4096)
     max_streams: int = 64  # generations in flight per language model (streamed or not); beyond: 429
+    max_connections: int = 512  # open connections; beyond, a new one is answered 503 and closed
+    read_timeout: float = 10.0  # seconds a request's head, and then its body, may take to arrive; beyond: 408
 
 
 #: Give freed memory back (:func:`~attnkit.common.memory.release_free_memory`) after this long idle, and while
@@ -62,7 +64,8 @@ class Stepper(Protocol):
     """Decoding in steps that texts join and leave (continuous batching); driven by the worker thread alone.
 
     ``start(texts)`` begins them and returns a handle per text; ``step()`` advances every running text one
-    step and returns ``(handle, result)`` for those that ended (and for those that ended at ``start``);
+    step and returns ``(handle, result)`` for those that ended (and for those that ended at ``start``); a result
+    that is an exception is that text's failure alone (its job is answered with it, the other jobs go on);
     ``running`` counts texts started and not yet returned, ``width`` the padded source length of the running
     batch; ``abandon()`` drops every running text (after a failed step). ``start`` may raise
     :class:`UserError` for a text it cannot run, before it starts any of them.
@@ -101,6 +104,7 @@ class _Job:
     stepper: Stepper | None = None  # decodes the texts continuously (None: ``run`` them as one call)
     results: list = field(default_factory=list)  # continuous: each text's result as it ends
     pending: int = 0  # continuous: texts not ended yet
+    failed: bool = False  # continuous: a text of it failed, and the job was answered with its error
     started: float = 0.0  # continuous: time.monotonic() when its texts joined the running batch
 
     @property
@@ -276,7 +280,8 @@ class ModelWorker:
             self._release()
 
     def _run_batch(self, batch: list[_Job]) -> None:
-        """Run ``batch`` as one call and answer each job with its share."""
+        """Run ``batch`` as one call and answer each job with its share. If the call fails, a batch of several jobs
+        runs again job by job: a request that cannot be run (or meets a bug) fails alone."""
         started = time.monotonic()
         self.batches += 1
         texts = sum(len(job.texts) for job in batch)
@@ -284,18 +289,13 @@ class ModelWorker:
         self.batch_texts += texts
         try:
             results = batch[0].run([t for job in batch for t in job.texts])
-        except UserError as e:
+        except Exception as e:  # a request's text cannot be run (UserError: 422), or a bug (500)
             self._record(batch, started)
             if len(batch) == 1:
                 self._resolve(batch[0], error=e)
                 return
-            for job in batch:  # one request's text cannot be run: the others still get their results
+            for job in batch:  # the others must not fail with it: each runs again alone
                 self._run_alone(job)
-            return
-        except Exception as e:  # a bug: every request of the batch gets a 500 (the app logs it)
-            self._record(batch, started)
-            for job in batch:
-                self._resolve(job, error=e)
             return
         self._record(batch, started)
         start = 0
@@ -388,6 +388,12 @@ class ModelWorker:
         finished = []
         for handle, result in ended:
             job, i = self._inflight.pop(handle)
+            if job.failed:  # answered already: the rest of its texts is let go
+                continue
+            if isinstance(result, Exception):  # this text failed alone: its job gets the error, the others go on
+                job.failed = True
+                self._resolve(job, error=result)
+                continue
             job.results[i] = result
             job.pending -= 1
             if job.pending == 0:

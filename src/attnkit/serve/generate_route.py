@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import re
 from collections import deque
 from functools import partial
@@ -28,8 +27,17 @@ from ..engine.continuous_lm import Sampling
 from ..inference.language_model import DEFAULT_NEW_TOKENS, check_sampling
 from .batching import Limits, QueueFull
 from .generation import Generated, GenerationJob
-from .metrics import TIMING
-from .routing import RETRY_AFTER, AppState, app_state, attention_jsons, pick, run_on_worker, with_attention
+from .metrics import GONE, TIMING
+from .routing import (
+    RETRY_AFTER,
+    AppState,
+    app_state,
+    attention_jsons,
+    log_internal_error,
+    pick,
+    run_on_worker,
+    with_attention,
+)
 from .schemas import GenerateRequest, GenerateResponse
 from .servables import Servable
 
@@ -198,7 +206,7 @@ async def _generated(request: Request, servable: Servable, job: GenerationJob, f
         if not future.done():
             job.cancel()
             future.cancel()
-            raise HTTPException(499, "the client went away")  # nobody reads it; counted in the metrics
+            raise HTTPException(GONE, "the client went away")  # nobody reads it; counted in the metrics
         state.metrics.job_answered(timing)
         try:
             result = future.result()[0]
@@ -242,8 +250,8 @@ async def _events(request: Request, servable: Servable, job: GenerationJob, futu
         except UserError as e:
             yield _event({"error": str(e)})
             return
-        except Exception as e:  # a bug: the stream has begun, so it ends with the error (uvicorn logs nothing)
-            logging.getLogger(__name__).error("attnkit serve: /generate failed", exc_info=e)
+        except Exception as e:  # a bug met by this job alone: the stream has begun, so it ends with the error
+            log_internal_error("POST /generate (streamed)", e)
             yield _event({"error": f"internal error ({type(e).__name__})"})
             return
         state.metrics.generation(servable.info.name, timing, job, result)

@@ -22,6 +22,11 @@ Each job's text is decoded as :func:`attnkit.inference.language_model.continue_t
 lets show, maybe ``""``: the characters that may begin a stop string are held back), so the pieces add up to the
 text. A job whose client went away (:meth:`GenerationJob.cancel`, from the event loop) leaves the batch at the next
 step, its cache rows freed.
+
+What fails for one job ends that job alone, with the exception as its result: its token could not be chosen, its
+text could not be decoded or searched for its stop strings, its ``emit`` raised, or the prefill of its prompt
+failed (the prompts that ran with it are tried again one by one). Only a failing decoding step fails every job
+in flight (the worker abandons the batch).
 """
 
 from __future__ import annotations
@@ -117,6 +122,10 @@ class _Progress:
         return Generated("".join(self.pieces), self.tokens, len(self.job.ids), reason, self.job.seed)
 
 
+#: A job joining the running batch: our handle, its progress, its generator.
+_Joining = tuple[int, _Progress, torch.Generator]
+
+
 class ContinuousGeneration:
     """A run's jobs by continuous batching: the model worker's :class:`~attnkit.serve.batching.Stepper` (``start``
     takes :class:`GenerationJob` s, each result is a :class:`Generated`). ``computing`` is the context the model's
@@ -129,7 +138,7 @@ class ContinuousGeneration:
         self.sampler = ContinuousSampler(model, prefill)
         self._handles = count()
         self._rows: dict[int, tuple[int, _Progress]] = {}  # the sampler's handle -> (ours, the job's progress)
-        self._ended: list[tuple[int, Generated]] = []  # jobs that ended outside a step, returned by the next one
+        self._ended: list[tuple[int, Generated | Exception]] = []  # jobs that ended outside a step (next step's)
 
     @property
     def running(self) -> int:
@@ -142,12 +151,16 @@ class ContinuousGeneration:
     def start(self, jobs: list[GenerationJob]) -> list[int]:
         """Run the jobs' prompts and choose each one's first token; a job joins the running batch unless that ended
         it. Prompts of one length run through the model together (one prefill: the jobs that queued while a step
-        ran join at once)."""
+        ran join at once); a job that cannot start ends with its exception (returned by the next step)."""
         handles = [next(self._handles) for _ in jobs]
         device = next(self.model.parameters()).device
-        by_length: dict[int, list[tuple[int, _Progress, torch.Generator]]] = {}
+        by_length: dict[int, list[_Joining]] = {}
         for handle, job in zip(handles, jobs, strict=True):
-            progress = _Progress(job, TextStream(self.tok, job.stop, context=job.ids))
+            try:
+                progress = _Progress(job, TextStream(self.tok, job.stop, context=job.ids))
+            except Exception as e:  # its stop strings or prompt cannot be decoded: it alone ends
+                self._ended.append((handle, e))
+                continue
             if job.cancelled:  # its client left while it was queued
                 self._ended.append((handle, progress.result("cancelled")))
                 continue
@@ -156,19 +169,34 @@ class ContinuousGeneration:
             generator = torch.Generator(device=device).manual_seed(job.seed)  # as attnkit generate seeds it
             by_length.setdefault(len(job.ids), []).append((handle, progress, generator))
         for group in by_length.values():
-            started = time.perf_counter()
-            group_jobs = [progress.job for _, progress, _ in group]
-            for job in group_jobs:
-                job.started = started
-            with self.computing():
-                tokens = self.sampler.add_many([j.ids for j in group_jobs], [j.max_new_tokens for j in group_jobs],
-                                               [j.sampling for j in group_jobs], [g for _, _, g in group])
-            for (handle, progress, _), token in zip(group, tokens, strict=True):
-                self._take(handle, progress, token)
+            self._prefill(group)
         return handles
 
-    def step(self) -> list[tuple[int, Generated]]:
-        """Drop the jobs whose clients left, then one token for every running job; the jobs that ended."""
+    def _prefill(self, group: list[_Joining]) -> None:
+        """Run the prompts of ``group`` (of one length) through one prefill and take each one's first token. If the
+        prefill fails, a group of several runs again one prompt at a time, and a lone prompt's job ends with the
+        exception (the running batch is as it was: :meth:`ContinuousSampler.add_many`)."""
+        started = time.perf_counter()
+        jobs = [progress.job for _, progress, _ in group]
+        for job in jobs:
+            job.started = started
+        try:
+            with self.computing():
+                tokens = self.sampler.add_many([j.ids for j in jobs], [j.max_new_tokens for j in jobs],
+                                               [j.sampling for j in jobs], [g for _, _, g in group])
+        except Exception as e:
+            if len(group) == 1:
+                self._ended.append((group[0][0], e))
+                return
+            for one in group:
+                self._prefill([one])
+            return
+        for (handle, progress, _), token in zip(group, tokens, strict=True):
+            self._take(handle, progress, token)
+
+    def step(self) -> list[tuple[int, Generated | Exception]]:
+        """Drop the jobs whose clients left, then one token for every running job; the jobs that ended (a job that
+        failed: its exception)."""
         gone = [inner for inner, (_, progress) in self._rows.items() if progress.job.cancelled]
         if gone:
             self.sampler.drop(gone)
@@ -185,14 +213,20 @@ class ContinuousGeneration:
         return ended
 
     def _take(self, handle: int, progress: _Progress, token: Token) -> None:
-        """A job's new token: it goes on, or it ended (a stop string: its row is taken out of the batch)."""
-        reason = progress.add(token.id, token.finish)
-        if reason is None:
+        """A job's new token: it goes on, or it ended (a stop string, or a failure of its own: its row is taken out
+        of the batch)."""
+        error = token.error
+        if error is None:
+            try:
+                reason = progress.add(token.id, token.finish)
+            except Exception as e:  # its text, its stop strings or its emit: this job alone ends
+                error = e
+        if error is None and reason is None:
             self._rows[token.handle] = (handle, progress)
             return
-        if token.finish is None:  # the engine would go on: a stop string ended it
+        if token.finish is None:  # the engine would go on: a stop string or a failure ended it
             self.sampler.drop([token.handle])
-        self._ended.append((handle, progress.result(reason)))
+        self._ended.append((handle, error if error is not None else progress.result(reason)))
 
     def abandon(self) -> None:
         self.sampler = ContinuousSampler(self.model, self.prefill)
@@ -200,12 +234,16 @@ class ContinuousGeneration:
         self._ended.clear()
 
     def run(self, jobs: list[GenerationJob]) -> list[Generated]:
-        """``jobs`` from start to end, as one batch (nothing else running): the servable's whole-batch ``generate``."""
+        """``jobs`` from start to end, as one batch (nothing else running): the servable's whole-batch ``generate``.
+        Raises the exception of the first job that failed (the others ran to their end)."""
         handles = self.start(jobs)
-        results: dict[int, Generated] = {}
+        results: dict[int, Generated | Exception] = {}
         while self.running:
             results.update(self.step())
-        return [results[h] for h in handles]
+        for h in handles:
+            if isinstance(results[h], Exception):
+                raise results[h]
+        return [results[h] for h in handles]  # type: ignore[misc]
 
 
 def generate_exported(generator: Any, jobs: list[GenerationJob]) -> list[Generated]:

@@ -3,8 +3,9 @@
 =====================================  ===================  ================================================
 metric                                 labels               what
 =====================================  ===================  ================================================
-``attnkit_serve_requests_total``       ``route``,           HTTP requests answered (errors: status >= 400,
-                                       ``status``           the gate's 401 and 413 included)
+``attnkit_serve_requests_total``       ``route``,           HTTP requests, each once (errors: status >= 400,
+                                       ``status``           the gate's 401, 408, 413, 414, 431 included; 499:
+                                                            its client went away before the answer ended)
 ``attnkit_serve_request_seconds``      ``route``            latency: request in -> last byte of the answer
 ``attnkit_serve_stage_seconds``        ``model``,           where a request's time goes: ``parse`` (body,
                                        ``stage``            JSON, schema, checks: in -> queued), ``queue``
@@ -51,7 +52,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from .batching import BatchRecord
 from .generation import Generated, GenerationJob
 
-__all__ = ["CONTENT_TYPE", "ROUTES", "TIMING", "Measured", "RequestTiming", "ServeMetrics"]
+__all__ = ["CONTENT_TYPE", "GONE", "ROUTES", "TIMING", "Measured", "RequestTiming", "ServeMetrics"]
 
 #: The app's routes: the values the ``route`` label takes (else ``other``).
 ROUTES = frozenset({"/", "/health", "/models", "/translate", "/classify", "/generate", "/metrics", "/docs",
@@ -170,10 +171,15 @@ class ServeMetrics:
         return generate_latest(self.registry)
 
 
+#: The status a request is counted with when its answer was cut short: the client went away first (nginx's code).
+GONE = 499
+
+
 class Measured:
     """ASGI middleware outermost: a :class:`RequestTiming` per HTTP request (``scope[TIMING]``), and the
     request counted and timed as its last byte goes out (before it is sent: a client that has its answer
-    finds it counted)."""
+    finds it counted). A request whose answer never ended (a stream whose client went away, a request answered
+    nothing) is counted once the app is done with it, with status :data:`GONE`: every request is counted once."""
 
     def __init__(self, app: Any, metrics: ServeMetrics) -> None:
         self.app, self.metrics = app, metrics
@@ -183,14 +189,19 @@ class Measured:
             await self.app(scope, receive, send)
             return
         timing = scope[TIMING] = RequestTiming(time.perf_counter())
-        status = 0
+        status, counted = 0, False
 
         async def measured(message: dict) -> None:
-            nonlocal status
+            nonlocal status, counted
             if message["type"] == "http.response.start":
                 status = message["status"]
             elif message["type"] == "http.response.body" and not message.get("more_body", False):
                 self.metrics.finished(scope["path"], status, timing)
+                counted = True
             await send(message)
 
-        await self.app(scope, receive, measured)
+        try:
+            await self.app(scope, receive, measured)
+        finally:
+            if not counted:
+                self.metrics.finished(scope["path"], GONE, timing)

@@ -10,12 +10,14 @@ name                            what it is
 :func:`run_on_worker`           ``fn(texts)`` on the model's worker, batched (503 with ``Retry-After`` when full)
 :func:`attention_jsons`         each text's explorer data as JSON bytes, made on the worker text by text
 :func:`with_attention`          a response's JSON with ``"attention"`` joined in as bytes
+:func:`log_internal_error`      one line on the log for a bug met while answering a request
 ==============================  ==================================================================================
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -32,8 +34,8 @@ from .metrics import TIMING, ServeMetrics
 from .schemas import ClassifyResponse, GenerateResponse, TranslateResponse
 from .servables import Servable
 
-__all__ = ["RETRY_AFTER", "AppState", "app_state", "attention_json", "attention_jsons", "check_size", "pick",
-           "run_on_worker", "with_attention"]
+__all__ = ["RETRY_AFTER", "AppState", "app_state", "attention_json", "attention_jsons", "check_size",
+           "log_internal_error", "pick", "run_on_worker", "with_attention"]
 
 #: Seconds a client is told to wait (``Retry-After``) when a model's queue is full.
 RETRY_AFTER = 1
@@ -144,3 +146,14 @@ def with_attention(response: TranslateResponse | ClassifyResponse | GenerateResp
     maps = attention[0] if one else b"[" + b",".join(attention) + b"]"
     return Response(head[:-1] + b',"attention":' + maps + b"}", media_type="application/json",
                     background=BackgroundTask(sent))
+
+
+def log_internal_error(where: str, error: BaseException) -> None:
+    """One line on the server's log for a bug met while answering a request (``where``: its method and path): the
+    exception's type and the first line of its message; the traceback only at DEBUG level. A client that keeps
+    sending the request that meets it fills the log line by line, not page by page."""
+    logger = logging.getLogger("attnkit.serve")
+    lines = str(error).strip().splitlines()
+    logger.error("attnkit serve: internal error in %s: %s%s", where, type(error).__name__,
+                 f": {lines[0]}" if lines else "")
+    logger.debug("the traceback of that internal error", exc_info=error)
