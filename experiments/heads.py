@@ -181,7 +181,7 @@ def main() -> None:
     with torch.inference_mode():
         profile = head_profile(run.model, dev.batches)
     rec.figure(profile_figure(profile, len(sources)), "-profile")
-    figures = attention_figures(attention_maps(run, sources[args.example]))
+    figures = dict(attention_figures(attention_maps(run, sources[args.example]), [0, -1]))
     last = run.model.cfg.decoder_layers - 1
     rec.figure(figures["encoder-self-layer0-heads"], "-encoder-self")
     rec.figure(figures[f"cross-layer{last}-heads"], "-cross")

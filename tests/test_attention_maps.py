@@ -26,8 +26,8 @@ from attnkit.runs.load import LoadedRun, load_run
 from attnkit.search import greedy_search
 from attnkit.training.trainer import Trainer
 from attnkit.viz.explorer import explorer_data, explorer_html, write_explorer
-from attnkit.viz.figures import attention_figures, summary_figure
-from attnkit.viz.plot import attention_grid, attention_heatmap, score_grid
+from attnkit.viz.figures import attention_figure, attention_figures, summary_figure
+from attnkit.viz.plot import attention_grid, attention_heatmap, save_figure, score_grid
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 DPI = 120
@@ -38,8 +38,10 @@ DATA = {"generate": "dates", "generate_train": 200, "generate_valid": 10, "max_l
 SOURCE = "Sonntag, 3. März 2024"
 
 
-def train_run(tmp: Path, model: dict, data: dict | None = None, task: str = "translate") -> LoadedRun:
-    cfg = load_config(RunConfig, {"task": task, "data": data or DATA, "model": model, "train": TRAIN})
+def train_run(tmp: Path, model: dict, data: dict | None = None, task: str = "translate",
+              updates: int = TRAIN["max_updates"]) -> LoadedRun:
+    train = {**TRAIN, "max_updates": updates, "valid_every": updates}
+    cfg = load_config(RunConfig, {"task": task, "data": data or DATA, "model": model, "train": train})
     Trainer(cfg, tmp, log=lambda msg: None).run()
     return load_run(tmp)
 
@@ -87,6 +89,18 @@ def lm_run(tmp_path_factory) -> LoadedRun:
     model = {"transformer": {"d_model": 32, "n_heads": 2, "d_ff": 64, "decoder_layers": 2, "dropout": 0.0,
                              "max_len": 48, "positions": "learned"}}
     return train_run(tmp / "run", model, data, task="lm")
+
+
+@pytest.fixture(scope="module")
+def deep_lm_run(tmp_path_factory) -> LoadedRun:
+    """A character-level language model of 12 tiny layers, trained for 1 update: depth is what it is for."""
+    tmp = tmp_path_factory.mktemp("deep-lm")
+    (tmp / "text.txt").write_text("the cat sat on the mat.\n" * 40, encoding="utf-8")
+    data = {"train": str(tmp / "text.txt"), "documents": "text", "valid_fraction": 0.1, "block_size": 16,
+            "tokenizer": {"model_type": "characters"}}
+    model = {"transformer": {"d_model": 8, "n_heads": 2, "d_ff": 16, "decoder_layers": 12, "dropout": 0.0,
+                             "max_len": 32, "positions": "learned"}}
+    return train_run(tmp / "run", model, data, task="lm", updates=1)
 
 
 def rows_sum_to_one(weights: torch.Tensor) -> None:
@@ -237,13 +251,13 @@ def test_language_model_given_continuation_and_context(lm_run):
 def test_cli_language_model_prints_head_scores_and_writes_files(lm_run, tmp_path, capsys):
     out = tmp_path / "attn"
     code = main(["attention", str(lm_run.weights_path.parent), "--src", PROMPT, "-o", str(out), "--html",
-                 "--max-new-tokens", "10", "--local-window", "4"])
+                 "--max-new-tokens", "10", "--local-window", "4", "--layers", "all"])
     printed = capsys.readouterr().out.splitlines()
     assert code == 0
     maps = attention_maps(lm_run, PROMPT, new_tokens=10, window=4)
     assert printed[0] == maps.heading() and printed[1:6] == maps.head_scores.table().splitlines()
     assert printed[1].split() == ["layer", "head", "previous", "sink", "local-4", "induction"]
-    figures = attention_figures(maps)
+    figures = dict(attention_figures(maps))
     assert set(figures) == {"decoder-self-mean", "decoder-self-layer0", "decoder-self-layer0-heads",
                             "decoder-self-layer1", "decoder-self-layer1-heads", "head-scores"}
     assert sorted(Path(p).name for p in printed[6:]) == sorted([f"{n}.png" for n in figures] + ["attention.html"])
@@ -258,6 +272,29 @@ def test_cli_language_model_prints_head_scores_and_writes_files(lm_run, tmp_path
     assert data["scores"]["names"] == list(maps.head_scores.named())
     torch.testing.assert_close(torch.tensor(data["scores"]["values"]),
                                torch.stack(list(maps.head_scores.named().values())), atol=6e-5, rtol=0)
+
+
+def test_a_deep_model_draws_the_last_layer_unless_told_otherwise(deep_lm_run, tmp_path, capsys):
+    """However deep the model, the default is the mean over layers, the last layer and its heads (and the head
+    scores); --layers names others, all of them, or a layer that is not there (a one-line error)."""
+    run = str(deep_lm_run.weights_path.parent)
+
+    def drawn(*layers: str) -> set[str]:
+        out = tmp_path / f"attn{len(list(tmp_path.iterdir()))}"
+        assert main(["attention", run, "--src", "the", "--max-new-tokens", "2", "-o", str(out), *layers]) == 0
+        printed = capsys.readouterr().out.splitlines()
+        assert sorted(Path(p).name for p in printed if p.endswith(".png")) == sorted(p.name for p in out.iterdir())
+        return {p.stem for p in out.iterdir()}
+
+    fixed = {"decoder-self-mean", "head-scores"}
+    assert drawn() == fixed | {"decoder-self-layer11", "decoder-self-layer11-heads"}
+    assert drawn("--layers=-2,0,5,5") == fixed | {f"decoder-self-layer{n}{h}" for n in (0, 5, 10)
+                                                  for h in ("", "-heads")}
+    for bad in ("12", "-13", "0,99"):
+        error = one_line_error(capsys, "attention", run, "--src", "the", "-o", str(tmp_path / "no"), f"--layers={bad}")
+        assert "--layers" in error and "12 layers, 0..11" in error, error
+    assert "layer numbers" in one_line_error(capsys, "attention", run, "--src", "the", "--layers", "last")
+    assert not (tmp_path / "no").exists() or not list((tmp_path / "no").iterdir())
 
 
 def test_cli_language_model_errors_are_one_line(lm_run, tmp_path, capsys):
@@ -297,10 +334,14 @@ def test_score_grid_draws_every_score_on_a_fixed_scale():
 
 
 def test_attention_figures_names_and_sizes(transformer_run):
-    figures = attention_figures(attention_maps(transformer_run, SOURCE))
+    maps = attention_maps(transformer_run, SOURCE)
+    figures = dict(attention_figures(maps))
     expected = {f"{kind}-{part}" for kind in ("cross", "encoder-self", "decoder-self")
                 for part in ("mean", "layer0", "layer0-heads", "layer1", "layer1-heads")}
     assert set(figures) == expected
+    assert {stem for stem, _ in attention_figures(maps, [0])} == {name for name in expected if "layer1" not in name}
+    mean = figures["cross-mean"].axes[0].get_images()[0].get_array()
+    torch.testing.assert_close(torch.tensor(mean, dtype=torch.float32), torch.stack(maps.cross).mean(dim=(0, 1)))
     heads = figures["cross-layer1-heads"]
     assert [ax.get_title() for ax in heads.axes if ax.get_images()] == ["head 0", "head 1"]
     assert figures["decoder-self-layer0"].axes[0].get_xlabel() == "decoder input"
@@ -330,7 +371,7 @@ def test_cli_writes_heatmaps_and_html(one_layer_run, tmp_path, capsys):
     assert code == 0
     maps = attention_maps(one_layer_run, SOURCE, "2024-03-03")
     assert printed[0] == f"{SOURCE} -> 2024-03-03 (given)"
-    figures = attention_figures(maps)
+    figures = dict(attention_figures(maps))
     assert set(figures) == {"cross", "cross-heads", "encoder-self", "encoder-self-heads", "decoder-self",
                             "decoder-self-heads"}  # one layer: no -layer0, no mean over layers
     assert sorted(Path(p).name for p in printed[1:]) == sorted([f"{n}.png" for n in figures] + ["attention.html"])
@@ -353,6 +394,18 @@ def test_cli_rnn_and_classifier(rnn_run, classifier_run, tmp_path, capsys):
     names = {p.name for p in (tmp_path / "c2").iterdir()}
     assert {"pooling.png", "encoder-self-mean.png", "encoder-self-layer1-heads.png"} <= names
     capsys.readouterr()
+
+
+def test_a_korean_date_is_drawn_in_hangul(transformer_run, tmp_path, recwarn):
+    """The dates task reads Korean dates: their pieces and the title are drawn without a missing-glyph warning, in
+    the picture `attnkit translate --attention-dir` and the demo draw, and in a grid of heads."""
+    text = "2024년 3월 3일 일요일"
+    maps = attention_maps(transformer_run, text)
+    assert any(re.search("[\uac00-\ud7a3]", piece) for piece in maps.src_tokens), maps.src_tokens
+    save_figure(attention_figure(transformer_run, text), tmp_path / "summary.png")
+    save_figure(attention_grid(maps.encoder_self[-1], maps.src_tokens, maps.src_tokens, title=text),
+                tmp_path / "heads.png")
+    assert [str(w.message) for w in recwarn if "missing from font" in str(w.message)] == []
 
 
 def test_summary_figure_is_the_last_layers_mean(transformer_run):
@@ -390,7 +443,7 @@ def test_cli_help_is_complete(capsys):
     out = capsys.readouterr().out
     for needle in ("--src", "--tgt", "--out-dir", "--html", "--no-png", "--beam", "--lenpen", "cross-layerL.png",
                    "alignment.png", "attention.html", "decoder inputs", "--max-new-tokens", "--local-window",
-                   "head-scores.png", "induction"):
+                   "head-scores.png", "induction", "--layers"):
         assert needle in out, needle
 
 

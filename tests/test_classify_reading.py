@@ -131,7 +131,7 @@ def test_attention_over_a_whole_text_shows_its_windows(run) -> None:
     _, _, weights = small.model.encoder(torch.tensor([e.windows[strongest]]), need_weights=True)
     torch.testing.assert_close(maps.encoder_self[0], weights[0][0])
     assert maps.encoder_tokens == small.tok.src_pieces_from_ids(e.windows[strongest])
-    assert {"windows", "pooling"} <= set(attention_figures(maps))
+    assert {"windows", "pooling"} <= set(dict(attention_figures(maps)))
     page = explorer_data(maps)
     assert page["views"][2]["queries"] == [f"for {small.classes[e.predicted]}", "against"]
     head = attention_maps(small, text, reading="head")  # one window: as before, no windows view

@@ -1,19 +1,25 @@
-"""Tests for attnkit.viz.plot: labels, sizes, shape and range errors, PNG output, no global state."""
+"""Tests for attnkit.viz.plot: labels, sizes, shape and range errors, PNG output, no global state, Hangul drawn
+from the fallback font."""
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
+import matplotlib
 import numpy as np
 import pytest
 import torch
+from matplotlib import font_manager
+from matplotlib.backends.backend_agg import RendererAgg
 from matplotlib.figure import Figure
+from matplotlib.font_manager import FontProperties
 
 import attnkit.viz.plot
-from attnkit.viz.plot import attention_grid, attention_heatmap, save_figure
+from attnkit.viz.plot import attention_grid, attention_heatmap, save_figure, score_grid
 
 SRC = ["▁3", "▁March", "▁2021", "</s>"]
 TGT = ["2021", "-", "03", "-", "03", "</s>"]
@@ -149,3 +155,51 @@ def test_no_global_matplotlib_state_changed(tmp_path: Path) -> None:
     )
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False)
     assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr
+
+
+KOREAN = ["2021년", "3월", "3일", "</s>"]  # a Korean date's pieces (the dates task reads such dates)
+
+
+def _missing_glyphs(recwarn: pytest.WarningsRecorder, caplog: pytest.LogCaptureFixture) -> list[str]:
+    """matplotlib's complaints about glyphs or fonts it could not find: warnings and log records."""
+    return ([str(w.message) for w in recwarn if "missing from font" in str(w.message)]
+            + [r.getMessage() for r in caplog.records if "findfont" in r.getMessage()])
+
+
+def test_korean_text_renders_without_missing_glyphs(tmp_path: Path, recwarn: pytest.WarningsRecorder,
+                                                    caplog: pytest.LogCaptureFixture) -> None:
+    """Hangul in tick labels, axis names and titles is drawn from the fallback font: no missing-glyph warning (which
+    the same title in a plain figure does raise, so the check can fail)."""
+    caplog.set_level(logging.WARNING, logger="matplotlib")
+    figures = [attention_heatmap(_weights(t_src=4), KOREAN, TGT, title="2021년 3월 3일", axis_names=("원문", "출력")),
+               attention_grid(_weights(2, t_src=4), KOREAN, TGT, title="2021년 3월 3일"),
+               score_grid({"이전": [[0.5, 0.25]]}, title="머리")]
+    for i, fig in enumerate(figures):
+        save_figure(fig, tmp_path / f"{i}.png")
+    assert _missing_glyphs(recwarn, caplog) == []
+    plain = Figure()
+    plain.add_subplot().set_title("2021년 3월")
+    plain.savefig(tmp_path / "plain.png")
+    assert any("missing from font" in m for m in _missing_glyphs(recwarn, caplog))
+
+
+def _extent(text: str, prop: FontProperties) -> tuple[float, float, float]:
+    """(width, height, descent) in pixels of ``text`` drawn by Agg with ``prop``."""
+    return RendererAgg(100, 100, 100).get_text_width_height_descent(text, prop, ismath=False)
+
+
+def test_the_fallback_font_draws_only_the_glyphs_the_default_lacks() -> None:
+    """The figures' fonts are the default family, then Noto Sans KR: Latin and digits are drawn exactly as with the
+    default font (DejaVu Sans) and Hangul exactly as with Noto Sans KR, glyph by glyph."""
+    fig = attention_heatmap(_weights(t_src=4), KOREAN, TGT, title="3 March 2021")
+    title, tick = fig.axes[0].title, fig.axes[0].get_xticklabels()[0]
+    default = list(matplotlib.rcParams["font.family"])
+    assert title.get_fontfamily() == tick.get_fontfamily() == [*default, "Noto Sans KR"]
+    assert font_manager.findfont(FontProperties(family=default)).endswith("DejaVuSans.ttf")
+    prop = title.get_fontproperties()
+    only = {name: prop.copy() for name in ("default", "fallback")}
+    only["default"].set_family(default)
+    only["fallback"].set_family("Noto Sans KR")
+    assert _extent("3 March 2021", prop) == _extent("3 March 2021", only["default"])
+    assert _extent("3 March 2021", prop) != _extent("3 March 2021", only["fallback"])  # the fonts do differ
+    assert _extent("년월일", prop) == _extent("년월일", only["fallback"])

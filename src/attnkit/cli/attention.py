@@ -1,7 +1,7 @@
-"""Run a trained model on one sentence and save its attention weights as PNG heatmaps:
-cross-attention (mean over heads per layer, one panel per head, mean over layers),
-encoder self-attention and decoder self-attention for Transformers; the alignment for
-RNN models; self-attention and the pooled representation's token importance for
+"""Run a trained model on one sentence and save its attention weights as PNG heatmaps: cross-attention,
+encoder self-attention and decoder self-attention for Transformers, each as the mean over layers and heads,
+and for the last layer (or the layers --layers names) the mean over heads and one panel per head; the
+alignment for RNN models; self-attention and the pooled representation's token importance for
 classifiers, and for a text longer than the classifier's window the windows it was read as and
 how much each argued for and against the prediction. A language model continues the prompt (greedily)
 and shows its causal self-attention over prompt and continuation, per layer and head, with what each
@@ -24,13 +24,14 @@ from .options import FINITE, POSITIVE_INT, add_reading_argument, number
 
 HELP = "draw what attention learned: heatmaps and an interactive HTML explorer"
 EPILOG = """\
-files written to OUT_DIR (L = layer number from 0; for one-layer kinds -layerL is dropped and
-there is no -mean):
-  cross-layerL.png, cross-layerL-heads.png, cross-mean.png
-  encoder-self-layerL.png, encoder-self-layerL-heads.png, encoder-self-mean.png
-  decoder-self-layerL.png, decoder-self-layerL-heads.png, decoder-self-mean.png
+files written to OUT_DIR (L = layer number from 0, for the last layer unless --layers names others;
+for one-layer kinds -layerL is dropped and there is no -mean):
+  cross-mean.png, cross-layerL.png, cross-layerL-heads.png
+  encoder-self-mean.png, encoder-self-layerL.png, encoder-self-layerL-heads.png
+  decoder-self-mean.png, decoder-self-layerL.png, decoder-self-layerL-heads.png
   alignment.png (RNN); pooling.png, windows.png (classifier; windows for a long text);
   head-scores.png (language model: what each head does, layer x head); attention.html (--html)
+by default at most 3 PNGs per kind, however deep the model; the page (--html) holds every layer and head.
 
 rows are queries, columns keys: cross-attention rows are the output pieces (what each decoder
 position produced), decoder self-attention rows and columns the decoder inputs (<s> first); a
@@ -57,6 +58,10 @@ def add(sub: argparse._SubParsersAction) -> None:
                    help="also write OUT_DIR/attention.html: one self-contained page (no network) to pick the "
                         "kind, layer and head and hover or click a token to see its attention")
     p.add_argument("--no-png", action="store_true", help="skip the PNG heatmaps (with --html: only the page)")
+    p.add_argument("--layers", type=layer_list, default=[-1], metavar="L,L,...|all",
+                   help="the layers drawn one by one as PNGs (mean over heads, and per head), from 0; negative "
+                        "numbers count from the last (write --layers=-2,-1 when the list starts with one); all: "
+                        "every layer (2 PNGs a layer). The mean over layers is always drawn (default: -1, the last)")
     p.add_argument("--beam", type=POSITIVE_INT, default=1,
                    help="beam size for the model's own translation (default: 1, greedy)")
     p.add_argument("--lenpen", type=FINITE, default=None,
@@ -67,6 +72,17 @@ def add(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--local-window", type=POSITIVE_INT, default=LOCAL_WINDOW,
                    help=f"language model: W of the local-window head score (default: {LOCAL_WINDOW})")
     add_reading_argument(p)
+
+
+def layer_list(text: str) -> list[int] | None:
+    """An argparse ``type`` for ``--layers``: comma-separated layer numbers (``0,3,-1``), or ``all`` (None)."""
+    if text.strip() == "all":
+        return None
+    try:
+        return [int(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected layer numbers separated by commas (0,3,-1) or all, got {text!r}") \
+            from None
 
 
 def run(args: argparse.Namespace) -> None:
@@ -89,10 +105,12 @@ def run(args: argparse.Namespace) -> None:
     print(maps.heading())
     if maps.head_scores is not None:
         print(maps.head_scores.table())
-    written = []
-    if not args.no_png:
-        written += [save_figure(fig, out / f"{stem}.png") for stem, fig in attention_figures(maps).items()]
+    try:
+        figures = iter(()) if args.no_png else attention_figures(maps, args.layers)
+    except ValueError as e:  # a layer the model does not have
+        raise UserError(f"--layers: {e}") from None
+    for stem, fig in figures:  # one figure in memory at a time
+        print(save_figure(fig, out / f"{stem}.png"))
+        fig.clear()  # its axes and images go now, not at the next garbage collection
     if args.html:
-        written.append(write_explorer(maps, out / "attention.html"))
-    for path in written:
-        print(path)
+        print(write_explorer(maps, out / "attention.html"))

@@ -6,10 +6,11 @@ the caller decides where they are saved.
 
 from __future__ import annotations
 
-import torch
+from collections.abc import Iterator, Sequence
+
 from matplotlib.figure import Figure
 
-from ..inference.attention_maps import AttentionMaps, attention_maps
+from ..inference.attention_maps import AttentionMaps, AttentionView, attention_maps
 from ..runs.load import LoadedRun
 from .plot import attention_grid, attention_heatmap, score_grid
 
@@ -21,36 +22,59 @@ _TITLE_CHARS = 80
 SHARES = ("pooling", "windows")
 
 
-def attention_figures(maps: AttentionMaps) -> dict[str, Figure]:
-    """Heatmaps of every kind: file stem -> figure (the caller saves them, :func:`attnkit.viz.plot.save_figure`).
+def _layers_of_kind(layers: Sequence[int] | None, n: int) -> list[int]:
+    """The layers ``0 .. n-1`` of one kind that ``layers`` names (negative numbers count from its last), in order;
+    ``None``: all ``n``."""
+    return list(range(n)) if layers is None else sorted({layer % n for layer in layers if -n <= layer < n})
 
-    Per kind: the mean over heads of each layer (``cross-layer0``), one panel per head
-    (``cross-layer0-heads``, when H > 1) and the mean over layers and heads (``cross-mean``,
-    when there are several layers). A kind with one layer drops the ``-layer0`` (``alignment``). A language
-    model's maps add ``head-scores``: its head scores, one panel per score, layer x head.
+
+def attention_figures(maps: AttentionMaps, layers: Sequence[int] | None = None) -> Iterator[tuple[str, Figure]]:
+    """Heatmaps of every kind, one at a time: ``(file stem, figure)`` pairs (the caller saves each,
+    :func:`attnkit.viz.plot.save_figure`, and lets it go, so that a deep model's figures are never all in memory).
+
+    Per kind: the mean over layers and heads (``cross-mean``, when there are several layers) and, for each of
+    ``layers``, the mean over heads (``cross-layer0``) and one panel per head (``cross-layer0-heads``, when
+    H > 1). A kind with one layer drops the ``-layer0`` (``alignment``). A language model's maps add
+    ``head-scores``: its head scores, one panel per score, layer x head.
+
+    :param layers: the layers drawn one by one, from 0 (negative numbers count from the last: -1 is the last
+        layer); ``None``: every layer. A kind with fewer layers than the deepest (a 6-layer encoder, a 2-layer
+        decoder) draws those it has.
+    :raises ValueError: a layer that no kind has (checked before anything is drawn).
     """
-    figures: dict[str, Figure] = {}
+    views = maps.views()
+    depth = max(len(view.layers) for view in views)
+    wrong = [layer for layer in layers or [] if not -depth <= layer < depth]
+    if wrong:
+        raise ValueError(f"no layer {wrong[0]}: the model's attention has {depth} layer{'s' * (depth > 1)}, "
+                         f"0..{depth - 1} (negative numbers count from the last, -1 is {depth - 1})")
+    return _draw_figures(maps, views, layers)
+
+
+def _draw_figures(maps: AttentionMaps, views: list[AttentionView], layers: Sequence[int] | None
+                  ) -> Iterator[tuple[str, Figure]]:
+    """:func:`attention_figures`' drawing, figure by figure."""
     heading = maps.heading(_TITLE_CHARS)
-    for view in maps.views():
+    for view in views:
         stem = view.kind.replace("_", "-")
         many = len(view.layers) > 1
         axes = {"axis_names": (view.key_name, view.query_name)}
         scale = {"scale_to_max": view.kind in SHARES}
         if many:
-            mean = torch.stack(view.layers).mean(dim=(0, 1))  # (L, H, T_q, T_k) -> (T_q, T_k)
-            figures[f"{stem}-mean"] = attention_heatmap(mean, view.keys, view.queries, **axes, **scale,
-                                                        title=f"{heading}\n{view.title}, mean over layers and heads")
-        for layer, weights in enumerate(view.layers):
+            mean = sum(w.mean(dim=0) for w in view.layers) / len(view.layers)  # per layer (H, T_q, T_k) -> (T_q, T_k)
+            yield f"{stem}-mean", attention_heatmap(mean, view.keys, view.queries, **axes, **scale,
+                                                    title=f"{heading}\n{view.title}, mean over layers and heads")
+        for layer in _layers_of_kind(layers, len(view.layers)):
+            weights = view.layers[layer]  # (H, T_q, T_k)
             name, where = (f"{stem}-layer{layer}", f", layer {layer}") if many else (stem, "")
             averaged = ", mean over heads" if weights.size(0) > 1 else ""
-            figures[name] = attention_heatmap(weights.mean(dim=0), view.keys, view.queries, **axes, **scale,
-                                              title=f"{heading}\n{view.title}{where}{averaged}")
+            yield name, attention_heatmap(weights.mean(dim=0), view.keys, view.queries, **axes, **scale,
+                                          title=f"{heading}\n{view.title}{where}{averaged}")
             if weights.size(0) > 1:
-                figures[f"{name}-heads"] = attention_grid(weights, view.keys, view.queries, **axes,
-                                                          title=f"{heading}\n{view.title}{where}, per head")
+                yield f"{name}-heads", attention_grid(weights, view.keys, view.queries, **axes,
+                                                      title=f"{heading}\n{view.title}{where}, per head")
     if maps.head_scores is not None:
-        figures["head-scores"] = score_grid(maps.head_scores.named(), title=f"{heading}\nwhat each head does")
-    return figures
+        yield "head-scores", score_grid(maps.head_scores.named(), title=f"{heading}\nwhat each head does")
 
 
 def summary_figure(maps: AttentionMaps) -> Figure:

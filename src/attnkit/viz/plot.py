@@ -10,9 +10,12 @@ Layout convention (as in Bahdanau et al. 2015, Fig. 3): rows are target tokens (
 top to bottom in output order), columns are source tokens (x axis, labels rotated), and
 the colour scale is fixed to [0, 1] so plots of different sentences are comparable.
 
-Glyphs: matplotlib's bundled DejaVu Sans has no Hangul. If a CJK font is installed (see
-``_CJK_FONT_FAMILIES``) tick labels fall back to it; otherwise Korean tokens render as
-boxes and matplotlib warns about missing glyphs.
+Glyphs: matplotlib's bundled DejaVu Sans has no Hangul, and the seeds, the dates task and
+their tokens are Korean. Every text of a figure drawn here (title, axis names, tick labels)
+lists Noto Sans KR (from the ``pylopdf-fonts-ko`` package) after its own font family, so
+matplotlib (>= 3.6) takes from it only the glyphs the first font lacks: Latin text is drawn as
+before. The font is registered with matplotlib's font manager on the first figure, not at
+import (:func:`_fallback_family`).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from __future__ import annotations
 import math
 import textwrap
 from collections.abc import Mapping
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +32,7 @@ from matplotlib import font_manager
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.image import AxesImage
+from matplotlib.text import Text
 
 __all__ = ["attention_grid", "attention_heatmap", "save_figure", "score_grid"]
 
@@ -48,15 +52,6 @@ _CMAP = "viridis"
 _AXIS_NAMES = ("source", "target")
 #: Weights may exceed [0, 1] by float rounding; beyond this they are not probabilities.
 _RANGE_TOLERANCE = 1e-4
-_CJK_FONT_FAMILIES = (
-    "Noto Sans CJK KR",
-    "Noto Sans KR",
-    "NanumGothic",
-    "Malgun Gothic",
-    "AppleGothic",
-    "Noto Sans CJK JP",
-    "Noto Sans CJK SC",
-)
 
 
 def _weights(weights: Any, dims: tuple[str, ...], src_tokens: list[str], tgt_tokens: list[str], what: str,
@@ -98,11 +93,27 @@ def _check_weights(w: np.ndarray, src_tokens: list[str], tgt_tokens: list[str], 
         )
 
 
-@lru_cache(maxsize=1)
-def _tick_font_families() -> tuple[str, ...]:
-    """Font family list for tick labels: the default, then any installed CJK fallback."""
-    installed = {entry.name for entry in font_manager.fontManager.ttflist}
-    return ("sans-serif", *(name for name in _CJK_FONT_FAMILIES if name in installed))
+@cache
+def _fallback_family() -> str:
+    """The family name of the font that draws what the default font cannot (Hangul): Noto Sans KR, shipped by the
+    ``pylopdf-fonts-ko`` package, registered with matplotlib's font manager on the first call."""
+    import pylopdf_fonts_ko  # font files only: importing it changes nothing
+
+    path = pylopdf_fonts_ko.sans_path()
+    font_manager.fontManager.addfont(path)
+    return font_manager.get_font(path).family_name
+
+
+def _with_fallback_font(fig: Figure) -> Figure:
+    """``fig`` with every text's font family followed by :func:`_fallback_family`: matplotlib draws each glyph
+    from the first family that has it, so Latin keeps the default font and Hangul comes from the fallback.
+    Ticks added when the figure is drawn copy the first tick's font, so they fall back too."""
+    fallback = _fallback_family()
+    for text in fig.findobj(Text):
+        families = text.get_fontfamily()
+        if fallback not in families:
+            text.set_fontfamily([*families, fallback])
+    return fig
 
 
 def _layout(n_tgt: int, n_src: int, n_panels: int = 1) -> tuple[int, float]:
@@ -143,11 +154,9 @@ def _draw(
 ) -> AxesImage:
     """Draw one (T_tgt, T_src) heatmap on ``ax`` with fixed [0, 1] colour scale."""
     image = ax.imshow(w, cmap=_CMAP, vmin=0.0, vmax=1.0, aspect="auto", interpolation="nearest")
-    families = list(_tick_font_families())
     size = _tick_points(cell)
-    ax.set_xticks(range(len(src_tokens)), labels=src_tokens if x_labels else [], rotation=90, fontfamily=families,
-                  fontsize=size)
-    ax.set_yticks(range(len(tgt_tokens)), labels=tgt_tokens if y_labels else [], fontfamily=families, fontsize=size)
+    ax.set_xticks(range(len(src_tokens)), labels=src_tokens if x_labels else [], rotation=90, fontsize=size)
+    ax.set_yticks(range(len(tgt_tokens)), labels=tgt_tokens if y_labels else [], fontsize=size)
     if x_labels:
         ax.set_xlabel(axis_names[0])
     if y_labels:
@@ -196,7 +205,7 @@ def attention_heatmap(weights: Any, src_tokens: list[str], tgt_tokens: list[str]
     fig.colorbar(image, ax=ax, label="weight / the largest of its row" if scale_to_max else "attention weight")
     if title is not None:
         ax.set_title(title)
-    return fig
+    return _with_fallback_font(fig)
 
 
 def attention_grid(weights_per_head: Any, src_tokens: list[str], tgt_tokens: list[str], *, title: str | None = None,
@@ -247,7 +256,7 @@ def attention_grid(weights_per_head: Any, src_tokens: list[str], tgt_tokens: lis
     fig.colorbar(image, ax=used, label="attention weight", fraction=0.02, pad=0.01)
     if title is not None:
         fig.suptitle(title)
-    return fig
+    return _with_fallback_font(fig)
 
 
 #: Inches per cell of a score grid, and the most cells in which the value is written.
@@ -312,7 +321,7 @@ def score_grid(scores: Mapping[str, Any], *, title: str | None = None,
     fig.colorbar(image, ax=list(axes), label="score", fraction=0.03, pad=0.02)
     if title is not None:
         fig.suptitle(title)
-    return fig
+    return _with_fallback_font(fig)
 
 
 def save_figure(fig: Figure, path: str | Path) -> Path:
