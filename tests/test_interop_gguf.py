@@ -13,17 +13,21 @@ GPT-2 here has 1024 positions.
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
 import gguf
 import numpy as np
 import pytest
+import tokenizers
 import torch
 from gguf import GGMLQuantizationType as Q
+from tokenizers import Regex, pre_tokenizers
 
 from attnkit.cli import main
 from attnkit.inference.language_model import document_stream, read_documents
+from attnkit.interop.gguf_tokenizer import LLAMA3_SPLIT
 from attnkit.runs.load import load_run
 from attnkit.sampling import generate
 from attnkit.vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID
@@ -147,6 +151,39 @@ def test_a_float_gguf_imports_as_its_huggingface_directory(source, tmp_path, nam
     ids = torch.tensor([a.tok.encode_src([TEXTS[3]])[0]])
     with torch.no_grad():
         torch.testing.assert_close(a.model(ids), b.model(ids), atol=1e-5, rtol=1e-5)
+
+
+#: A pre-tokenizer llama.cpp names -> the one the models' own tokenizer.json writes: SmolLM's digits one by one, then
+#: GPT-2's pattern; Llama 3's pattern (three digits at most), a word that is a piece skipping the merges.
+NAMED_PRE_TOKENIZERS = {
+    "smollm": (pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
+                                        pre_tokenizers.ByteLevel(add_prefix_space=False)]), False),
+    "llama-bpe": (pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(LLAMA3_SPLIT), behavior="isolated"),
+                                           pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]), True),
+}
+
+
+@pytest.mark.parametrize("pre", list(NAMED_PRE_TOKENIZERS))
+def test_named_pre_tokenizers_split_as_the_models_own_tokenizer_json(source, tmp_path, pre):
+    """transformers' GGUF loader knows no ``smollm`` and ignores Llama 3's ``ignore_merges``: the reference here is
+    the GPT-2 source's byte-level BPE with the model's own pre-tokenizer, imported from its directory."""
+    hf = tmp_path / "hf"
+    shutil.copytree(source("gpt2"), hf)
+    tk = tokenizers.Tokenizer.from_file(str(hf / "tokenizer.json"))
+    tk.pre_tokenizer, ignore_merges = NAMED_PRE_TOKENIZERS[pre]  # the models' pipelines: nothing else differs
+    settings = json.loads(tk.to_str())
+    settings["model"]["ignore_merges"] = ignore_merges
+    if ignore_merges:  # a piece no merge makes (the last merge's, renamed), which a word that spells it is, whole
+        last, vocab = settings["model"]["merges"].pop(), settings["model"]["vocab"]
+        vocab["Ġzebra"] = vocab.pop("".join(last) if isinstance(last, list) else last.replace(" ", ""))
+    (hf / "tokenizer.json").write_text(json.dumps(settings))
+    (tmp_path / "gguf").mkdir()
+    path = gguf_files.write_gguf(hf, tmp_path / "gguf" / "model.gguf", metadata={"tokenizer.ggml.pre": pre})
+    assert main(["import", str(path), "-o", str(tmp_path / "from-gguf")]) == 0
+    assert main(["import", str(hf), "-o", str(tmp_path / "from-hf")]) == 0
+    a, b = load_run(tmp_path / "from-gguf"), load_run(tmp_path / "from-hf")
+    texts = TEXTS + ["12345 1234567 x1y22z333", "don't I'LL we've", "a  b\n\n c\t\td", "a zebra, zebras"]
+    assert a.tok.encode_src(texts) == b.tok.encode_src(texts)
 
 
 def test_commands_work_on_a_gguf_import_and_it_exports(source, tmp_path, capsys):
