@@ -40,7 +40,8 @@ from ..config.schema import RunConfig
 from ..runs.layout import CONFIG_FILE, find_weights
 from .bert import import_bert
 from .causal_lm import export_causal_lm, import_causal_lm
-from .gguf import import_gguf, is_gguf
+from .gguf import import_gguf
+from .gguf_file import is_gguf
 from .hf import HFDirectory
 from .marian import export_marian, import_marian
 

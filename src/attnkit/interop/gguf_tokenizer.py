@@ -27,16 +27,13 @@ template (``tokenizer.chat_template``) goes into ``tokenizer_config.json`` with 
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING
 
 import tokenizers
 from tokenizers import Regex, decoders, pre_tokenizers, processors
 from tokenizers.models import BPE
 
 from ..common.errors import UserError
-
-if TYPE_CHECKING:
-    from .gguf import GGUFFile
+from .gguf_file import GGUFFile
 
 #: ``tokenizer.ggml.token_type`` values (llama.cpp's ``llama_token_type``).
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
