@@ -36,6 +36,11 @@ Each has a test against its reference in ``tests/test_engine.py`` (the compiled 
 ``tests/test_compiled_decoding.py``, int8 weights in ``tests/test_quantize.py``: those against the dequantized
 float layer, since rounding moves the logits). The compiled decoder is not part of :func:`accelerate`: compiling costs
 seconds, so ``attnkit generate --compile`` and the benchmarks ask for it.
+
+Precision is chosen apart from these: :mod:`attnkit.engine.precision` times the model's own matrix products in float32
+and in bf16 on this host (training's ``precision: auto``; :func:`~.precision.choose_precision` at inference), and
+:func:`~.precision.bf16_weights` stores a model's weights in bf16 for inference (``tests/test_precision.py``: its
+logits against float32's, within a tolerance).
 """
 
 from __future__ import annotations
