@@ -288,3 +288,26 @@ def qwen2_dir(out: Path, *, seed: int = 0, tie: bool = True, kv_heads: int = 2, 
         settings.update(sliding_window=3, max_window_layers=1)
         (out / "config.json").write_text(json.dumps(settings, indent=2))
     return out
+
+
+def set_chat_template(directory: Path, template: str, where: str = "tokenizer_config") -> None:
+    """Give a checkpoint directory a chat template as checkpoints ship one: ``tokenizer_config`` (the key
+    ``chat_template``), ``named`` (a list of named templates, this one ``default``) or ``jinja``
+    (``chat_template.jinja``, which transformers reads first)."""
+    path = directory / "tokenizer_config.json"
+    settings = json.loads(path.read_text(encoding="utf-8"))
+    if where == "jinja":
+        (directory / "chat_template.jinja").write_text(template, encoding="utf-8")
+        return
+    settings["chat_template"] = template if where == "tokenizer_config" else \
+        [{"name": "tool_use", "template": "{{ raise_exception('not this one') }}"},
+         {"name": "default", "template": template}]
+    path.write_text(json.dumps(settings, indent=2, ensure_ascii=False), encoding="utf-8")
+
+
+def set_end_ids(directory: Path, ids: list[int]) -> None:
+    """``generation_config.json``'s ``eos_token_id`` as an instruct model lists it: the end of text and of a turn."""
+    path = directory / "generation_config.json"
+    settings = json.loads(path.read_text(encoding="utf-8"))
+    settings["eos_token_id"] = ids
+    path.write_text(json.dumps(settings, indent=2), encoding="utf-8")

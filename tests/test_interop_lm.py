@@ -310,7 +310,7 @@ def sources(tmp_path_factory) -> dict[str, Path]:
     ("llama", "config.json", {"hidden_act": "gelu"}, "key 'hidden_act' is 'gelu', which attnkit cannot represent"),
     ("llama", "config.json", {"attention_bias": True}, "keys 'attention_bias' (True) and 'mlp_bias' (False) differ"),
     ("llama", "config.json", {"head_dim": 16}, "key 'head_dim' is 16"),
-    ("llama", "config.json", {"eos_token_id": [2, 0]}, "key 'eos_token_id' is [2, 0]"),
+    ("llama", "config.json", {"eos_token_id": [2, "</s>"]}, "key 'eos_token_id' is [2, '</s>']"),
     ("llama", "tokenizer_config.json", {"add_eos_token": True}, "key 'add_eos_token' is true"),
     ("llama", "config.json", {"vocab_size": 100}, "more than config.json key 'vocab_size' (100)"),
     ("qwen2", "config.json", {"use_sliding_window": True, "sliding_window": 4, "max_window_layers": 1},

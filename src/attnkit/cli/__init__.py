@@ -1,4 +1,5 @@
-"""Command line: ``attnkit {demo,prepare,train,translate,generate,evaluate,classify,attention,export,import,serve}``.
+"""Command line: ``attnkit COMMAND``, one of demo, prepare, train, translate, generate, chat, evaluate, classify,
+attention, export, import and serve.
 
 User errors (:class:`~attnkit.common.errors.UserError`), bad options included, print one line
 ``attnkit: error: ...`` and exit with status 2, without a traceback. Warnings (an input line
@@ -13,7 +14,20 @@ import sys
 from collections.abc import Sequence
 
 from ..common.errors import UserError
-from . import attention, classify, demo, evaluate, export, generate, import_model, prepare, serve, train, translate
+from . import (
+    attention,
+    chat,
+    classify,
+    demo,
+    evaluate,
+    export,
+    generate,
+    import_model,
+    prepare,
+    serve,
+    train,
+    translate,
+)
 
 EXAMPLES = """examples:
   attnkit demo                                   # train on generated dates (a few minutes), print exact match
@@ -32,6 +46,8 @@ EXAMPLES = """examples:
   attnkit translate runs/de-en-ct2 -i test.de -o test.hyp.en
   attnkit export runs/de-en --to huggingface -o runs/de-en-hf   # MarianMTModel.from_pretrained reads it
   attnkit import opus-mt-de-en/ -o runs/opus-de-en        # a downloaded Hugging Face Marian or BERT directory
+  attnkit import SmolLM2-135M-Instruct/ -o runs/smol      # a downloaded GPT-2, Llama, Mistral or Qwen2 directory
+  attnkit chat runs/smol --system "Answer briefly."       # its chat template; /reset, Ctrl-D to leave
   attnkit serve runs/de-en runs/sst2 --port 8000          # HTTP API + a page at http://127.0.0.1:8000/
 """
 
@@ -46,7 +62,7 @@ class _Parser(argparse.ArgumentParser):
 
 #: The commands in the order ``--help`` lists them; each module has ``add(subparsers)`` and ``run(args)``.
 COMMANDS = {"demo": demo, "prepare": prepare, "train": train, "translate": translate, "generate": generate,
-            "evaluate": evaluate,
+            "chat": chat, "evaluate": evaluate,
             "classify": classify, "attention": attention, "export": export, "import": import_model, "serve": serve}
 
 

@@ -287,7 +287,19 @@ def config_to_dict(config: Any) -> Any:
     return config
 
 
+class _BlockDumper(yaml.SafeDumper):
+    """``yaml.SafeDumper`` writing a string of several lines (a chat template) as a ``|`` block, readable as it is
+    (PyYAML falls back to quotes for one a block cannot hold, such as one with trailing spaces)."""
+
+
+def _represent_str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style="|" if "\n" in value else None)
+
+
+_BlockDumper.add_representer(str, _represent_str)
+
+
 def dump_config(config: Any, path: str | Path) -> None:
     """Write the resolved config as YAML (atomically); :func:`load_config` reads it back equal."""
-    text = yaml.safe_dump(config_to_dict(config), sort_keys=False, allow_unicode=True)
+    text = yaml.dump(config_to_dict(config), Dumper=_BlockDumper, sort_keys=False, allow_unicode=True)
     atomic_write_text(path, text)

@@ -7,6 +7,7 @@ name. ``configs/*.yaml`` are commented examples; every key has the default shown
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 
 from ..common.errors import UserError
@@ -32,6 +33,27 @@ class TokenizerConfig:
     joint: bool = True  # one vocabulary for source and target (needed for shared embeddings)
     max_sentences: int = 200_000  # train on a seeded sample of at most this many sentences per model: bounds
     #                               time and memory on corpora of millions of lines (SentencePiece input_sentence_size)
+
+
+def read_chat_template(value: str) -> str:
+    """``data.chat_template``'s template: ``value`` itself when it has a Jinja tag (``{{`` or ``{%``), else the text
+    of the file it names (which must have one, or the run's ``config.yaml``, keeping the text, would read a path).
+
+    :raises UserError: the file cannot be read, or holds no tag.
+    """
+    if not value or "{{" in value or "{%" in value:
+        return value
+    try:
+        text = Path(value).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UserError(f"data.chat_template: {value}: not found (give a file holding a Jinja chat template, or the "
+                        f"template itself)") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"data.chat_template: {value}: cannot read ({type(e).__name__})") from None
+    if "{{" not in text and "{%" not in text:
+        raise UserError(f"data.chat_template: {value} holds no Jinja tag ({{{{ or {{%); a chat template writes the "
+                        f"messages with them")
+    return text
 
 
 @dataclass
@@ -75,10 +97,21 @@ class DataConfig:
     valid_blocks: int = 0  # language models: validate while training on the first this many blocks (0: all)
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
     imported_from: str = ""  # the Hugging Face model directory `attnkit import` read (such a run has no data files)
+    # language models: how a conversation is laid out for `attnkit chat` (a Jinja chat template, rendered as
+    # transformers' apply_chat_template renders it): the template itself, or the path of a file holding it, read
+    # when the config is loaded (the run's config.yaml keeps the text; the lm task checks that it parses);
+    # `attnkit import` sets the checkpoint's
+    chat_template: str = ""
+    # language models: what ends an answer besides </s>: pieces of the vocabulary (an instruct model's <|im_end|>),
+    # at which generation stops, or strings of text, at which the answer is cut; `attnkit import` sets them
+    end_of_turn: list[str] = field(default_factory=list)
 
     def validate(self) -> None:
+        if any(not s for s in self.end_of_turn):
+            raise UserError("data.end_of_turn has an empty string; list the pieces or text that end an answer")
         if self.imported_from:
-            return  # an imported run was not trained here: it names no training data
+            return  # an imported run was not trained here: it names no training data; its template is as shipped
+        self.chat_template = read_chat_template(self.chat_template)  # the file's text from now on
         if self.generate == "none" and not self.train:
             raise UserError("data.train is empty: give a training file (or data.generate: dates)")
         if not 0.0 <= self.valid_fraction < 1.0:

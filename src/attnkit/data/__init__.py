@@ -13,6 +13,8 @@ module                    what it holds
 ``spm_train``             training a SentencePiece model on streamed text
 ``hf_tokenizer``          writing the imported kinds (``attnkit import``)
 ``tokenizers_json``       kind ``hf-tokenizers``: an imported causal LM's ``tokenizer.json``, renumbered
+``chat_template``         a conversation as an instruct model's text: its Jinja chat template, rendered as
+                          transformers renders it, and the pieces that end a turn
 ``batching``              length filters and token-budget batches
 ``arrays``                token sequences stored flat, written once and memory-mapped
 ``prepare``               prepared corpora: a task's :class:`~attnkit.data.prepare.Recipe`, encoded

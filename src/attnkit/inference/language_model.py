@@ -15,13 +15,14 @@ what the first token alone decodes to. A character spelt over several tokens (a 
 fallback's ``é``, an emoji) counts once, and an unknown piece counts what the tokenizer writes for it.
 
 Generation (:func:`continue_text`): the prompt's ids through :func:`attnkit.sampling.generate`, decoded as
-the tokens come so the text can be streamed, stopped at ``</s>``, a ``--stop`` string, or the token budget.
+the tokens come so the text can be streamed, stopped at ``</s>`` (or another id the caller names: an instruct
+model's end of turn), a ``--stop`` string, or the token budget.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -193,10 +194,7 @@ def prompt_ids(tok: Tokenizer, prompt: str, limit: ContextLimit | None, max_new_
     ids = tok.encode_src([prompt])[0]
     if not ids:
         raise UserError("the prompt is empty: give some text to continue")
-    if tok.kind == "characters" and UNK_ID in ids:
-        bad = prompt[ids.index(UNK_ID)]
-        raise UserError(f"the prompt has the character {bad!r}, which is not in this model's vocabulary of "
-                        f"{tok.src_vocab_size - 4} characters")
+    check_characters(tok, prompt, ids, "the prompt")
     if limit is None or (beyond_context and not limit.fixed):
         return ids, default if max_new_tokens is None else max_new_tokens
     room = limit.length - len(ids)
@@ -210,6 +208,15 @@ def prompt_ids(tok: Tokenizer, prompt: str, limit: ContextLimit | None, max_new_
         raise UserError(f"the prompt ({len(ids)} tokens) and --max-new-tokens {max_new_tokens} exceed "
                         f"{limit.describe()}; ask for at most {room} tokens or shorten the prompt{way}")
     return ids, max_new_tokens
+
+
+def check_characters(tok: Tokenizer, text: str, ids: list[int], what: str) -> None:
+    """:raises UserError: a character-level tokenizer met a character of ``text`` (``ids``) outside its vocabulary,
+    which the model would read as ``<unk>``; ``what`` names the text."""
+    if tok.kind == "characters" and UNK_ID in ids:
+        bad = text[ids.index(UNK_ID)]
+        raise UserError(f"{what} has the character {bad!r}, which is not in this model's vocabulary of "
+                        f"{tok.src_vocab_size - 4} characters")
 
 
 def check_sampling(temperature: float, top_k: int, top_p: float) -> None:
@@ -297,16 +304,17 @@ class TextStream:
 
 def continue_text(model: StepModel, tok: Tokenizer, ids: list[int], max_new_tokens: int, *,
                   temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, stop: Sequence[str] = (),
-                  generator: torch.Generator | None = None) -> Iterator[str]:
+                  stop_ids: Collection[int] = (), generator: torch.Generator | None = None) -> Iterator[str]:
     """The continuation of one prompt, yielded as text pieces as it is generated (concatenated: the whole text).
 
-    Ends at ``</s>``, after ``max_new_tokens``, or at the first ``stop`` string (which is not yielded).
+    Ends at ``</s>`` or another of ``stop_ids`` (an instruct model's end of turn), after ``max_new_tokens``, or at
+    the first ``stop`` string; the token or string it ends at is not yielded.
     """
     text = TextStream(tok, stop, context=ids)
     for token in generate(model, [ids], max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                           generator=generator):
         t = int(token[0])
-        if t == EOS_ID:
+        if t == EOS_ID or t in stop_ids:
             break
         if piece := text.add(t):
             yield piece

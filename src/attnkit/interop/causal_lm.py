@@ -18,6 +18,11 @@ is fixed far below any other (:data:`attnkit.lm.ABSENT_LOGIT`), so probabilities
 Face's. Generation stops at the model's end-of-text token; attnkit never samples ``<pad>``, ``<unk>`` or
 ``<s>`` (:data:`attnkit.sampling.NEVER_SAMPLED`), where Hugging Face's ``generate`` could.
 
+**Chat.** The checkpoint's chat template (``chat_template.jinja``, else ``tokenizer_config.json``'s
+``chat_template``) becomes the run's ``data.chat_template``, and the pieces of the other ids of an
+``eos_token_id`` list (an instruct model's ``<|im_end|>`` beside its ``<|endoftext|>``) its ``data.end_of_turn``,
+at which ``attnkit chat`` stops (:func:`end_ids`, :mod:`attnkit.data.chat_template`). An export writes both back.
+
 ``attnkit export RUN --to huggingface -o DIR`` writes a ``GPT2LMHeadModel`` (learned positions, LayerNorm,
 biases) or a ``LlamaForCausalLM`` (RoPE, RMSNorm, SwiGLU; ``MistralForCausalLM`` with a ``window``,
 ``Qwen2ForCausalLM`` with ``qkv_bias``) directory that ``AutoModelForCausalLM`` and ``AutoTokenizer``
@@ -34,6 +39,7 @@ transformers 5 ignores the ``tokenizer_class`` of a ``qwen2`` directory and buil
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable
 from pathlib import Path
 
@@ -45,6 +51,7 @@ from tokenizers.models import WordLevel
 
 from ..common.errors import UserError
 from ..config.schema import DataConfig, ModelConfig, RunConfig, TokenizerConfig
+from ..data.chat_template import end_of_turn, token_text
 from ..data.pieces import BOS_PIECE, CHARACTERS, EOS_PIECE, NUM_SPECIAL, PAD_PIECE, UNK_PIECE
 from ..data.tokenizer import Tokenizer
 from ..data.tokenizers_json import (
@@ -75,22 +82,76 @@ FAMILIES: dict[str, tuple[Callable, Callable, tuple[str, ...]]] = {
 #: The context ``attnkit evaluate`` scores with by default (``data.block_size``), at most the model's ``max_len``.
 BLOCK_SIZE = 1024
 TOKENIZER_JSON, TOKENIZER_CONFIG_JSON = "tokenizer.json", "tokenizer_config.json"
+CHAT_TEMPLATE_JINJA = "chat_template.jinja"  # transformers' file for a chat template, preferred to tokenizer_config's
+log = logging.getLogger(__name__)
 
 
 # -- import ------------------------------------------------------------------------------------------
 
 
 def _one_id(hf: HFDirectory, key: str) -> int | None:
-    """``key`` (``eos_token_id``) of ``generation_config.json`` (what ``generate`` reads), else of ``config.json``."""
+    """``key`` (``bos_token_id``, ``pad_token_id``) of ``generation_config.json`` (what ``generate`` reads), else of
+    ``config.json``."""
     generation = hf.json("generation_config.json", {}) or {}
     name, value = ("generation_config.json", generation[key]) if generation.get(key) is not None else \
         (CONFIG, hf.config.get(key))
     if isinstance(value, list) and len(value) == 1:
         value = value[0]
     if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
-        raise UserError(f"{hf.path / name}: key '{key}' is {value!r}; attnkit takes one token id (generation stops "
-                        f"at one end-of-text token)")
+        raise UserError(f"{hf.path / name}: key '{key}' is {value!r}; attnkit takes one token id")
     return value
+
+
+def end_ids(hf: HFDirectory, tk: tokenizers.Tokenizer) -> tuple[int | None, list[int]]:
+    """``(eos, others)``: the id attnkit's ``</s>`` becomes, and the other ids ``generate`` stops at.
+
+    ``eos_token_id`` (of ``generation_config.json``, which ``generate`` reads, else of ``config.json``) may list
+    several: an instruct model's end of turn (``<|im_end|>``, ``<|eot_id|>``) beside its end of text. ``</s>`` is
+    then the one ``config.json`` names alone, else the tokenizer's ``eos_token``, else the first listed; the
+    others end a turn (``data.end_of_turn``)."""
+    generation = hf.json("generation_config.json", {}) or {}
+    name, value = ("generation_config.json", generation["eos_token_id"]) \
+        if isinstance(generation, dict) and generation.get("eos_token_id") is not None \
+        else (CONFIG, hf.config.get("eos_token_id"))
+    listed = value if isinstance(value, list) else [] if value is None else [value]
+    if not all(type(i) is int for i in listed):
+        raise UserError(f"{hf.path / name}: key 'eos_token_id' is {value!r}; expected a token id or a list of them")
+    if len(listed) <= 1:
+        return (listed[0] if listed else None), []
+    settings = hf.json(TOKENIZER_CONFIG_JSON, {})
+    piece = token_text(settings.get("eos_token")) if isinstance(settings, dict) else None
+    named = hf.config.get("eos_token_id")
+    preferred = [named if type(named) is int else None, tk.token_to_id(piece) if piece else None]
+    eos = next((i for i in preferred if i in listed), listed[0])
+    return eos, [i for i in dict.fromkeys(listed) if i != eos]
+
+
+def checkpoint_chat_template(hf: HFDirectory) -> str:
+    """The checkpoint's chat template, as transformers' ``AutoTokenizer`` finds it ("" if it has none):
+    ``chat_template.jinja``, else ``tokenizer_config.json``'s ``chat_template`` (the template, or a list of named
+    ones: the one named ``default``)."""
+    if (hf.path / CHAT_TEMPLATE_JINJA).is_file():
+        try:
+            return (hf.path / CHAT_TEMPLATE_JINJA).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise UserError(f"{hf.path / CHAT_TEMPLATE_JINJA}: cannot read ({type(e).__name__})") from None
+    settings = hf.json(TOKENIZER_CONFIG_JSON, {})
+    return settings_chat_template(settings, hf.path / TOKENIZER_CONFIG_JSON) if isinstance(settings, dict) else ""
+
+
+def settings_chat_template(settings: dict, path: Path) -> str:
+    """``chat_template`` of a ``tokenizer_config.json`` (``path``): the template, or of a list of named ones the one
+    named ``default``; "" if none."""
+    value = settings.get("chat_template")
+    if isinstance(value, list):
+        named = {t.get("name"): t.get("template") for t in value if isinstance(t, dict)}
+        if "default" not in named:
+            log.warning("%s: key 'chat_template' names no 'default' template (it has %s); the run has none: give "
+                        "one with data.chat_template", path, sorted(map(str, named)))
+        value = named.get("default")
+    if value is not None and not isinstance(value, str):
+        raise UserError(f"{path}: key 'chat_template' is not a template (a string, or a list of {{name, template}})")
+    return value or ""
 
 
 def _added_in_front(tk: tokenizers.Tokenizer, path: Path) -> int | None:
@@ -130,7 +191,7 @@ def lm_vocabulary(hf: HFDirectory) -> tuple[str, list[int | None], int, str | No
     if tk.get_vocab_size(with_added_tokens=True) > size:
         raise UserError(f"{path}: the tokenizer has {tk.get_vocab_size(with_added_tokens=True)} pieces, more than "
                         f"config.json key 'vocab_size' ({size})")
-    eos = _one_id(hf, "eos_token_id")
+    eos, _ = end_ids(hf, tk)
     if eos is None or not 0 <= eos < size:
         raise UserError(f"{hf.path / CONFIG}: key 'eos_token_id' is {eos!r}; attnkit needs the end-of-text token's id, "
                         f"below vocab_size {size}")
@@ -193,11 +254,15 @@ def import_causal_lm(hf: HFDirectory, out: str | Path, *, force: bool = False, s
         raise RuntimeError(f"the {hf.model_type} mapping leaves {unset} unset")
     model.load_state_dict(state, strict=False)
     source = source or hf.path
+    _, turn_ends = end_ids(hf, tk)
     data = DataConfig(imported_from=str(source.resolve()), documents="text", block_size=min(cfg.max_len, BLOCK_SIZE),
-                      tokenizer=TokenizerConfig(vocab_size=pieces.size, model_type="bpe"))
+                      tokenizer=TokenizerConfig(vocab_size=pieces.size, model_type="bpe"),
+                      chat_template=checkpoint_chat_template(hf),
+                      end_of_turn=[p for p in map(tk.id_to_token, turn_ends) if p is not None])
     run_cfg = RunConfig(task="lm", data=data, model=ModelConfig(transformer=cfg))
 
-    token_ids = {key: _one_id(hf, key) for key in TOKEN_ID_KEYS}  # written back as they are by the export
+    eos, _ = end_ids(hf, tk)  # one id: an instruct model's list names its ends of turn too (data.end_of_turn)
+    token_ids = {key: eos if key == "eos_token_id" else _one_id(hf, key) for key in TOKEN_ID_KEYS}  # exported back
 
     def write_tokenizer(directory: Path) -> None:
         write_hf_tokenizers(directory, text, specials, hf_size, settings, token_ids)
@@ -294,7 +359,16 @@ def export_causal_lm(run_path: str | Path, out: str | Path, *, quantization: str
         (llama_export_state, llama_export_config)
     state = export_state(sd, cfg)
     config = export_config(cfg, len(rows), ids)
-    generation = {"bos_token_id": ids["bos"], "eos_token_id": ids["eos"], "pad_token_id": ids["pad"]}
+    data = run.cfg.data
+    settings = json.loads(files[TOKENIZER_CONFIG_JSON])
+    if data.chat_template and settings_chat_template(settings, run.run_dir / HF_TOKENIZER_CONFIG_FILE) \
+            != data.chat_template:  # not in the tokenizer's settings: in the file transformers reads first
+        files[CHAT_TEMPLATE_JINJA] = data.chat_template
+    exported_id = {a: h for h, a in enumerate(rows)}  # an absent id has none
+    turn_ends = [exported_id[i] for i in end_of_turn(run.tok, data.end_of_turn)[0]
+                 if exported_id.get(i, ids["eos"]) != ids["eos"]]  # transformers' generate stops at each one listed
+    generation = {"bos_token_id": ids["bos"], "eos_token_id": [ids["eos"], *turn_ends] if turn_ends else ids["eos"],
+                  "pad_token_id": ids["pad"]}
     if run.tok.kind == CHARACTERS:  # attnkit never samples these (attnkit.sampling.NEVER_SAMPLED)
         generation["suppress_tokens"] = [PAD_ID, UNK_ID, BOS_ID]
 

@@ -34,6 +34,7 @@ from torch import Tensor, nn
 from ..common.errors import UserError
 from ..config.schema import RunConfig
 from ..data.batching import Batches, FilterStats
+from ..data.chat_template import ChatTemplate
 from ..data.documents import document_settings
 from ..data.prepare import Encoded, flat
 from ..data.readers import ReadStats, read_text
@@ -196,10 +197,13 @@ class LanguageModelTask(EpochTask):
 
 
 def check(cfg: RunConfig) -> None:
-    """A language model is a Transformer whose table of positions (if any) covers ``block_size`` (``model.init_from``,
-    a ``task: lm`` run to train on, is checked by :func:`attnkit.tasks.init_from.check_init_from`)."""
+    """A language model is a Transformer whose table of positions (if any) covers ``block_size``, and whose chat
+    template, if it has one, parses (``model.init_from``, a ``task: lm`` run to train on, is checked by
+    :func:`attnkit.tasks.init_from.check_init_from`)."""
     if cfg.model.arch != "transformer":
         raise UserError("task lm needs model.arch: transformer")
+    if cfg.data.chat_template:
+        ChatTemplate(cfg.data.chat_template, "data.chat_template")
     t = cfg.model.transformer
     if t.positions in ADDITIVE_POSITIONS and cfg.data.block_size > t.max_len:
         raise UserError(f"data.block_size={cfg.data.block_size} exceeds model.transformer.max_len={t.max_len} "
