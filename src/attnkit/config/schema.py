@@ -166,7 +166,7 @@ class TrainConfig:
     weight_decay: float = 0.0
     label_smoothing: float = 0.1
     clip_norm: float = 1.0  # 0 = no clipping
-    precision: Literal["auto", "bf16", "fp32"] = "auto"  # auto: bf16 where the CPU has AMX/AVX512-BF16, or CUDA
+    precision: Literal["auto", "bf16", "float32", "fp32"] = "auto"  # auto: bf16 where it pays; fp32 = float32
     valid_every: int = 1000  # updates between validations (and checkpoints)
     valid_bleu_sentences: int = 500  # greedy-decode this many dev sentences for BLEU (0 = skip)
     keep_checkpoints: int = 5  # most recent step checkpoints kept (for averaging and resume)
@@ -174,9 +174,13 @@ class TrainConfig:
     patience: int = 0  # stop after this many validations without improvement (0 = never)
     threads: int = 0  # torch intra-op threads (0 = torch's default)
     progress: bool = True  # a progress bar on a terminal, a plain line every 30 s otherwise
-    engine: Literal["fast", "reference"] = "fast"  # reference: the textbook path; fast: attnkit.engine (same results)
+    # reference: the textbook path; eager: attnkit.engine's kernels (the same results); compiled: eager (training
+    # has no compiled path); "fast", the old name of eager, is read as eager
+    engine: Literal["reference", "eager", "compiled", "fast"] = "eager"
 
     def validate(self) -> None:
+        if self.engine == "fast":
+            self.engine = "eager"
         for key in ("max_tokens", "accumulate", "max_updates", "max_epochs", "valid_every", "pad_multiple",
                     "keep_checkpoints"):
             if getattr(self, key) < 1:

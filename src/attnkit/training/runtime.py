@@ -27,7 +27,7 @@ def cpu_has_fast_bf16() -> bool:
 
 def resolve_bf16(precision: str, device: torch.device) -> bool:
     """Whether to train under bfloat16 autocast: ``precision`` is ``auto``, ``bf16`` or ``fp32``."""
-    if precision == "fp32":
+    if precision in ("fp32", "float32"):
         return False
     if device.type == "cuda":
         supported = torch.cuda.is_bf16_supported()

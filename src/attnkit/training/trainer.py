@@ -20,7 +20,7 @@ Checkpoints are taken every ``valid_every`` updates and at the end, atomically, 
 directory (:mod:`attnkit.runs.directory`). Each holds the weights and the trainer state (optimizer, step,
 data position, RNG, early-stopping counters); ``--resume`` restarts from the newest one and
 reproduces the uninterrupted run exactly. Threads, device and precision are set up by
-:mod:`attnkit.training.runtime`; ``train.engine`` chooses the reference path or the engine's fast paths
+:mod:`attnkit.training.runtime`; ``train.engine`` chooses the reference path or the engine's
 (:mod:`attnkit.engine`), which compute the same function.
 
 Several processes (``torchrun --nproc_per_node=N -m attnkit train ...``): each update takes
@@ -44,7 +44,7 @@ from torch import nn
 from ..common.errors import UserError
 from ..common.log import silent, to_stderr
 from ..config.schema import RunConfig, TrainConfig
-from ..engine import accelerate
+from ..engine import Engine, prepare
 from ..runs.checkpoint import capture_rng_state, check_compatible, restore_rng_state
 from ..runs.directory import RunDirectory
 from ..runs.layout import MODEL_FILE
@@ -137,8 +137,11 @@ class Trainer:
         resume_from = self.workers.broadcast(resume_from)  # rank 0's choice, should the ranks' listings differ
         torch.manual_seed(self.tc.seed)  # model init independent of what data preparation drew
         self.model = self.task.build_model().to(self.device)
-        if self.tc.engine == "fast":
-            accelerate(self.model)  # the same function, computed faster (attnkit.engine)
+        model_name = type(self.model).__name__  # the textbook's class, before the engine's takes its place
+        prepare(self.model, Engine(self.tc.engine))  # in place: the same function, maybe computed faster
+        if self.tc.engine == "compiled":
+            self.log("train.engine: compiled: training has no compiled path (only a language model's generation "
+                     "has); it runs eager")
         self.objective = self.task.objective(self.model)  # the model and its loss: what DDP wraps
         if self.workers.enabled:  # one dropout stream per rank
             torch.manual_seed(distributed.rank_seed(self.tc.seed, self.workers.rank, 0))
@@ -157,7 +160,7 @@ class Trainer:
         self.train_objective = self.workers.wrap(self.objective, self._probe_loss)  # DDP, or the objective itself
         n_params = sum(p.numel() for p in self.model.parameters())
         workers = f", {self.workers.world_size} processes" if self.workers.enabled else ""
-        self.log(f"{self.task.name}: {type(self.model).__name__} with {n_params / 1e6:.2f}M parameters on "
+        self.log(f"{self.task.name}: {model_name} with {n_params / 1e6:.2f}M parameters on "
                  f"{self.device} ({'bf16 autocast' if self.bf16 else 'fp32'}, {torch.get_num_threads()} threads"
                  f"{workers}, {self.tc.engine} engine)")
         self.log(f"effective batch: max_tokens {self.tc.max_tokens} x accumulate {self.accumulate} x "
