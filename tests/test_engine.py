@@ -14,6 +14,7 @@ from attnkit import MultiHeadAttention, Transformer, attend, preset, soft_attent
 from attnkit.engine import ByteDropout, SharedMemoryState, fast_attend, to_eager
 from attnkit.engine.attention import BF16_SOFTMAX_CPU_MIN_KEYS, FUSED_BF16_CPU_MIN_KEYS, soft_attention_in_dtype
 from attnkit.engine.decoding import shared_rows
+from attnkit.engine.eager import EagerMultiHeadAttention
 from attnkit.search import beam_search, greedy_search
 from test_loss import assert_same_loss_and_gradients
 from test_transformer import batch, small_model
@@ -105,7 +106,7 @@ def test_byte_dropout_keeps_as_often_as_nn_dropout(p: float) -> None:
     assert torch.equal(ByteDropout(p).eval()(x), x)
 
 
-def test_accelerate_swaps_paths_and_keeps_parameters() -> None:
+def test_to_eager_swaps_paths_and_keeps_parameters() -> None:
     torch.manual_seed(0)
     model = Transformer(preset("tiny"), 40, 40)
     before = {k: v.clone() for k, v in model.state_dict().items()}
@@ -113,8 +114,8 @@ def test_accelerate_swaps_paths_and_keeps_parameters() -> None:
     to_eager(model)
     assert sum(isinstance(m, ByteDropout) for m in model.modules()) == n_dropout > 0
     assert not any(type(m) is torch.nn.Dropout for m in model.modules())
-    assert all(m.kernel is fast_attend for m in model.modules() if isinstance(m, MultiHeadAttention))
-    assert model.state_type is SharedMemoryState
+    assert all(type(m) is EagerMultiHeadAttention for m in model.modules() if isinstance(m, MultiHeadAttention))
+    assert type(model.init_decoder(torch.tensor([[5, 6, 3]]))) is SharedMemoryState
     after = model.state_dict()
     assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
 
