@@ -55,7 +55,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 from attnkit.common.measure import stamp  # noqa: E402
-from attnkit.training.runtime import cpu_has_fast_bf16  # noqa: E402
+from attnkit.runs.layout import PRECISION_FILE  # noqa: E402
 from nbsvm import cpu_model  # noqa: E402  (benchmarks/ is on sys.path when this script runs)
 from tables import markdown, measured, num  # noqa: E402
 
@@ -145,7 +145,20 @@ def attnkit_train(run_dir: Path, overrides: list[str], val: Path, logs: Path, na
     return {"command": "attnkit " + " ".join(cmd[3:]).replace(str(ROOT) + "/", ""), "wall_seconds": round(seconds, 1),
             "updates": int(updates[-1][0]) if updates else None,
             "train_seconds": round(float(updates[-1][1]) * 60, 1) if updates else None, "valid_loss": loss,
-            "validations": validations(run_dir)}
+            "validations": validations(run_dir), "precision": recorded_precision(run_dir)}
+
+
+def recorded_precision(run_dir: Path) -> dict | None:
+    """What the run trained in and why (its ``precision.json``: ``precision: auto`` measures per host)."""
+    path = run_dir / PRECISION_FILE
+    return json.loads(path.read_text(encoding="utf-8")) if path.exists() else None
+
+
+def attnkit_precisions(rows: list[dict]) -> str:
+    """The precisions attnkit's rows trained in, as their runs recorded them: ``float32``, ``bf16``, or both
+    (``float32`` where no row trained: the sampling row's models are float32)."""
+    chosen = sorted({r["precision"]["precision"] for r in rows if r.get("precision")})
+    return " and ".join(chosen) or "float32"
 
 
 def validations(run_dir: Path) -> list[list[float]]:
@@ -241,7 +254,8 @@ def row_throughput(nanogpt: Path, work: Path, device: str = "cpu") -> list[dict]
                *overrides, f"train.max_updates={n}"]
         times.append(run_timed(cmd, ROOT, work / f"attnkit-throughput-{n}.log")[0])
     ak = tokens * attnkit_iters / (times[1] - times[0])
-    return [*rows, {"row": "throughput", "contender": "attnkit", "tok_s": round(ak), "shape": s, "device": device}]
+    return [*rows, {"row": "throughput", "contender": "attnkit", "tok_s": round(ak), "shape": s, "device": device,
+                    "precision": recorded_precision(work / f"ak-throughput-{warmup + attnkit_iters}")}]
 
 
 @torch.inference_mode()
@@ -358,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps([r for r in rows if r["row"] == name], indent=1), flush=True)
         result = {**stamp(), "cpu": cpu_model(), "threads": torch.get_num_threads(),
                   "precision": "nanoGPT float32 (its CPU path); attnkit "
-                               + ("bf16" if cpu_has_fast_bf16() else "float32") + " (precision: auto)",
+                               + attnkit_precisions(rows) + " (precision: auto, measured per run)",
                   **({"device": "cuda", "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
                       "precision": "nanoGPT bf16 (--dtype=bfloat16); attnkit bf16 (precision: auto)"}
                      if args.device == "cuda" else {}),

@@ -219,14 +219,14 @@ def qwen2_tokenizer(out: Path, texts: list[str]):
     return tk
 
 
-def gpt2_dir(out: Path, *, seed: int = 0, **config) -> Path:
+def gpt2_dir(out: Path, *, seed: int = 0, n_positions: int = 64, **config) -> Path:
     """A tiny GPT2LMHeadModel directory (tied output, gelu_new) with a byte-level BPE tokenizer."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
     out.mkdir(parents=True, exist_ok=True)
     tk = gpt2_tokenizer(out, causal_texts())
     eot = tk.token_to_id("<|endoftext|>")
-    cfg = GPT2Config(vocab_size=tk.get_vocab_size(), n_embd=32, n_layer=2, n_head=4, n_positions=64,
+    cfg = GPT2Config(vocab_size=tk.get_vocab_size(), n_embd=32, n_layer=2, n_head=4, n_positions=n_positions,
                      bos_token_id=eot, eos_token_id=eot, **config)
     torch.manual_seed(seed)
     model = GPT2LMHeadModel(cfg).eval()
@@ -236,7 +236,7 @@ def gpt2_dir(out: Path, *, seed: int = 0, **config) -> Path:
 
 
 def llama_dir(out: Path, *, seed: int = 0, model_type: str = "llama", tie: bool = False, kv_heads: int = 2,
-              unk: bool = True, **config) -> Path:
+              unk: bool = True, hidden_size: int = 32, intermediate_size: int = 64, **config) -> Path:
     """A tiny LlamaForCausalLM (or MistralForCausalLM) directory: grouped-query attention, RoPE with another
     base, three model rows past the tokenizer's vocabulary, a Llama-like tokenizer (``unk``: as
     :func:`llama_tokenizer`'s)."""
@@ -246,9 +246,10 @@ def llama_dir(out: Path, *, seed: int = 0, model_type: str = "llama", tie: bool 
     tk = llama_tokenizer(out, causal_texts(), unk=unk)
     Config, Model = {"llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
                      "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM)}[model_type]
-    cfg = Config(vocab_size=tk.get_vocab_size() + 3, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                 num_attention_heads=4, num_key_value_heads=kv_heads, max_position_embeddings=128, rms_norm_eps=1e-5,
-                 rope_theta=500.0, tie_word_embeddings=tie, bos_token_id=1, eos_token_id=2, **config)
+    cfg = Config(vocab_size=tk.get_vocab_size() + 3, hidden_size=hidden_size, intermediate_size=intermediate_size,
+                 num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=kv_heads, max_position_embeddings=128,
+                 rms_norm_eps=1e-5, rope_theta=500.0, tie_word_embeddings=tie, bos_token_id=1, eos_token_id=2,
+                 **config)
     torch.manual_seed(seed)
     model = Model(cfg).eval()
     perturb(model, seed)

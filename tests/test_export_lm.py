@@ -231,7 +231,9 @@ def test_cli_export_generate_int8_and_force(llama_run, tmp_path, capsys):
     assert (manifest["task"], manifest["quantization"], manifest["context"]) == ("lm", "float32", None)
     assert is_exported(out) and json.loads((out / "vocabulary.json").read_text(encoding="utf-8")) == \
         pieces_of(Tokenizer.load(llama_run))
-    greedy_options = ("--prompt", "ROMEO:\n", "--prompt", "the king", "--temperature", "0", "--max-new-tokens", "30")
+    assert manifest["trained_context"] == 16  # the run's data.block_size: a rope model reads past it on request
+    greedy_options = ("--prompt", "ROMEO:\n", "--prompt", "the king", "--temperature", "0", "--max-new-tokens", "30",
+                      "--beyond-context")
     ours = cli(capsys, "generate", llama_run, *greedy_options)
     assert cli(capsys, "generate", out, *greedy_options) == ours and ours[0] == 0
     stop = ("--stop", ours[1].split("\n---\n")[0][len("ROMEO:\n") + 3:][:2])

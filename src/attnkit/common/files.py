@@ -3,6 +3,7 @@
 A file is written to a temporary sibling, flushed and fsynced, then moved onto the target with
 ``os.replace``; the directory entry of the rename is fsynced too. Every module that writes a
 file a later command reads back (configs, tokenizers, checkpoints, the explorer page) uses these.
+:func:`cache_dir` is where attnkit keeps what it can compute again (compiled steps, precision choices).
 """
 
 from __future__ import annotations
@@ -58,3 +59,14 @@ def atomic_write_text(path: str | Path, text: str) -> None:
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     """Write ``data`` to ``path`` atomically."""
     atomic_write(path, lambda tmp: tmp.write_bytes(data))
+
+
+def cache_dir(name: str) -> Path | None:
+    """Where attnkit keeps ``name`` (one kind of cached result) between processes: ``$ATTNKIT_CACHE/name``
+    (``ATTNKIT_CACHE=off``: nowhere, None), else ``$XDG_CACHE_HOME/attnkit/name``, else ``~/.cache/attnkit/name``."""
+    root = os.environ.get("ATTNKIT_CACHE")
+    if root == "off":
+        return None
+    if not root:
+        root = str(Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "attnkit")
+    return Path(root) / name

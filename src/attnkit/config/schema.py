@@ -166,7 +166,9 @@ class TrainConfig:
     weight_decay: float = 0.0
     label_smoothing: float = 0.1
     clip_norm: float = 1.0  # 0 = no clipping
-    precision: Literal["auto", "bf16", "float32", "fp32"] = "auto"  # auto: bf16 where it pays; fp32 = float32
+    # auto: bf16 autocast or float32, whichever computes the model's products faster here (measured once per host
+    # and model shapes, attnkit.engine.precision; on CUDA bf16 where supported); fp32 is float32's other name
+    precision: Literal["auto", "bf16", "float32", "fp32"] = "auto"
     valid_every: int = 1000  # updates between validations (and checkpoints)
     valid_bleu_sentences: int = 500  # greedy-decode this many dev sentences for BLEU (0 = skip)
     keep_checkpoints: int = 5  # most recent step checkpoints kept (for averaging and resume)

@@ -48,27 +48,31 @@ per output row (``quantize: int8``)
 Each has a test against its reference (``tests/test_engine.py``, ``tests/test_compiled_decoding.py``,
 ``tests/test_quantize.py``: int8 against the dequantized float layer, since rounding moves the logits), and
 ``tests/test_modes.py`` holds every mode to ``reference`` for every kind of model.
+
+Precision: :mod:`attnkit.engine.precision` times the model's own matrix products in float32 and in bf16 on this host
+(``precision: auto`` in training and at inference, :func:`~.precision.choose_precision`), and
+:func:`~.precision.bf16_weights` stores a model's weights in bf16 for inference (``tests/test_precision.py``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
-import torch
 from torch import Tensor, nn
 
 from ..common.errors import UserError
 from ..lm import LanguageModel
-from ..transformer import Transformer
 from ..sampling import StepModel, choose_next
+from ..transformer import Transformer
 from .attention import fast_attend
 from .decoding import GrowingKVCache, SharedMemoryState
 from .dropout import ByteDropout
 from .eager import to_eager, to_reference
 from .loss import FusedLMLoss, FusedSeq2SeqLoss
 from .mlm import FusedMLMLoss
+from .precision import Choice, bf16_weights, choose_precision
 
 Mode = Literal["reference", "eager", "compiled"]
 MODES: tuple[Mode, ...] = ("reference", "eager", "compiled")
@@ -79,7 +83,7 @@ QUANTIZE: tuple[Quantize, ...] = ("none", "int8")
 
 __all__ = ["MODES", "PRECISIONS", "QUANTIZE", "ByteDropout", "Engine", "FusedLMLoss", "FusedMLMLoss",
            "FusedSeq2SeqLoss", "GrowingKVCache", "Mode", "Precision", "Quantize", "SharedMemoryState", "fast_attend",
-           "generation_decoder", "prepare", "to_eager", "to_reference"]
+           "generation_decoder", "prepare", "resolve", "to_eager", "to_reference"]
 
 
 @dataclass(frozen=True)
@@ -104,13 +108,26 @@ class Engine:
         return f"{self.mode} ({self.precision}{quantized})"
 
 
+def resolve(model: nn.Module, engine: Engine) -> tuple[Engine, Choice | None]:
+    """``engine`` with ``precision: auto`` replaced by what a short measurement of ``model``'s own matrix shapes finds
+    faster on its device (:func:`~.precision.choose_precision`: for decoding steps where the model has a
+    single-step interface, else for whole forward passes), and that measurement; other engines as they are."""
+    if engine.precision != "auto":
+        return engine, None
+    steps = callable(getattr(model, "init_state", None)) or callable(getattr(model, "init_decoder", None))
+    choice = choose_precision(model, next(model.parameters()).device, "decode" if steps else "forward")
+    return replace(engine, precision=choice.precision), choice
+
+
 def prepare(model: nn.Module, engine: Engine) -> nn.Module:
     """``model`` made to run as ``engine`` says: the textbook's classes (``reference``) or the engine's
-    (``eager``, ``compiled``), in place; with ``quantize: int8`` a copy whose linear layers hold int8 weights
-    (``model`` itself stays float). The mode's compiled steps are made by :func:`generation_decoder`."""
+    (``eager``, ``compiled``), in place, with its weights in bfloat16 for ``precision: bf16``; with ``quantize:
+    int8`` a copy whose linear layers hold int8 weights (``model`` itself stays float). ``precision: auto`` is
+    :func:`resolve` d first. The mode's compiled steps are made by :func:`generation_decoder`."""
+    engine, _ = resolve(model, engine)
     model = to_reference(model) if engine.mode == "reference" else to_eager(model)
     if engine.precision == "bf16":
-        model = model.to(torch.bfloat16)  # weights stored in bfloat16: no cast at every step
+        model = bf16_weights(model, inplace=True)  # stored in bfloat16: no cast at every step
     if engine.quantize == "int8":
         from .quantize import quantize_int8
 

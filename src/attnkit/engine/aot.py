@@ -23,6 +23,7 @@ import torch._inductor
 from torch import Tensor, nn
 
 from ..common.errors import UserError
+from ..common.files import cache_dir
 
 __all__ = ["STEP_CONFIG", "CompiledProgram", "compile_module", "cpu_features", "dim_range", "load_or_compile",
            "matvec_linear", "step_cache", "step_constants", "step_key"]
@@ -101,13 +102,9 @@ class CompiledProgram:
 
 def step_cache() -> Path | None:
     """Where compiled steps are kept between processes: ``$ATTNKIT_CACHE/compiled-steps`` (``ATTNKIT_CACHE=off``:
-    nowhere), else ``$XDG_CACHE_HOME/attnkit/compiled-steps``, else ``~/.cache/attnkit/compiled-steps``."""
-    root = os.environ.get("ATTNKIT_CACHE")
-    if root == "off":
-        return None
-    if not root:
-        root = str(Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "attnkit")
-    return Path(root) / "compiled-steps"
+    nowhere), else ``$XDG_CACHE_HOME/attnkit/compiled-steps``, else ``~/.cache/attnkit/compiled-steps``
+    (:func:`~attnkit.common.files.cache_dir`)."""
+    return cache_dir("compiled-steps")
 
 
 def step_key(program: torch.export.ExportedProgram, device: torch.device) -> str:

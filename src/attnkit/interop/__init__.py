@@ -10,6 +10,9 @@
                                (``task: lm``)                              ``interop/causal_lm.py``
                                ``model_type: llama``, ``mistral``,         ``interop/llama.py``,
                                ``qwen2`` -> language-model run             ``interop/causal_lm.py``
+ ``attnkit import FILE.gguf     a GGUF of ``llama``, ``qwen2`` or ``gpt2``   ``interop/gguf.py``,
+ -o RUN``                      -> language-model run, through the          ``interop/gguf_tokenizer.py``
+                               Hugging Face import
  ``attnkit export RUN --to      a translation run -> a ``MarianMTModel`` /  ``interop/marian.py``
  huggingface -o DIR``           ``MarianTokenizer`` directory
                                a language-model run -> a                   ``interop/causal_lm.py``
@@ -22,7 +25,8 @@
 An import writes an ordinary run directory (config, tokenizer, ``imported.safetensors``): every command
 works on it unchanged. Nothing is downloaded and transformers is not needed: :mod:`attnkit.interop.hf`
 reads the directory's JSON, safetensors and tokenizer files itself (a causal language model's
-``tokenizer.json`` through the ``tokenizers`` library).
+``tokenizer.json`` through the ``tokenizers`` library); a GGUF file (llama.cpp's format) is read with the
+``gguf`` package and becomes such a directory first (:mod:`attnkit.interop.gguf`).
 """
 
 from __future__ import annotations
@@ -36,10 +40,13 @@ from ..config.schema import RunConfig
 from ..runs.layout import CONFIG_FILE, find_weights
 from .bert import import_bert
 from .causal_lm import export_causal_lm, import_causal_lm
+from .gguf import import_gguf
+from .gguf_file import is_gguf
 from .hf import HFDirectory
 from .marian import export_marian, import_marian
 
-__all__ = ["EXPORTERS", "IMPORTERS", "export_causal_lm", "export_huggingface", "export_marian", "import_model"]
+__all__ = ["EXPORTERS", "IMPORTERS", "export_causal_lm", "export_huggingface", "export_marian", "import_gguf",
+           "import_model"]
 
 #: ``config.json``'s ``model_type`` -> the function that writes its run.
 IMPORTERS: dict[str, Callable[..., Path]] = {"marian": import_marian, "bert": import_bert, "gpt2": import_causal_lm,
@@ -50,7 +57,10 @@ EXPORTERS: dict[str, Callable[..., Path]] = {"translate": export_marian, "lm": e
 
 
 def import_model(source: str | Path, out: str | Path, *, force: bool = False) -> Path:
-    """Write the attnkit run of the Hugging Face model directory ``source`` into ``out`` -> ``out``."""
+    """Write the attnkit run of the Hugging Face model directory, or the GGUF file, ``source`` into ``out`` ->
+    ``out``."""
+    if not Path(source).is_dir() and is_gguf(source):
+        return import_gguf(source, out, force=force)
     hf = HFDirectory(source)
     if hf.model_type not in IMPORTERS:
         raise UserError(f"{hf.path / 'config.json'}: key 'model_type' is {hf.model_type!r}; attnkit imports "

@@ -167,9 +167,9 @@ def renumber_rows(t: torch.Tensor, pieces: HFTokenizersModel) -> torch.Tensor:
     return out
 
 
-def import_causal_lm(hf: HFDirectory, out: str | Path, *, force: bool = False) -> Path:
+def import_causal_lm(hf: HFDirectory, out: str | Path, *, force: bool = False, source: Path | None = None) -> Path:
     """Write the ``task: lm`` run of the GPT-2, Llama, Mistral or Qwen2 checkpoint ``hf`` into ``out`` (module
-    doc)."""
+    doc); ``source``: the file the run records as ``imported_from`` when it is not ``hf`` itself (a GGUF)."""
     config_of, state_of, architectures = FAMILIES[hf.model_type]
     named = hf.config.get("architectures") or []
     if named and named[0] not in architectures:
@@ -192,7 +192,8 @@ def import_causal_lm(hf: HFDirectory, out: str | Path, *, force: bool = False) -
     if unset:  # a mapping error, never the user's: say so plainly
         raise RuntimeError(f"the {hf.model_type} mapping leaves {unset} unset")
     model.load_state_dict(state, strict=False)
-    data = DataConfig(imported_from=str(hf.path.resolve()), documents="text", block_size=min(cfg.max_len, BLOCK_SIZE),
+    source = source or hf.path
+    data = DataConfig(imported_from=str(source.resolve()), documents="text", block_size=min(cfg.max_len, BLOCK_SIZE),
                       tokenizer=TokenizerConfig(vocab_size=pieces.size, model_type="bpe"))
     run_cfg = RunConfig(task="lm", data=data, model=ModelConfig(transformer=cfg))
 
@@ -201,7 +202,7 @@ def import_causal_lm(hf: HFDirectory, out: str | Path, *, force: bool = False) -
     def write_tokenizer(directory: Path) -> None:
         write_hf_tokenizers(directory, text, specials, hf_size, settings, token_ids)
 
-    return write_run(out, run_cfg, model.state_dict(), hf.path, write_tokenizer, force=force)
+    return write_run(out, run_cfg, model.state_dict(), source, write_tokenizer, force=force)
 
 
 # -- export ------------------------------------------------------------------------------------------

@@ -54,7 +54,7 @@ class HFDirectory:
         self.path = Path(path)
         if not self.path.is_dir():
             raise UserError(f"{self.path}: not a directory; give a local Hugging Face model directory "
-                            f"(config.json, model.safetensors, tokenizer files)")
+                            f"(config.json, model.safetensors, tokenizer files), or a GGUF file")
         config = read_json(self.path / CONFIG)
         if not isinstance(config, dict):
             raise UserError(f"{self.path / CONFIG}: expected a JSON object")

@@ -1,5 +1,5 @@
 """The run directory as ``attnkit train`` writes it: resolved config, checkpoints (atomic, pruned, averaged),
-metrics and best weights. Its file names are :mod:`attnkit.runs.layout`'s.
+metrics, best weights and the precision chosen. Its file names are :mod:`attnkit.runs.layout`'s.
 
 Each checkpoint is written under a temporary name and renamed into place, so a crash (Ctrl-C,
 kill -9) leaves either the whole checkpoint or none. Weights are safetensors; the trainer state
@@ -29,6 +29,7 @@ from .layout import (
     CONFIG_FILE,
     METRICS_FILE,
     MODEL_FILE,
+    PRECISION_FILE,
     STATE_FILE,
     TOKENIZER_FILE,
     checkpoint_name,
@@ -90,6 +91,19 @@ class RunDirectory:
     def log_metrics(self, metrics: dict) -> None:
         with open(self.path / METRICS_FILE, "a", encoding="utf-8") as f:
             f.write(json.dumps(metrics) + "\n")
+
+    def write_precision(self, record: dict) -> None:
+        """Record the precision the run computes in and why (:meth:`attnkit.engine.precision.Choice.to_json`)."""
+        if self.is_main:
+            atomic_write_text(self.path / PRECISION_FILE, json.dumps(record, indent=1) + "\n")
+
+    def read_precision(self) -> dict | None:
+        """The recorded precision, or None where there is none (or none readable)."""
+        try:
+            record = json.loads((self.path / PRECISION_FILE).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        return record if isinstance(record, dict) else None
 
     def truncate_metrics(self, step: int) -> None:
         """Drop metric lines logged after ``step`` (a resumed run logs them again)."""

@@ -19,10 +19,11 @@ from torch import nn
 
 from ..classifier import DecoderClassifier, TransformerClassifier
 from ..common.errors import UserError
+from ..common.log import to_stderr
 from ..config.loader import load_config
 from ..config.schema import RunConfig
 from ..data.tokenizer import BOS_ID, EOS_ID, UNK_ID, Tokenizer
-from ..engine import Engine, prepare
+from ..engine import Engine, prepare, resolve
 from ..lm import LanguageModel
 from ..mlm import MaskedLanguageModel, ReplacedTokenDetection
 from ..rnn import RNNSeq2Seq
@@ -133,8 +134,11 @@ def load_run(path: str | Path, device: torch.device | None = None, engine: Engin
     state, _ = load_weights(weights)
     check_compatible(model.state_dict(), state, weights)
     model.load_state_dict(state)
-    engine = engine or Engine()
-    model = prepare(model.to(device or torch.device("cpu")), engine).eval()
+    model = model.to(device or torch.device("cpu"))
+    engine, choice = resolve(model, engine or Engine())
+    if choice is not None:
+        to_stderr(f"attnkit: --precision auto: {choice.describe()}")
+    model = prepare(model, engine).eval()
     return LoadedRun(cfg, tok, model, classes, weights, run_dir, engine)
 
 

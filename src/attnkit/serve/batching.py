@@ -1,17 +1,14 @@
 """Dynamic batching for ``attnkit serve``: one worker thread per model, merging concurrent requests.
 
-The server (:mod:`attnkit.serve`) queues each request's texts as a job with a key (what to run and
-with which decoding parameters) and each text's length in source tokens; the model's
-:class:`ModelWorker` takes the oldest job and the queued jobs with the same key closest to it in length,
-up to ``max_batch`` texts and ``max_batch_tokens`` padded tokens, waiting at most ``max_wait_ms`` for
-more (after the oldest arrived, or after the previous batch was answered; not at all for a lone request
-while one client is sending), and runs them as one call.
-
-A job may instead bring a :class:`Stepper` (``attnkit serve`` gives greedy translation by an attnkit run one,
-:class:`attnkit.engine.continuous.ContinuousGreedy` behind it, and a language model's generation another,
-:class:`attnkit.serve.generation.ContinuousGeneration`): its texts join the stepper's running batch
-at the next step, and each job is answered as soon as its own texts have ended, while the others go on
-(continuous batching, as Orca and TGI do). Only this thread touches the model.
+The server queues each request's texts as a job with a key (what to run, with which decoding parameters) and
+each text's length in source tokens; the model's :class:`ModelWorker` takes the oldest job and the queued jobs
+with its key closest to it in length, up to ``max_batch`` texts and ``max_batch_tokens`` padded tokens, waiting
+at most ``max_wait_ms`` for more (not at all for a lone request while one client is sending), and runs them as
+one call. A job may instead bring a :class:`Stepper` (greedy translation, :class:`ContinuousTranslation
+<attnkit.serve.servables.ContinuousTranslation>`; a language model's generation,
+:class:`~attnkit.serve.generation.ContinuousGeneration`): its texts join the running batch at the next step, and
+each job is answered as soon as its own texts have ended (continuous batching, as Orca and TGI do). Only this
+thread touches the model.
 """
 
 from __future__ import annotations
@@ -63,13 +60,10 @@ class QueueFull(Exception):
 class Stepper(Protocol):
     """Decoding in steps that texts join and leave (continuous batching); driven by the worker thread alone.
 
-    ``start(texts)`` begins them and returns a handle per text; ``step()`` advances every running text one
-    step and returns ``(handle, result)`` for those that ended (and for those that ended at ``start``); a result
-    that is an exception is that text's failure alone (its job is answered with it, the other jobs go on);
-    ``running`` counts texts started and not yet returned, ``width`` the padded source length of the running
-    batch; ``abandon()`` drops every running text (after a failed step). ``start`` may raise
-    :class:`UserError` for a text it cannot run, before it starts any of them.
-    """
+    ``start(texts)`` begins them, a handle per text (it may raise :class:`UserError` before starting any);
+    ``step()`` advances every running text and returns ``(handle, result)`` for those that ended (at ``start``
+    too), an exception being that text's failure alone; ``running`` counts texts not yet returned, ``width`` the
+    running batch's padded source length; ``abandon()`` drops every running text (after a failed step)."""
 
     @property
     def running(self) -> int: ...

@@ -1,8 +1,8 @@
 """Where and how a run computes: threads, device and precision (the one autocast context).
 
-Precision is float32, or bfloat16 autocast where it pays: on CUDA when the GPU supports it, on
-the CPU when it has AMX or AVX512-BF16 (bf16 matmuls there are several times faster than
-float32). Softmax and the loss stay float32 inside the autocast region (done explicitly by them).
+Precision is float32 or bfloat16 autocast, as ``train.precision`` says; ``auto`` takes whichever computes the
+model's products faster on this host, measured (:func:`attnkit.engine.precision.training_precision`).
+Softmax and the loss stay float32 inside the autocast region (done explicitly by them).
 """
 
 from __future__ import annotations
@@ -11,31 +11,18 @@ from contextlib import AbstractContextManager
 
 import torch
 
-from ..common.errors import UserError
 from . import distributed
 
 
 def cpu_has_fast_bf16() -> bool:
-    """True when the CPU has AMX or AVX512-BF16 (bf16 matmul much faster than fp32)."""
+    """True when the CPU has AMX or AVX512-BF16: bf16 products can be faster than float32 ones there (whether they
+    are for a given model, :mod:`attnkit.engine.precision` measures)."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
             flags = f.read()
     except OSError:
         return False
     return "amx_bf16" in flags or "avx512_bf16" in flags
-
-
-def resolve_bf16(precision: str, device: torch.device) -> bool:
-    """Whether to train under bfloat16 autocast: ``precision`` is ``auto``, ``bf16`` or ``fp32``."""
-    if precision in ("fp32", "float32"):
-        return False
-    if device.type == "cuda":
-        supported = torch.cuda.is_bf16_supported()
-    else:
-        supported = cpu_has_fast_bf16()
-    if precision == "bf16" and device.type == "cuda" and not supported:
-        raise UserError("train.precision: bf16 is not supported by this GPU; use fp32")
-    return supported or precision == "bf16"
 
 
 def autocast(device: torch.device, bf16: bool) -> AbstractContextManager:

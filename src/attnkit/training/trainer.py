@@ -19,9 +19,11 @@ update for update);
 Checkpoints are taken every ``valid_every`` updates and at the end, atomically, into the run
 directory (:mod:`attnkit.runs.directory`). Each holds the weights and the trainer state (optimizer, step,
 data position, RNG, early-stopping counters); ``--resume`` restarts from the newest one and
-reproduces the uninterrupted run exactly. Threads, device and precision are set up by
-:mod:`attnkit.training.runtime`; ``train.engine`` chooses the reference path or the engine's
-(:mod:`attnkit.engine`), which compute the same function.
+reproduces the uninterrupted run exactly. Threads, device and the autocast context are set up by
+:mod:`attnkit.training.runtime`; ``train.precision`` is resolved by :func:`attnkit.engine.precision.training_precision`
+(``auto``: measured on this host), recorded in the run directory (``precision.json``) and logged in one line, and a
+resumed ``auto`` run keeps the precision it started with; ``train.engine`` chooses the reference path or the
+engine's (:mod:`attnkit.engine`), which compute the same function.
 
 Several processes (``torchrun --nproc_per_node=N -m attnkit train ...``): each update takes
 ``world_size x accumulate`` batches, shared out by :func:`attnkit.training.distributed.shard`; the loss is
@@ -36,6 +38,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -45,6 +48,7 @@ from ..common.errors import UserError
 from ..common.log import silent, to_stderr
 from ..config.schema import RunConfig, TrainConfig
 from ..engine import Engine, prepare
+from ..engine.precision import Choice, training_precision
 from ..runs.checkpoint import capture_rng_state, check_compatible, restore_rng_state
 from ..runs.directory import RunDirectory
 from ..runs.layout import MODEL_FILE
@@ -52,7 +56,7 @@ from ..tasks import make_task
 from ..tasks.base import Task
 from . import distributed
 from .progress import progress
-from .runtime import autocast, resolve_bf16, set_threads
+from .runtime import autocast, set_threads
 
 
 def learning_rate(step: int, cfg: TrainConfig, d_model: int | None, minutes: float = 0.0) -> float:
@@ -131,7 +135,6 @@ class Trainer:
         set_threads(self.tc.threads, self.workers)
         self.device = self.workers.device
         self._own_gpu = self.device if self.workers.enabled and self.device.type == "cuda" else None  # RNG state
-        self.bf16 = resolve_bf16(self.tc.precision, self.device)
         # Rank 0 checks the run directory and trains the tokenizer; then the others load it.
         self.task, resume_from = self.workers.main_first(lambda: self._prepare(resume))
         resume_from = self.workers.broadcast(resume_from)  # rank 0's choice, should the ranks' listings differ
@@ -142,6 +145,10 @@ class Trainer:
         if self.tc.engine == "compiled":
             self.log("train.engine: compiled: training has no compiled path (only a language model's generation "
                      "has); it runs eager")
+        # rank 0 chooses (measuring, on a CPU, while the others wait) and every rank computes so
+        choice = self.workers.agree(lambda: self._choose_precision(resume_from) if self.workers.is_main else None)
+        self.precision: Choice = self.workers.broadcast(choice)
+        self.bf16 = self.precision.bf16
         self.objective = self.task.objective(self.model)  # the model and its loss: what DDP wraps
         if self.workers.enabled:  # one dropout stream per rank
             torch.manual_seed(distributed.rank_seed(self.tc.seed, self.workers.rank, 0))
@@ -161,8 +168,9 @@ class Trainer:
         n_params = sum(p.numel() for p in self.model.parameters())
         workers = f", {self.workers.world_size} processes" if self.workers.enabled else ""
         self.log(f"{self.task.name}: {model_name} with {n_params / 1e6:.2f}M parameters on "
-                 f"{self.device} ({'bf16 autocast' if self.bf16 else 'fp32'}, {torch.get_num_threads()} threads"
+                 f"{self.device} ({'bf16 autocast' if self.bf16 else 'float32'}, {torch.get_num_threads()} threads"
                  f"{workers}, {self.tc.engine} engine)")
+        self.log(f"precision: {self.precision.describe()}")
         self.log(f"effective batch: max_tokens {self.tc.max_tokens} x accumulate {self.accumulate} x "
                  f"{self.workers.world_size} worker(s) = {self.tokens_per_update} tokens per update (padded, at most)")
 
@@ -183,6 +191,20 @@ class Trainer:
         task = make_task(self.cfg, run_dir.path, self.log, resume=resume)
         existing = run_dir.checkpoints()
         return task, (existing[-1] if resume and existing else None)
+
+    def _choose_precision(self, resume_from: Path | None) -> Choice:
+        """``train.precision`` for this model (:func:`~attnkit.engine.precision.training_precision`), recorded in the
+        run directory; a resumed ``auto`` run takes the recorded choice, so that it computes as it started."""
+        if resume_from is not None and self.tc.precision == "auto":
+            recorded = self.run_dir.read_precision()
+            try:
+                return replace(Choice.from_json(recorded or {}), source="resumed")
+            except (ValueError, KeyError, TypeError, AttributeError):
+                pass  # none recorded (a run from before precisions were recorded): chosen again
+        # the rows of each product: a pass's padded tokens (accumulation repeats passes)
+        choice = training_precision(self.tc.precision, self.model, self.device, self.tc.max_tokens)
+        self.run_dir.write_precision(choice.to_json())
+        return choice
 
     def _probe_loss(self) -> torch.Tensor:
         """The loss of one training example: DDP's check for parameters a forward pass leaves unused."""
