@@ -67,12 +67,14 @@ from ..lm import LanguageModel
 from ..sampling import StepModel, choose_next
 from ..transformer import Transformer
 from .attention import fast_attend
+from .compiled_decoding import CompiledDecoder
 from .decoding import GrowingKVCache, SharedMemoryState
 from .dropout import ByteDropout
 from .eager import to_eager, to_reference
 from .loss import FusedLMLoss, FusedSeq2SeqLoss
 from .mlm import FusedMLMLoss
 from .precision import Choice, bf16_weights, choose_precision
+from .quantize import quantize_int8
 
 Mode = Literal["reference", "eager", "compiled"]
 MODES: tuple[Mode, ...] = ("reference", "eager", "compiled")
@@ -129,8 +131,6 @@ def prepare(model: nn.Module, engine: Engine) -> nn.Module:
     if engine.precision == "bf16":
         model = bf16_weights(model, inplace=True)  # stored in bfloat16: no cast at every step
     if engine.quantize == "int8":
-        from .quantize import quantize_int8
-
         if any(isinstance(m, Transformer) for m in model.modules()):
             raise UserError("--quantize int8: an encoder-decoder's cross-attention projects the encoder's memory with "
                             "slices of its weight, which int8 layers do not offer; quantize language models and "
@@ -147,7 +147,5 @@ def generation_decoder(model: LanguageModel, engine: Engine) -> tuple[StepModel,
     compiled step."""
     if engine.mode != "compiled":
         return model, choose_next
-    from .compiled_decoding import CompiledDecoder
-
     decoder = CompiledDecoder(model)
     return decoder, decoder.choose_next
