@@ -95,9 +95,9 @@ def train_model(work: Path, updates: int, settings: list[str]) -> Path:
 
 
 def attnkit_contender(run: Path, precision: str, compiled: bool, device: torch.device):
-    from attnkit.engine import accelerate
+    from attnkit.engine import to_eager
     from attnkit.engine.compiled_decoding import CompiledDecoder
-    model = accelerate(load_run(run, device).model).eval()
+    model = to_eager(load_run(run, device).model).eval()
     bf16 = precision == "bf16"
     if compiled:  # compiled on the warm-up pass of each batch size; in bf16 its weights are bf16 (no autocast)
         model = CompiledDecoder(model.to(torch.bfloat16) if bf16 else model,
@@ -341,11 +341,11 @@ def prompt_forward_seconds(run: Path, threads: int, device: torch.device, compil
     """The median time of one forward pass over a prompt (``LanguageModel.step`` from an empty cache; ``compiled``:
     the compiled prompt pass that ``attnkit serve --compile`` runs), its logits read back to the host as a served
     first token's are."""
-    from attnkit.engine import accelerate
+    from attnkit.engine import to_eager
     from attnkit.engine.compiled_decoding import CompiledDecoder
     torch.set_num_threads(threads)
     loaded = load_run(run, device)
-    model = accelerate(loaded.model).eval()
+    model = to_eager(loaded.model).eval()
     forward = CompiledDecoder(model).prefill if compiled else lambda x: model.step(x, model.init_state())
     x = torch.tensor(loaded.tok.encode_src(prompts(1)), device=device)
     times = []

@@ -274,8 +274,8 @@ def row_sampling(nanogpt: Path, batches: tuple[int, ...] = (1, 32), new_tokens: 
     ours = LanguageModel(TransformerConfig(d_model=s["n_embd"], n_heads=s["n_head"], d_ff=4 * s["n_embd"],
                                            decoder_layers=s["n_layer"], dropout=0.0, max_len=512, bias=False,
                                            activation="gelu", scale_embeddings=False), 69)
-    from attnkit.engine import accelerate
-    accelerate(ours).eval()
+    from attnkit.engine import to_eager
+    to_eager(ours).eval()
     rows = []
     for batch in batches:
         prompt = torch.full((batch, 1), 10, dtype=torch.long)

@@ -47,7 +47,7 @@ BATCH, PROMPT, NEW_TOKENS = 32, 64, 128
 
 def decode(threads: int, repeats: int) -> list[float]:
     """Tokens/s of ``repeats`` timed passes of the batch, on the calling thread at ``threads`` threads."""
-    from attnkit.engine import accelerate
+    from attnkit.engine import to_eager
     from attnkit.lm import LanguageModel
     from attnkit.sampling import generate
     from attnkit.transformer import TransformerConfig
@@ -55,7 +55,7 @@ def decode(threads: int, repeats: int) -> list[float]:
     torch.manual_seed(0)
     cfg = TransformerConfig(d_model=192, n_heads=6, d_ff=768, decoder_layers=4, dropout=0.0, max_len=256,
                             positions="learned", activation="gelu", bias=False, scale_embeddings=False)
-    model = accelerate(LanguageModel(cfg, 65)).eval()
+    model = to_eager(LanguageModel(cfg, 65)).eval()
     prompt = torch.randint(4, 65, (BATCH, PROMPT), generator=torch.Generator().manual_seed(1))
     rates = []
     with torch.inference_mode():

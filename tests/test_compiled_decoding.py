@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from attnkit.common.errors import UserError
-from attnkit.engine import accelerate, compiled_decoding
+from attnkit.engine import compiled_decoding, to_eager
 from attnkit.engine.aot import matvec_linear
 from attnkit.engine.compiled_decoding import CompiledDecoder, StaticKVCache, static_mask
 from attnkit.lm import LanguageModel
@@ -34,7 +34,7 @@ def test_the_static_cache_step_gives_the_logits_of_a_full_forward(name: str, fas
     """Every kind of positions, GQA and windows: feeding tokens one by one through static buffers (eager) gives,
     at every position, the logits of one forward pass over the whole sequence."""
     model = make_lm(**CONFIGS[name])
-    model = accelerate(copy.deepcopy(model)).eval() if fast else model
+    model = to_eager(copy.deepcopy(model)).eval() if fast else model
     decoder = CompiledDecoder(model, compile=False)
     tokens = prompts(3, 20)  # (B, T)
     with torch.inference_mode():
@@ -50,7 +50,7 @@ def test_the_static_cache_step_gives_the_logits_of_a_full_forward(name: str, fas
 
 
 def test_greedy_tokens_are_generate_s_and_the_model_s_context_is_enforced() -> None:
-    model = accelerate(make_lm(positions="learned"))
+    model = to_eager(make_lm(positions="learned"))
     decoder = CompiledDecoder(model, compile=False)
     prompt = prompts(2, 6).tolist()
     fits = MAX_LEN - 6 + 1  # the last token chosen is never fed: 6 + (fits - 1) = MAX_LEN positions
@@ -68,7 +68,7 @@ def test_buffers_grow_for_positions_without_a_table(monkeypatch: pytest.MonkeyPa
     compiled, one step serves every capacity and span (both are dimensions of the compiled step)."""
     monkeypatch.setattr(compiled_decoding, "FIRST_CAPACITY", 8)
     model = make_lm(positions="rope", n_kv_heads=2)
-    decoder = CompiledDecoder(accelerate(copy.deepcopy(model)).eval() if compile else model, compile=compile)
+    decoder = CompiledDecoder(to_eager(copy.deepcopy(model)).eval() if compile else model, compile=compile)
     tokens = prompts(2, 30)
     with torch.inference_mode():
         full = model(tokens)
@@ -130,7 +130,7 @@ def test_the_compiled_step_equals_the_textbook_step(name: str) -> None:
     matrix products): greedy tokens are the textbook ``generate``'s, the logits agree (also when a prompt's
     tokens are a strided view), and the step reads the model's own weights: an update in place shows."""
     reference = make_lm(**CONFIGS[name])
-    model = accelerate(copy.deepcopy(reference)).eval()
+    model = to_eager(copy.deepcopy(reference)).eval()
     decoder = CompiledDecoder(model)
     for B in (1, 3):
         prompt = prompts(B, 5).tolist()
@@ -163,7 +163,7 @@ def test_the_compiled_step_equals_the_textbook_step(name: str) -> None:
 def test_a_compiled_step_runs_a_bf16_model_and_refuses_autocast() -> None:
     """A model converted to bf16 compiles in bf16 (its logits near the eager bf16 step's); autocast is refused with
     a message that says what to do instead."""
-    model = accelerate(make_lm(positions="rope")).eval()
+    model = to_eager(make_lm(positions="rope")).eval()
     prompt = prompts(1, 5).tolist()
     with torch.autocast("cpu", dtype=torch.bfloat16), pytest.raises(ValueError, match="instead of autocast"):
         list(generate(CompiledDecoder(model), prompt, 3, temperature=0.0))
@@ -189,7 +189,7 @@ def test_a_compiled_step_is_kept_on_disk_and_loaded_by_the_next_decoder(monkeypa
     def greedy(model: LanguageModel | CompiledDecoder) -> torch.Tensor:
         return torch.stack(list(generate(model, prompt, 10, temperature=0.0, ignore_eos=True)), 1)
 
-    first, second = (accelerate(make_lm(positions="rope")).eval() for _ in range(2))
+    first, second = (to_eager(make_lm(positions="rope")).eval() for _ in range(2))
     with torch.no_grad():
         second.out_proj.weight.mul_(-1.0)  # other weights, same shapes
     # eager first: the eager pass extends RoPE's table of angles, which the exported step reads as a constant
@@ -218,6 +218,6 @@ def test_a_failed_compile_is_a_one_line_error(monkeypatch: pytest.MonkeyPatch) -
         raise RuntimeError("Failed to find C++ compiler.\nPlease specify via CXX environment variable.")
 
     monkeypatch.setattr(torch._inductor, "aoti_compile_and_package", no_compiler)
-    model = accelerate(make_lm(positions="learned")).eval()
-    with pytest.raises(UserError, match=r"failed \(RuntimeError: Failed to find C\+\+ compiler\.\); .*--compile"):
+    model = to_eager(make_lm(positions="learned")).eval()
+    with pytest.raises(UserError, match=r"failed \(RuntimeError: Failed to find C\+\+ compiler\.\); .*--engine eager"):
         list(generate(CompiledDecoder(model), prompts(1, 5).tolist(), 3, temperature=0.0))

@@ -11,7 +11,7 @@ import torch
 
 from attnkit import Transformer, preset
 from attnkit.common.errors import UserError
-from attnkit.engine import accelerate
+from attnkit.engine import to_eager
 from attnkit.engine.continuous import ContinuousGreedy, supports_continuous
 from attnkit.search import greedy_search
 from attnkit.serve.batching import Limits, ModelWorker
@@ -30,7 +30,7 @@ def model(norm_first: bool, positions: str = "sinusoidal", fast: bool = False, e
     bias = torch.zeros(VOCAB)
     bias[EOS_ID] = eos_bias
     m.out_proj.register_forward_hook(lambda _module, _inputs, logits: logits + bias)
-    return (accelerate(m) if fast else m).eval()
+    return (to_eager(m) if fast else m).eval()
 
 
 def sources(n: int, seed: int = 5) -> list[list[int]]:

@@ -10,7 +10,7 @@ import copy
 import pytest
 import torch
 
-from attnkit.engine import accelerate
+from attnkit.engine import to_eager
 from attnkit.engine.continuous_lm import ContinuousSampler, Sampling
 from attnkit.lm import LanguageModel
 from attnkit.positions import RotaryPositions
@@ -54,7 +54,7 @@ def make_lm(fast: bool = False, eos_bias: float = 2.0, **options) -> LanguageMod
     bias = torch.zeros(VOCAB)
     bias[EOS_ID] = eos_bias
     model.out_proj.register_forward_hook(lambda _module, _inputs, logits: logits + bias)
-    model = accelerate(copy.deepcopy(model)) if fast else model
+    model = to_eager(copy.deepcopy(model)) if fast else model
     return model.eval()
 
 

@@ -11,9 +11,10 @@ import pytest
 import torch
 
 from attnkit import MultiHeadAttention, Transformer, attend, preset, soft_attention
-from attnkit.engine import ByteDropout, SharedMemoryState, accelerate, fast_attend
+from attnkit.engine import ByteDropout, SharedMemoryState, fast_attend, to_eager
 from attnkit.engine.attention import BF16_SOFTMAX_CPU_MIN_KEYS, FUSED_BF16_CPU_MIN_KEYS, soft_attention_in_dtype
 from attnkit.engine.decoding import shared_rows
+from attnkit.engine.eager import EagerMultiHeadAttention
 from attnkit.search import beam_search, greedy_search
 from test_loss import assert_same_loss_and_gradients
 from test_transformer import batch, small_model
@@ -105,16 +106,16 @@ def test_byte_dropout_keeps_as_often_as_nn_dropout(p: float) -> None:
     assert torch.equal(ByteDropout(p).eval()(x), x)
 
 
-def test_accelerate_swaps_paths_and_keeps_parameters() -> None:
+def test_to_eager_swaps_paths_and_keeps_parameters() -> None:
     torch.manual_seed(0)
     model = Transformer(preset("tiny"), 40, 40)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     n_dropout = sum(type(m) is torch.nn.Dropout for m in model.modules())
-    accelerate(model)
+    to_eager(model)
     assert sum(isinstance(m, ByteDropout) for m in model.modules()) == n_dropout > 0
     assert not any(type(m) is torch.nn.Dropout for m in model.modules())
-    assert all(m.kernel is fast_attend for m in model.modules() if isinstance(m, MultiHeadAttention))
-    assert model.state_type is SharedMemoryState
+    assert all(type(m) is EagerMultiHeadAttention for m in model.modules() if isinstance(m, MultiHeadAttention))
+    assert type(model.init_decoder(torch.tensor([[5, 6, 3]]))) is SharedMemoryState
     after = model.state_dict()
     assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
 
@@ -123,7 +124,7 @@ def test_fast_decoding_equals_reference_decoding() -> None:
     """Greedy and beam search (shared memory, fast kernel) give the reference's hypotheses and scores (to 1e-5)."""
     torch.manual_seed(3)
     reference = Transformer(preset("tiny", dropout=0.0), 40, 40).eval()
-    fast = accelerate(Transformer(preset("tiny", dropout=0.0), 40, 40)).eval()
+    fast = to_eager(Transformer(preset("tiny", dropout=0.0), 40, 40)).eval()
     fast.load_state_dict(reference.state_dict())
     src = torch.randint(4, 40, (5, 7))
     src[1, 4:] = 0  # padding
@@ -146,7 +147,7 @@ def test_shared_rows_groups_consecutive_rows_of_one_sentence() -> None:
 
 @pytest.mark.parametrize("use_cache", [True, False])
 def test_beam_rows_share_one_memory_row_per_sentence_and_decode_like_separate_rows(use_cache: bool) -> None:
-    model = accelerate(small_model())
+    model = to_eager(small_model())
     src, tgt = batch()
     state = model.init_decoder(src, use_cache=use_cache)
     beams = state.select(torch.arange(3).repeat_interleave(4))  # 3 sentences x 4 beams
@@ -174,7 +175,7 @@ def train_losses(engine: str, updates: int = 50) -> list[float]:
     model = Transformer(preset("tiny", dropout=0.0, d_model=32, d_ff=64), 30, 30)
     objective = Seq2SeqLoss(model)
     if engine == "fast":
-        objective = FusedSeq2SeqLoss(accelerate(model))
+        objective = FusedSeq2SeqLoss(to_eager(model))
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
     g = torch.Generator().manual_seed(1)
     losses = []

@@ -93,27 +93,30 @@ def test_temperature_zero_is_greedy_decoding_by_hand(lm_run, lm, capsys):
     assert generated(capsys, lm_run, "--max-new-tokens", "40", "--temperature", "0", "--no-echo") == greedy + "\n"
 
 
-def test_compile_decodes_the_same_text(lm_run, lm, capsys):
-    """``--compile`` (the engine's compiled step): greedy text by hand, and the same sample for a seed."""
+@pytest.mark.parametrize("engine", ["reference", "eager", "compiled"])
+def test_every_engine_decodes_the_same_text(lm_run, lm, capsys, engine):
+    """``--engine reference | eager | compiled``: greedy text by hand, and the same sample for a seed."""
     torch._dynamo.reset()  # a fresh compile cache: this test's graphs do not count towards another's recompile limit
     greedy = greedy_by_hand(lm, PROMPT, 40)
-    assert generated(capsys, lm_run, "--max-new-tokens", "40", "--temperature", "0", "--compile") == \
+    assert generated(capsys, lm_run, "--max-new-tokens", "40", "--temperature", "0", "--engine", engine) == \
         PROMPT + greedy + "\n"
     sample = ("--max-new-tokens", "40", "--temperature", "1", "--seed", "3")
-    assert generated(capsys, lm_run, *sample, "--compile") == generated(capsys, lm_run, *sample)
+    assert generated(capsys, lm_run, *sample, "--engine", engine) == generated(capsys, lm_run, *sample)
 
 
-def test_quantize_int8_decodes_the_int8_model_s_greedy_text(lm_run, lm, capsys):
-    """``--compile --quantize int8``: the greedy text of the model's int8 copy (by hand, full forwards); without
-    ``--compile`` it is a one-line error."""
+@pytest.mark.parametrize("engine", ["eager", "compiled"])
+def test_quantize_int8_decodes_the_int8_model_s_greedy_text(lm_run, lm, capsys, engine):
+    """``--quantize int8``: the greedy text of the model's int8 copy (by hand, full forwards), eager or compiled;
+    the reference has no int8 layers: a one-line error."""
     from dataclasses import replace
 
     from attnkit.engine.quantize import quantize_int8
     greedy = greedy_by_hand(replace(lm, model=quantize_int8(lm.model)), PROMPT, 40)
-    assert generated(capsys, lm_run, "--max-new-tokens", "40", "--temperature", "0", "--compile",
+    assert generated(capsys, lm_run, "--max-new-tokens", "40", "--temperature", "0", "--engine", engine,
                      "--quantize", "int8") == PROMPT + greedy + "\n"
-    code, _, err = cli(capsys, "generate", str(lm_run), "--prompt", PROMPT, "--quantize", "int8")
-    assert_one_line_error(code, err, "--quantize int8 needs --compile")
+    code, _, err = cli(capsys, "generate", str(lm_run), "--prompt", PROMPT, "--quantize", "int8", "--engine",
+                       "reference")
+    assert_one_line_error(code, err, "--quantize int8", "--engine eager or compiled")
 
 
 @pytest.mark.parametrize("options", [("--top-k", "1"), ("--top-p", "1e-6"), ("--top-k", "1", "--top-p", "0.5")])

@@ -12,7 +12,7 @@ from attnkit.classifier import DecoderClassifier, pool
 from attnkit.cli import main
 from attnkit.config.loader import load_config
 from attnkit.config.schema import RunConfig
-from attnkit.engine import accelerate
+from attnkit.engine import to_eager
 from attnkit.runs.checkpoint import load_weights
 from attnkit.runs.load import load_run
 from attnkit.tasks import make_task
@@ -40,7 +40,7 @@ def test_padding_on_the_right_changes_no_logit(pooling: str, fast: bool) -> None
     torch.manual_seed(0)
     model = DecoderClassifier(CFG, 50, 3, pooling=pooling).eval()
     if fast:
-        accelerate(model)
+        to_eager(model)
     batch, alone = padded_pair()
     with torch.no_grad():
         torch.testing.assert_close(model(batch)[1], model(alone)[0], atol=1e-5, rtol=1e-5)

@@ -15,8 +15,8 @@ import torch
 from attnkit.common.errors import UserError
 from attnkit.config.loader import load_config
 from attnkit.config.schema import RunConfig
-from attnkit.engine import accelerate
 from attnkit.engine import precision as P
+from attnkit.engine import to_eager
 from attnkit.lm import LanguageModel
 from attnkit.runs.layout import PRECISION_FILE
 from attnkit.training.trainer import Trainer
@@ -277,7 +277,7 @@ def assert_near_float32(got: torch.Tensor, reference: torch.Tensor) -> None:
 def test_bf16_weights_give_a_language_models_logits_near_float32(engine, options):
     model = tiny_lm(**options)
     if engine == "fast":
-        accelerate(model)
+        to_eager(model)
     half = P.bf16_weights(model)
     assert all(p.dtype == torch.bfloat16 for p in half.parameters())
     assert all(p.dtype == torch.float32 for p in model.parameters())  # a copy: the model is left as it was
@@ -298,7 +298,7 @@ def test_bf16_weights_give_a_language_models_logits_near_float32(engine, options
 def test_bf16_weights_give_a_translation_models_logits_near_float32(engine):
     model = tiny_translator()
     if engine == "fast":
-        accelerate(model)
+        to_eager(model)
     half = P.bf16_weights(model)
     generator = torch.Generator().manual_seed(2)
     src, tgt = torch.randint(4, 40, (3, 15), generator=generator), torch.randint(4, 40, (3, 11), generator=generator)

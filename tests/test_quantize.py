@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attnkit.engine import accelerate
+from attnkit.engine import to_eager
 from attnkit.engine.compiled_decoding import CompiledDecoder
 from attnkit.engine.quantize import Int8Linear, quantize_int8, quantize_rows
 from attnkit.sampling import generate
@@ -56,7 +56,7 @@ def test_quantizing_copies_the_model_keeps_its_hooks_and_moves_logits_little() -
 def test_the_int8_decoder_steps_give_the_int8_model_s_logits_eager_and_compiled() -> None:
     """The static-cache step through the int8 copy equals that copy's full forward pass (eager), and the compiled
     int8 step (the int8 weight widened inside the matrix-vector loop) gives its greedy tokens at batch 1."""
-    model = accelerate(make_lm(**CONFIGS["rope-gqa-window3"])).eval()
+    model = to_eager(make_lm(**CONFIGS["rope-gqa-window3"])).eval()
     with pytest.raises(ValueError, match="quantize must be"):
         CompiledDecoder(model, quantize="int4")
     eager = CompiledDecoder(model, compile=False, quantize="int8")

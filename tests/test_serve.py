@@ -127,28 +127,29 @@ def test_health_and_models(client, server):
     assert reviews["parameters"] == sum(p.numel() for p in server.reviews.model.parameters())
     assert (dates["beam"], dates["lenpen"]) == (server.dates.cfg.decode_beam, server.dates.cfg.decode_lenpen)
     assert reviews["classes"] == ["neg", "pos"] and reviews["beam"] is None
-    assert dates["precision"] == reviews["precision"] == "float32"
+    assert dates["precision"] == reviews["precision"] == "eager (float32)"
 
 
-def test_a_run_served_in_bf16_computes_under_autocast(runs):
-    """--precision bf16: what the servable returns is what the same calls give under bfloat16 autocast."""
+def test_a_run_served_in_bf16_holds_bf16_weights(runs):
+    """--precision bf16: the run's weights are bfloat16 (no cast at every step), and what the servable returns is what
+    the same calls give on that run."""
+    from attnkit.engine import Engine
     from attnkit.serve.servables import load_servable
 
     texts = SOURCES[:6]
-    served = load_servable(runs["dates"], precision="bf16")
-    assert served.info.precision == "bf16 autocast"
-    run = served.run
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        expected = reference(run, texts, beam=2, n_best=2, lenpen=0.6)
-        maps = attention_maps(run, texts[0], beam=1)
-    assert served.translate(texts, beam=2, n_best=2, lenpen=0.6) == expected
-    assert served.attention(texts[0], beam=1, lenpen=0.6).output == maps.output
-    reviews = load_servable(runs["reviews"], precision="bf16")
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        probs = predict(reviews.run, ["a good film", "a bad plot"])[0]
-    torch.testing.assert_close(torch.tensor(reviews.classify(["a good film", "a bad plot"])), probs)
+    bf16 = Engine(precision="bf16")
+    served = load_servable(runs["dates"], engine=bf16)
+    assert served.info.precision == "eager (bf16)"
+    assert {p.dtype for p in served.run.model.parameters()} == {torch.bfloat16}
+    run = load_run(runs["dates"], engine=bf16)
+    assert served.translate(texts, beam=2, n_best=2, lenpen=0.6) == reference(run, texts, beam=2, n_best=2,
+                                                                               lenpen=0.6)
+    assert served.attention(texts[0], beam=1, lenpen=0.6).output == attention_maps(run, texts[0], beam=1).output
+    reviews = load_servable(runs["reviews"], engine=bf16)
+    probs = predict(load_run(runs["reviews"], engine=bf16), ["a good film", "a bad plot"])[0]
+    torch.testing.assert_close(torch.tensor(reviews.classify(["a good film", "a bad plot"])), probs.float())
     with pytest.raises(UserError, match="--precision fp16"):
-        load_servable(runs["dates"], precision="fp16")
+        Engine(precision="fp16")
 
 
 def test_languages_come_from_corpus_file_names():

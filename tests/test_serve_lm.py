@@ -18,7 +18,7 @@ import pytest
 import torch
 from prometheus_client.parser import text_string_to_metric_families
 
-from attnkit.common.errors import UserError
+from attnkit.engine import Engine
 from attnkit.inference.attention_maps import attention_maps
 from attnkit.runs.load import load_run
 from attnkit.serve.app import create_app
@@ -434,12 +434,13 @@ def test_page_streams_a_continuation_and_shows_its_attention(browser, server, pl
 
 
 def test_a_compiled_prompt_pass_serves_the_same_texts(lm_run):
-    """``attnkit serve --compile``: prompts run through a pass compiled ahead of time (on the worker's thread, before
-    the first request: a program for one prompt and one for several); the texts, alone and sent together, are the
-    eager server's. It computes in float32 only."""
+    """``attnkit serve --engine compiled``: prompts run through a pass compiled ahead of time (on the worker's thread,
+    before the first request: a program for one prompt and one for several); the texts, alone and sent together,
+    are the eager server's."""
     bodies = [{"prompt": p, "max_new_tokens": 20, "temperature": t, "seed": s}
               for p, t, s in [(PROMPT, 0.0, 1), (PROMPT, 1.0, 2), ("the king", 0.0, 3), ("the kin", 0.8, 4)]]
-    eager, compiled = RunServable(load_run(lm_run), "play"), RunServable(load_run(lm_run), "play", compile=True)
+    eager = RunServable(load_run(lm_run), "play")
+    compiled = RunServable(load_run(lm_run, engine=Engine("compiled")), "play")
     texts = {}
     for served in (eager, compiled):
         slow(served, 0.002)  # steps long enough for the requests to overlap
@@ -451,8 +452,6 @@ def test_a_compiled_prompt_pass_serves_the_same_texts(lm_run):
     assert texts[True] == texts[False] and texts[False][0] == texts[False][1]
     [prefills] = compiled.compiled.prefills.values()
     assert sorted(p.ranges["batch"][0] for p in prefills) == [1, 2]
-    with pytest.raises(UserError, match="float32"):
-        RunServable(load_run(lm_run), "play", precision="bf16", compile=True)
 
 
 # -- a hostile client on uvicorn: requests that break nothing beside them, bounded heads, bodies and connections --

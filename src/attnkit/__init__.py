@@ -9,7 +9,7 @@ Where things are (the layout is the architecture):
 - :mod:`attnkit.classifier`  — the encoder-only :class:`TransformerClassifier`
 - :mod:`attnkit.rnn`         — :class:`RNNSeq2Seq` with and without attention
 - :mod:`attnkit.search`      — greedy and beam search over the shared single-step interface
-- :mod:`attnkit.engine`      — every speed trick, apart: :func:`attnkit.engine.accelerate` swaps them in
+- :mod:`attnkit.engine`      — every speed trick, apart: :func:`attnkit.engine.to_eager` swaps them in
 
 Everything else is a package named for its role, imports pointing down (``tests/test_layout.py``):
 ``common`` < the textbook < ``engine``, ``config`` < ``data`` < ``runs`` < ``inference`` < ``viz``,

@@ -283,8 +283,8 @@ def attend(
         ``beta = 1/sqrt(d_k)`` applied to ``dot``.
     :param dropout: dropout on the weights: a probability (applied as in training) or a module
         such as ``nn.Dropout`` (which knows whether it is training).
-    :param need_weights: return the weights, or None (the fast engine's kernel then may use a
-        fused kernel that never materialises them; here it only drops them).
+    :param need_weights: return the weights, or None (a fused kernel would never materialise them;
+        here they are only dropped).
     :param straight_through: for ``normalizer="hard"``, pass softmax gradients through.
     :param bias: added to the scores, broadcastable to ``(..., T_q, T_k)`` (ALiBi's ``-m_h |t - s|``).
     :param causal: also apply the look-ahead mask: query ``i`` sees keys ``j <= i + T_k - T_q``

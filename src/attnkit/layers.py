@@ -247,9 +247,7 @@ class DecoderLayer(_ResidualBlock):
         """One decoder layer.
 
         :param x: ``(B, T, d_model)`` target positions (``T = 1`` when decoding step by step).
-        :param memory: ``(B, S, d_model)`` encoder output (the engine's beam search passes one row per
-            sentence, ``(A, S, d_model)``, shared by ``g = B / A`` consecutive rows of ``x``); None without
-            cross-attention.
+        :param memory: ``(B, S, d_model)`` encoder output; None without cross-attention.
         :param self_mask: look-ahead mask ``(T, T_past + T)``, possibly combined with target padding (a
             decoder-only layer applies the look-ahead mask itself; this may add a sliding window).
         :param memory_mask: ``(B, 1, 1, S)`` source padding mask.

@@ -44,8 +44,8 @@ from .vocab import PAD_ID
 #: GPT-2's initialisation: N(0, 0.02) for every matrix (Radford et al. 2019, section 2.3).
 INIT_STD = 0.02
 #: The fixed logit of an absent id (a special id an imported vocabulary has no piece for): its probability is 0
-#: beside any real logit (exp underflows), yet finite, so that sums over the logits (the engine's label smoothing
-#: term) stay finite, and representable in float16.
+#: beside any real logit (exp underflows), yet finite, so that sums over the logits (a label-smoothing term) stay
+#: finite, and representable in float16.
 ABSENT_LOGIT = -1e4
 
 
@@ -72,7 +72,6 @@ class LanguageModel(nn.Module):
     """
 
     pad_id = PAD_ID
-    cache_type: type[KVCache] = KVCache  # the engine's caches grow in place (attnkit.engine.GrowingKVCache)
 
     def __init__(self, cfg: TransformerConfig, vocab_size: int, pad_id: int = PAD_ID,
                  absent_ids: Sequence[int] = ()) -> None:
@@ -177,7 +176,7 @@ class LanguageModel(nn.Module):
 
     def init_state(self) -> LMState:
         """An empty cache: nothing seen yet."""
-        return LMState([self.cache_type() for _ in self.layers], 0)
+        return LMState([KVCache() for _ in self.layers], 0)
 
     def step(self, tokens: Tensor, state: LMState) -> tuple[Tensor, LMState]:
         """Feed ``tokens`` ``(B, T)`` (a prompt, then one token at a time) -> ``(logits of the last position (B, V),

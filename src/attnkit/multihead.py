@@ -2,15 +2,14 @@
 
     MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O,   head_i = attend(Q W_i^Q, K W_i^K, V W_i^V)
 
-The layer only projects, splits heads, calls the kernel :func:`attnkit.attention.attend`
-and merges. The h per-head matrices W_i^Q (d_model x d_k) are stored stacked as one
-``(h*d_k, d_model)`` matrix, and Q, K, V projections are stacked into one
-``in_proj`` matrix ``[W^Q; W^K; W^V]`` so self-attention does a single matmul (seed 3).
+The layer only projects and splits heads (:meth:`MultiHeadAttention.project`), calls the kernel
+:func:`attnkit.attention.attend` and merges the heads (:meth:`MultiHeadAttention.merge`). The h per-head
+matrices W_i^Q (d_model x d_k) are stored stacked as one ``(h*d_k, d_model)`` matrix, and Q, K, V projections
+are stacked into one ``in_proj`` matrix ``[W^Q; W^K; W^V]`` so self-attention does a single matmul (seed 3).
 Cross-attention uses the same matrix split in two: queries from the decoder, keys and
 values from the encoder memory.
 
-The kernel is :func:`attnkit.attention.attend` (matmul + softmax, as the seeds write it);
-:func:`attnkit.engine.accelerate` swaps in the engine's faster kernel with the same results.
+The kernel is :func:`attnkit.attention.attend` (matmul + softmax, as the seeds write it).
 
 Incremental decoding keeps a :class:`KVCache` per attention layer, passed in and returned:
 self-attention appends the new position's key/value; cross-attention projects the
@@ -20,7 +19,7 @@ Options that decoder-only models use (each off by default; :mod:`attnkit.positio
 ``n_kv_heads < n_heads`` is grouped-query attention (fewer key/value heads, each shared by
 ``n_heads / n_kv_heads`` query heads; the cache holds only those), ``rotary`` rotates queries and keys
 by their positions (RoPE), ``alibi`` adds ALiBi's distance bias to the scores, ``causal`` applies
-the look-ahead mask inside the kernel (what lets the engine use a causal fused kernel), and ``qkv_bias``
+the look-ahead mask inside the kernel (a kernel may then skip the masked half), and ``qkv_bias``
 with ``bias=False`` keeps the biases of ``in_proj`` only (Qwen2: ``Q = x W^Q + b^Q``, likewise K and V; no b^O).
 """
 
@@ -92,7 +91,6 @@ class MultiHeadAttention(nn.Module):
         self.score = score
         self.normalizer: Normalizer = "softmax"
         self.beta: float | None = None  # inverse temperature on top of the score (attention_override)
-        self.kernel = attend  # the engine swaps in its fast kernel
         self.n_heads, self.n_kv_heads = n_heads, n_kv_heads
         self.d_k = d_k or d_model // n_heads
         self.d_v = d_v or self.d_k
@@ -104,9 +102,8 @@ class MultiHeadAttention(nn.Module):
         self.out_proj = nn.Linear(n_heads * self.d_v, d_model, bias=bias)  # W^O
 
     def extra_repr(self) -> str:
-        kernel = self.kernel.__name__
         kv = f", n_kv_heads={self.n_kv_heads}" if self.n_kv_heads != self.n_heads else ""
-        return f"n_heads={self.n_heads}{kv}, d_k={self.d_k}, d_v={self.d_v}, score={self.score}, kernel={kernel}"
+        return f"n_heads={self.n_heads}{kv}, d_k={self.d_k}, d_v={self.d_v}, score={self.score}"
 
     @staticmethod
     def _split(x: Tensor, heads: int, d: int) -> Tensor:
@@ -123,7 +120,7 @@ class MultiHeadAttention(nn.Module):
         need_weights: bool = False,
         offset: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None, KVCache | None]:
-        """Attend from ``query`` to itself (``memory is None``) or to ``memory``.
+        """Attend from ``query`` to itself (``memory is None``) or to ``memory``: project, attend, merge.
 
         :param query: ``(B, T_q, d_model)``.
         :param memory: ``(B, T_k, d_model)`` encoder output for cross-attention, else None.
@@ -132,11 +129,23 @@ class MultiHeadAttention(nn.Module):
             cache, ``T_k`` counts the cached positions too.
         :param cache: keys/values of earlier steps (self-attention) or of the memory
             (cross-attention, filled on first use). A new cache is returned; the input is not modified.
-        :param need_weights: return per-head weights ``(B, H, T_q, T_k)`` (disables the fused kernel).
+        :param need_weights: return per-head weights ``(B, H, T_q, T_k)``.
         :param offset: ``(B,)`` each row's position of its first query, for rows at different positions (a
-            continuous batch's left-padded cache, :mod:`attnkit.engine.continuous_lm`); default: the number of
-            cached positions. Only RoPE reads it.
+            continuous batch's left-padded cache); default: the number of cached positions. Only RoPE reads it.
         :returns: ``(output (B, T_q, d_model), weights or None, new cache or None)``.
+        """
+        q, k, v, cache, bias = self.project(query, memory, cache, offset)
+        context, weights = attend(q, k, v, mask, score=self.score, normalizer=self.normalizer, beta=self.beta,
+                                  dropout=self.dropout, need_weights=need_weights, bias=bias,
+                                  causal=self.causal and memory is None)  # (B, H, T_q, d_v)
+        return self.merge(context), weights, cache
+
+    def project(self, query: Tensor, memory: Tensor | None = None, cache: KVCache | None = None,
+                offset: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor, KVCache | None, Tensor | None]:
+        """The heads' queries, keys and values (parameters as in :meth:`forward`).
+
+        :returns: ``(q (B, H, T_q, d_k), k (B, H_kv, T_k, d_k), v (B, H_kv, T_k, d_v), new cache or None,
+            ALiBi's bias (H, T_q, T_k) or None)``; keys and values include the cached positions.
         """
         H, Hkv, dk, dv = self.n_heads, self.n_kv_heads, self.d_k, self.d_v
         W, b = self.in_proj.weight, self.in_proj.bias
@@ -163,10 +172,9 @@ class MultiHeadAttention(nn.Module):
                 k, v = self._split(k_, Hkv, dk), self._split(v_, Hkv, dv)  # (B, H_kv, T_k, d)
             if cache is not None:
                 cache = KVCache(k, v)
-        causal = self.causal and memory is None
-        context, weights = self.kernel(q, k, v, mask, score=self.score, normalizer=self.normalizer, beta=self.beta,
-                                       dropout=self.dropout, need_weights=need_weights, bias=bias,
-                                       causal=causal)  # (B, H, T_q, d_v); K/V heads shared when H_kv < H
-        B, _, T_q, _ = context.shape
-        out = self.out_proj(context.transpose(1, 2).reshape(B, T_q, H * dv))  # (B, H, T_q, d_v) -> (B, T_q, H*d_v)
-        return out, weights, cache
+        return q, k, v, cache, bias
+
+    def merge(self, context: Tensor) -> Tensor:
+        """Concat(head_1, ..., head_h) W^O: ``context`` ``(B, H, T_q, d_v)`` -> ``(B, T_q, d_model)``."""
+        B, H, T_q, dv = context.shape
+        return self.out_proj(context.transpose(1, 2).reshape(B, T_q, H * dv))  # (B, T_q, H*d_v) -> (B, T_q, d)

@@ -21,7 +21,7 @@ Random numbers come from the ``torch.Generator`` passed in, so a seed gives the 
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Protocol
 
 import torch
@@ -34,9 +34,7 @@ NEVER_SAMPLED = (PAD_ID, UNK_ID, BOS_ID)
 
 
 class StepModel(Protocol):
-    """What :func:`generate` needs of a model (:class:`attnkit.lm.LanguageModel` has it). A model may also bring its
-    own ``choose_next``, the same choice as :func:`choose_next` made where it is cheaper
-    (:class:`attnkit.engine.compiled_decoding.CompiledDecoder`: greedy inside its compiled step)."""
+    """What :func:`generate` needs of a model (:class:`attnkit.lm.LanguageModel` has it)."""
 
     def parameters(self) -> Iterator[Tensor]: ...
     def init_state(self): ...
@@ -109,19 +107,21 @@ def choose_next(logits: Tensor, temperature: float = 1.0, top_k: int = 0, top_p:
 @torch.inference_mode()
 def generate(model: StepModel, prompt: Sequence[Sequence[int]] | Tensor, max_new_tokens: int, *,
              temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
-             generator: torch.Generator | None = None, ignore_eos: bool = False) -> Iterator[Tensor]:
+             generator: torch.Generator | None = None, ignore_eos: bool = False,
+             choose: Callable[..., Tensor] = choose_next) -> Iterator[Tensor]:
     """Continue each prompt row; yields the tokens chosen at each step ``(B,)`` (``PAD_ID`` for a row that ended).
 
     :param prompt: ``(B, T)`` token ids, every row the same length (``T >= 1``).
     :param max_new_tokens: the most steps; stops earlier once every row has chosen ``</s>``.
     :param ignore_eos: no row ends at ``</s>``: exactly ``max_new_tokens`` steps (for speed measurements).
+    :param choose: how the next token is chosen from the logits, :func:`choose_next` or the same choice made
+        elsewhere (a compiled step that makes the greedy choice itself).
     """
     tokens = torch.as_tensor(prompt, dtype=torch.long)
     device = next(model.parameters()).device  # type: ignore[attr-defined]
     tokens = tokens.to(device)
     logits, state = model.step(tokens, model.init_state())  # the whole prompt at once: (B, V)
     done = torch.zeros(tokens.size(0), dtype=torch.bool, device=device)
-    choose = getattr(model, "choose_next", choose_next)
     for i in range(max_new_tokens):
         nxt = choose(logits, temperature, top_k, top_p, generator)  # (B,)
         if not ignore_eos:

@@ -196,7 +196,7 @@ class TransformerState:
     """Decoder state for step-by-step generation (see :meth:`Transformer.decode_step`).
 
     Every tensor has one row per hypothesis (beam search copies a sentence's encoder side for each
-    of its beams; the engine's :class:`~attnkit.engine.decoding.SharedMemoryState` does not).
+    of its beams). :meth:`Transformer.decode_step` returns a state of the class it was given.
     ``caches`` holds one ``(self-attention, cross-attention)`` :class:`KVCache` pair per layer.
     With ``caches=None`` the decoder recomputes the whole prefix in ``tokens`` every step
     (the uncached baseline the benchmark compares against).
@@ -239,7 +239,6 @@ class Transformer(InputEmbedding):
         if cfg.tie_output:
             self.out_proj.weight = self.tgt_embed.weight
         self.add_embedding_options(cfg)
-        self.state_type = TransformerState  # the engine's beam search shares the encoder side instead
         xavier_init_(self)
         if self.out_proj.bias is not None:
             nn.init.zeros_(self.out_proj.bias)
@@ -319,7 +318,7 @@ class Transformer(InputEmbedding):
         memory, memory_mask = self.encode(src)
         caches = [(KVCache(), KVCache()) for _ in self.layers] if use_cache else None
         tokens = src.new_zeros(src.size(0), 0)
-        return self.state_type(memory, memory_mask, tokens, caches)
+        return TransformerState(memory, memory_mask, tokens, caches)
 
     def decode_step(self, prev: Tensor, state: TransformerState, need_weights: bool = False
                     ) -> tuple[Tensor, TransformerState, Tensor | None]:
@@ -345,4 +344,4 @@ class Transformer(InputEmbedding):
             hidden = self.final_norm(x) if self.final_norm is not None else x
         logits = self.out_proj(hidden[:, 0])  # (B, V)
         attention = cross[-1][:, :, -1].mean(dim=1) if need_weights else None  # (B, H, T, S) -> (B, S)
-        return logits, self.state_type(state.memory, state.memory_mask, tokens, caches), attention
+        return logits, replace(state, tokens=tokens, caches=caches), attention  # the state's own class

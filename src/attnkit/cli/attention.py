@@ -20,7 +20,7 @@ from ..inference.head_scores import LOCAL_WINDOW
 from ..runs.load import load_run
 from ..tasks import spec
 from ..viz.explorer import write_explorer
-from .options import FINITE, POSITIVE_INT, add_reading_argument, number
+from .options import FINITE, POSITIVE_INT, add_engine_options, add_reading_argument, engine_of, number
 
 HELP = "draw what attention learned: heatmaps and an interactive HTML explorer"
 EPILOG = """\
@@ -72,6 +72,7 @@ def add(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--local-window", type=POSITIVE_INT, default=LOCAL_WINDOW,
                    help=f"language model: W of the local-window head score (default: {LOCAL_WINDOW})")
     add_reading_argument(p)
+    add_engine_options(p, "the same as eager here (only a language model's generation has compiled steps)")
 
 
 def layer_list(text: str) -> list[int] | None:
@@ -91,7 +92,7 @@ def run(args: argparse.Namespace) -> None:
 
     if args.no_png and not args.html:
         raise UserError("--no-png without --html would write nothing; drop --no-png or add --html")
-    run = load_run(args.model)
+    run = load_run(args.model, engine=engine_of(args))
     if spec(run.task).serves is None:
         raise UserError(f"{args.model} is a pretraining run; look at the attention of a model fine-tuned from it")
     lenpen = run.cfg.decode_lenpen if args.lenpen is None else args.lenpen

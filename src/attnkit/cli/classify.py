@@ -6,7 +6,7 @@ import argparse
 
 from ..inference.classify import classify_texts
 from ..runs.load import load_run, require
-from .options import add_reading_argument, read_input, write_output
+from .options import add_engine_options, add_reading_argument, engine_of, read_input, write_output
 
 HELP = "classify text with a trained classifier"
 
@@ -19,9 +19,10 @@ def add(sub: argparse._SubParsersAction) -> None:
                    help="also print the 5 pieces the prediction drew on most: the pooled representation's token "
                         "importance in every window --read gives, weighted as the windows' logits are averaged")
     add_reading_argument(p)
+    add_engine_options(p, "the same as eager here (only a language model's generation has compiled steps)")
 
 
 def run(args: argparse.Namespace) -> None:
-    run = require(load_run(args.model), "classify", args.model)
+    run = require(load_run(args.model, engine=engine_of(args)), "classify", args.model)
     write_output(None, classify_texts(run, read_input(args.input), with_attention=args.with_attention,
                                            reading=args.read))

@@ -15,7 +15,7 @@ from ..inference.classify import evaluate_classifier
 from ..inference.language_model import score_text_file
 from ..inference.scores import translation_scores
 from ..tasks import spec
-from .options import FINITE, POSITIVE_INT, add_reading_argument, write_output
+from .options import FINITE, POSITIVE_INT, add_engine_options, add_reading_argument, engine_of, write_output
 
 HELP = "score a trained model on a test set"
 
@@ -33,10 +33,11 @@ def add(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--lenpen", type=FINITE, default=None, help="length penalty alpha (default: the run's)")
     p.add_argument("--hyp-out", help="also write the hypotheses / predictions to this file")
     add_reading_argument(p)
+    add_engine_options(p, "the same as eager here (only a language model's generation has compiled steps)")
 
 
 def run(args: argparse.Namespace) -> None:
-    translator = open_translator(args.model)
+    translator = open_translator(args.model, engine=engine_of(args))
     run = translator.run
     if run is not None and spec(run.task).serves == "generate":
         if not args.data:

@@ -14,14 +14,14 @@ where its predictions get worse and worse. Without --max-new-tokens a sample get
 MODEL may also be a directory written by `attnkit export RUN --to ctranslate2`: CTranslate2 generates then.
 Greedy decoding gives the same text; samples come from CTranslate2's own random numbers.
 
---compile decodes through the engine's compiled prompt pass and step (compiled ahead of time by torch.export and
-AOTInductor, a static key/value cache): the same logits up to float rounding, faster per token once compiled, after
-seconds of compiling per batch size (benchmarks/generate_race.py). The compiled code (no weights) is kept in
-$ATTNKIT_CACHE/compiled-steps (else attnkit/compiled-steps under $XDG_CACHE_HOME or ~/.cache; ATTNKIT_CACHE=off:
-nowhere), so the next run of a model of the same architecture skips the compiling. --quantize int8 (with
---compile) decodes through a copy of the model whose linear layers hold int8 weights, one scale per output row
+--engine compiled decodes through the engine's compiled prompt pass and step (compiled ahead of time by
+torch.export and AOTInductor, a static key/value cache): the same logits up to float rounding, faster per token
+once compiled, after seconds of compiling per batch size (benchmarks/generate_race.py). The compiled code (no
+weights) is kept in $ATTNKIT_CACHE/compiled-steps (else attnkit/compiled-steps under $XDG_CACHE_HOME or ~/.cache;
+ATTNKIT_CACHE=off: nowhere), so the next run of a model of the same architecture skips the compiling. --quantize
+int8 decodes through a copy of the model whose linear layers hold int8 weights, one scale per output row
 (attnkit.engine.quantize): a quarter of the bytes to read per token, logits within rounding of the float model's,
-so a greedy choice between two nearly equal tokens may differ.
+so a greedy choice between two nearly equal tokens may differ. --engine reference runs the textbook's own code.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import sys
 import torch
 
 from ..common.errors import UserError
-from ..engine.compiled_decoding import CompiledDecoder
+from ..engine import Engine, generation_decoder
 from ..export.ctranslate2 import is_exported
 from ..export.ctranslate2_lm import ExportedGenerator
 from ..inference.language_model import (
@@ -44,7 +44,7 @@ from ..inference.language_model import (
     prompt_ids,
 )
 from ..runs.load import load_run, require
-from .options import POSITIVE_INT, add_device_option, number, pick_device, read_input
+from .options import POSITIVE_INT, add_device_option, add_engine_options, engine_of, number, pick_device, read_input
 
 HELP = "continue text with a language model, streamed"
 
@@ -72,13 +72,8 @@ def add(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--stop", action="append", default=[], help="stop at this string (repeatable)")
     p.add_argument("--no-echo", action="store_true", help="print only the continuation, not the prompt")
     add_device_option(p, "the model (a run; the same --seed gives the same text on the same device)")
-    p.add_argument("--compile", action="store_true",
-                   help="decode through a step compiled ahead of time, with a static cache: seconds of compiling "
-                        "first, "
-                        "then faster tokens (worth it for long or many continuations)")
-    p.add_argument("--quantize", choices=["int8"],
-                   help="with --compile: decode with int8 weights (one scale per output row; faster at batch 1 "
-                        "where reading the weights is the cost, logits within rounding of the float model's)")
+    add_engine_options(p, "eager, and each token through a step compiled ahead of time with a static cache: "
+                          "seconds of compiling first, then faster tokens (worth it for long or many continuations)")
 
 
 def run(args: argparse.Namespace) -> None:
@@ -87,22 +82,21 @@ def run(args: argparse.Namespace) -> None:
         raise UserError("--stop needs a non-empty string")
     if args.prompt is not None and args.input is not None:
         raise UserError("give --prompt or -i FILE, not both")
-    if args.quantize and not args.compile:
-        raise UserError("--quantize int8 needs --compile (it quantizes the compiled decoder's weights)")
+    engine = engine_of(args, compiled=True)
     exported = ExportedGenerator(args.model, seed=args.seed) if is_exported(args.model) else None
-    if exported is not None and args.compile:
-        raise UserError("--compile / --quantize: a CTranslate2 export generates with CTranslate2 (its weights are "
-                        "quantized when exported: attnkit export --quantization); drop them or give a run")
+    if exported is not None and engine != Engine():
+        raise UserError("--engine / --precision / --quantize: a CTranslate2 export generates with CTranslate2 (its "
+                        "weights are quantized when exported: attnkit export --quantization); drop them or give a run")
     if exported is not None and args.device != "cpu":
         raise UserError("--device: a CTranslate2 export generates on the CPU here; drop --device or give a run")
-    lm = None if exported is not None else require(load_run(args.model, pick_device(args.device)), "lm", args.model)
+    lm = None if exported is not None else require(load_run(args.model, pick_device(args.device), engine), "lm",
+                                                   args.model)
     tok, limit = (exported.tok, exported.limit) if exported is not None else (lm.tok, context_limit(lm))
     prompts = args.prompt if args.prompt is not None else read_input(args.input)
     checked = [prompt_ids(tok, p, limit, args.max_new_tokens, beyond_context=args.beyond_context)
                for p in prompts]  # all, before any output
     generator = torch.Generator(device=next(lm.model.parameters()).device).manual_seed(args.seed) if lm else None
-    decoder = CompiledDecoder(lm.model, quantize=args.quantize) if lm is not None and args.compile else (
-        lm.model if lm else None)
+    decoder, choose = generation_decoder(lm.model, engine) if lm is not None else (None, None)
     out = sys.stdout
     first = True
     for prompt, (ids, max_new_tokens) in zip(prompts, checked, strict=True):
@@ -116,7 +110,8 @@ def run(args: argparse.Namespace) -> None:
             if exported is not None:
                 pieces = exported.continue_text(ids, max_new_tokens, **sampling)
             else:
-                pieces = continue_text(decoder, lm.tok, ids, max_new_tokens, generator=generator, **sampling)
+                pieces = continue_text(decoder, lm.tok, ids, max_new_tokens, generator=generator, choose=choose,
+                                       **sampling)
             for piece in pieces:
                 out.write(piece)
                 out.flush()

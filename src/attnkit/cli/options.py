@@ -9,7 +9,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..common.errors import UserError
+from ..common.log import to_stderr
 from ..data.readers import read_lines, read_stream
+from ..engine import MODES, PRECISIONS, QUANTIZE, Engine
 from ..inference.classify import READINGS
 
 
@@ -39,6 +41,32 @@ def add_device_option(p: argparse.ArgumentParser, what: str) -> None:
     """``--device cpu | cuda``: where ``what`` runs (CPU by default, as the benchmarks measure it)."""
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                    help=f"where {what} runs: cpu (default) or cuda (the first GPU that torch sees)")
+
+
+def add_engine_options(p: argparse.ArgumentParser, compiled: str) -> None:
+    """The one switch of how a model runs (:class:`attnkit.engine.Engine`): ``--engine``, ``--precision``,
+    ``--quantize``. ``compiled``: what the command runs compiled (or that it has no compiled path)."""
+    p.add_argument("--engine", choices=list(MODES), default="eager",
+                   help="reference: the textbook's plain torch ops, nothing of the engine; eager (default): the "
+                        f"engine's kernels, the same results; compiled: {compiled}")
+    p.add_argument("--precision", choices=list(PRECISIONS), default="float32",
+                   help="float32 (default; outputs equal the reference's), bf16 (weights in bfloat16: faster where the "
+                        "CPU has AVX512-BF16 or AMX, outputs may differ slightly) or auto (what a short measurement "
+                        "of the model's own matrix shapes finds faster on this host)")
+    p.add_argument("--quantize", choices=list(QUANTIZE), default="none",
+                   help="none (default) or int8: linear layers with int8 weights, one scale per output row (a "
+                        "quarter of the bytes to read per token; logits within rounding of the float model's); "
+                        "eager or compiled")
+
+
+def engine_of(args: argparse.Namespace, compiled: bool = False) -> Engine:
+    """The :class:`~attnkit.engine.Engine` the options of :func:`add_engine_options` ask for. ``compiled``: the command
+    has a compiled path; if not, ``--engine compiled`` runs eager, and a note on standard error says so."""
+    engine = Engine(args.engine, args.precision, args.quantize)
+    if engine.mode == "compiled" and not compiled:
+        to_stderr(f"attnkit: note: --engine compiled: `attnkit {args.command}` has no compiled path (only a "
+                  "language model's generation has); it runs eager")
+    return engine
 
 
 def pick_device(name: str):  # -> torch.device; torch is imported here, not for --help

@@ -38,8 +38,7 @@ import sys
 from ..common.errors import UserError
 from ..inference.language_model import MAX_NEW_TOKENS
 from ..serve.batching import Limits  # the limits' defaults, without loading FastAPI for --help
-from ..serve.servables import PRECISIONS
-from .options import NON_NEGATIVE, POSITIVE_INT, add_device_option, number, pick_device
+from .options import NON_NEGATIVE, POSITIVE_INT, add_device_option, add_engine_options, engine_of, number, pick_device
 
 HELP = "serve trained models over HTTP: a JSON API and a page to translate and see attention"
 EPILOG = """\
@@ -92,10 +91,6 @@ def add(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--port", type=int, default=8000, help="port to listen on; 0 picks a free one (default: 8000)")
     p.add_argument("--threads", type=POSITIVE_INT, metavar="N",
                    help="CPU threads for the models (default: torch's, one per core)")
-    p.add_argument("--precision", choices=list(PRECISIONS), default="float32",
-                   help="what a run computes in: float32 (default; outputs equal attnkit translate's) or bf16 "
-                        "(bfloat16 autocast: faster where the CPU has AVX512-BF16 or AMX, outputs may differ "
-                        "slightly); a CTranslate2 export computes in the quantization it was exported with")
     p.add_argument("--batching", choices=["whole", "continuous"], default="whole",
                    help="how a run's greedy translations (beam 1) are batched: whole (default: requests merged "
                         "into batches that decode from start to end) or continuous (a request's texts join the "
@@ -103,11 +98,10 @@ def add(sub: argparse._SubParsersAction) -> None:
                         "CPU we measured, docs/serving.md); beam search, attention, classification and "
                         "CTranslate2 exports always run in whole batches, and a language model's generations "
                         "always continuously")
-    p.add_argument("--compile", action="store_true",
-                   help="language-model runs: each prompt's pass compiled ahead of time (torch.export and "
-                        "AOTInductor; seconds of compiling before the first request is served, the code kept in "
-                        "$ATTNKIT_CACHE/compiled-steps, as attnkit generate --compile keeps it): faster first tokens; "
-                        "float32 only")
+    add_engine_options(p, "language-model runs: eager, and each prompt's pass compiled ahead of time (torch.export "
+                          "and AOTInductor; seconds of compiling before the first request is served, the code kept "
+                          "in $ATTNKIT_CACHE/compiled-steps): faster first tokens; other runs as eager. Each run is "
+                          "loaded this way; a CTranslate2 export computes as it was exported")
     add_device_option(p, "language-model runs (translation, classification and CTranslate2 exports are served "
                          "on the CPU)")
     p.add_argument("--api-key", metavar="KEY",
@@ -134,6 +128,6 @@ def run(args: argparse.Namespace) -> None:
         raise UserError(f"--max-new-tokens must be at most {MAX_NEW_TOKENS}, got {args.max_new_tokens}")
     limits = Limits(**{name: getattr(args, name) for name, _, _ in LIMIT_FLAGS})
     stopped_by = serve(args.models, host=args.host, port=args.port, threads=args.threads, api_key=api_key,
-                       limits=limits, precision=args.precision, continuous=args.batching == "continuous",
-                       device=pick_device(args.device), compile=args.compile)
+                       limits=limits, engine=engine_of(args, compiled=True), continuous=args.batching == "continuous",
+                       device=pick_device(args.device))
     print(f"attnkit serve: stopped ({stopped_by or 'the server ended'})", file=sys.stderr)  # exit status 0

@@ -11,7 +11,7 @@ from ..common.errors import UserError
 from ..export import open_translator
 from ..runs.load import require
 from ..search import LENPEN, MAX_LEN_A, MAX_LEN_B
-from .options import FINITE, NON_NEGATIVE, POSITIVE_INT, read_input, write_output
+from .options import FINITE, NON_NEGATIVE, POSITIVE_INT, add_engine_options, engine_of, read_input, write_output
 
 HELP = "translate text with a trained model"
 
@@ -36,10 +36,11 @@ def add(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--attention-dir", metavar="DIR",
                    help="also save a cross-attention heatmap per input line (greedy decoding) as "
                         "DIR/attention-0001.png, ...")
+    add_engine_options(p, "the same as eager here (only a language model's generation has compiled steps)")
 
 
 def run(args: argparse.Namespace) -> None:
-    translator = open_translator(args.model)
+    translator = open_translator(args.model, engine=engine_of(args))
     run = translator.run
     if run is None and args.attention_dir:
         raise UserError(f"{args.model}: an exported model gives no attention weights; use --attention-dir "

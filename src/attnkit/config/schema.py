@@ -209,9 +209,13 @@ class TrainConfig:
     patience: int = 0  # stop after this many validations without improvement (0 = never)
     threads: int = 0  # torch intra-op threads (0 = torch's default)
     progress: bool = True  # a progress bar on a terminal, a plain line every 30 s otherwise
-    engine: Literal["fast", "reference"] = "fast"  # reference: the textbook path; fast: attnkit.engine (same results)
+    # reference: the textbook path; eager: attnkit.engine's kernels (the same results); compiled: eager (training
+    # has no compiled path); "fast", the old name of eager, is read as eager
+    engine: Literal["reference", "eager", "compiled", "fast"] = "eager"
 
     def validate(self) -> None:
+        if self.engine == "fast":
+            self.engine = "eager"
         for key in ("max_tokens", "accumulate", "max_updates", "max_epochs", "valid_every", "pad_multiple",
                     "keep_checkpoints"):
             if getattr(self, key) < 1:

@@ -1,10 +1,23 @@
-"""The engine: every speed trick of attnkit, apart from the textbook code it replaces.
+"""The engine: every speed trick of attnkit, apart from the textbook code it replaces, chosen by one switch.
 
-The reference path (:mod:`attnkit.attention`, :mod:`~attnkit.multihead`, :mod:`~attnkit.layers`,
-:mod:`~attnkit.transformer`, the task's ``F.cross_entropy``) reads like the seeds and imports
-nothing from here. :func:`accelerate` swaps the fast paths into a built model, in place, without
-changing its parameters; training selects it with ``train.engine: fast | reference`` (default
-``fast``), and ``translate`` / ``evaluate`` / ``attention`` always decode with it.
+The textbook (:mod:`attnkit.attention`, :mod:`~attnkit.multihead`, :mod:`~attnkit.layers`, :mod:`~attnkit.transformer`,
+:mod:`~attnkit.lm`, :mod:`~attnkit.sampling`, the tasks' ``F.cross_entropy``) reads like the seeds and does not know
+the engine exists. The engine builds its fast paths from the textbook's public pieces, and :class:`Engine` says which
+run a model (``--engine``, ``--precision``, ``--quantize`` on every command; ``train.engine``, ``train.precision``):
+
+=============  ==========================================================================================
+mode           what runs
+=============  ==========================================================================================
+``reference``  the textbook's modules and plain torch ops, nothing of the engine
+``eager``      the engine's kernels and data structures, swapped into the model (:mod:`.eager`): fused
+               attention, byte dropout, fused losses, caches that grow in place, shared beam memory
+``compiled``   eager, and a language model's generation through a prompt pass and a one-token step
+               compiled ahead of time (:mod:`.compiled_decoding`); other work has no compiled path and
+               runs eager (said once on standard error by the command)
+=============  ==========================================================================================
+
+Beside the mode, ``precision`` (``float32``, ``bf16``, or ``auto``: what measures faster on this host) and
+``quantize`` (``none``, ``int8``: weight-only int8 linear layers, :mod:`.quantize`).
 
 ============================================  ============================================  =======================
 fast path                                     replaces (reference)                          module
@@ -27,62 +40,112 @@ in place
 :class:`CompiledDecoder`: a language model's  :meth:`attnkit.lm.LanguageModel.step`        ``compiled_decoding.py``
 step compiled ahead of time (AOTInductor)
 over static key/value buffers, one-row
-products as loops (opt-in)
-:class:`Int8Linear`: int8 weights, a scale    ``nn.Linear`` (in the compiled decoder's     ``quantize.py``
-per output row (``quantize="int8"``)          copy of the model)
+products as loops
+:class:`Int8Linear`: int8 weights, a scale    ``nn.Linear``                                 ``quantize.py``
+per output row (``quantize: int8``)
 ============================================  ============================================  =======================
 
-Each has a test against its reference in ``tests/test_engine.py`` (the compiled decoder in
-``tests/test_compiled_decoding.py``, int8 weights in ``tests/test_quantize.py``: those against the dequantized
-float layer, since rounding moves the logits). The compiled decoder is not part of :func:`accelerate`: compiling costs
-seconds, so ``attnkit generate --compile`` and the benchmarks ask for it.
+Each has a test against its reference (``tests/test_engine.py``, ``tests/test_compiled_decoding.py``,
+``tests/test_quantize.py``: int8 against the dequantized float layer, since rounding moves the logits), and
+``tests/test_modes.py`` holds every mode to ``reference`` for every kind of model.
 
-Precision is chosen apart from these: :mod:`attnkit.engine.precision` times the model's own matrix products in float32
-and in bf16 on this host (training's ``precision: auto``; :func:`~.precision.choose_precision` at inference), and
-:func:`~.precision.bf16_weights` stores a model's weights in bf16 for inference (``tests/test_precision.py``: its
-logits against float32's, within a tolerance).
+Precision: :mod:`attnkit.engine.precision` times the model's own matrix products in float32 and in bf16 on this host
+(``precision: auto`` in training and at inference, :func:`~.precision.choose_precision`), and
+:func:`~.precision.bf16_weights` stores a model's weights in bf16 for inference (``tests/test_precision.py``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import Literal
 
-from torch import nn
+from torch import Tensor, nn
 
+from ..common.errors import UserError
 from ..lm import LanguageModel
-from ..multihead import MultiHeadAttention
+from ..sampling import StepModel, choose_next
 from ..transformer import Transformer
 from .attention import fast_attend
+from .compiled_decoding import CompiledDecoder
 from .decoding import GrowingKVCache, SharedMemoryState
 from .dropout import ByteDropout
+from .eager import to_eager, to_reference
 from .loss import FusedLMLoss, FusedSeq2SeqLoss
 from .mlm import FusedMLMLoss
+from .precision import Choice, bf16_weights, choose_precision
+from .quantize import quantize_int8
 
-Engine = Literal["fast", "reference"]
-ENGINES: tuple[Engine, ...] = ("fast", "reference")
+Mode = Literal["reference", "eager", "compiled"]
+MODES: tuple[Mode, ...] = ("reference", "eager", "compiled")
+Precision = Literal["auto", "float32", "bf16"]
+PRECISIONS: tuple[Precision, ...] = ("auto", "float32", "bf16")
+Quantize = Literal["none", "int8"]
+QUANTIZE: tuple[Quantize, ...] = ("none", "int8")
 
-__all__ = ["ENGINES", "ByteDropout", "Engine", "FusedLMLoss", "FusedMLMLoss", "FusedSeq2SeqLoss", "GrowingKVCache",
-           "SharedMemoryState", "accelerate", "fast_attend"]
+__all__ = ["MODES", "PRECISIONS", "QUANTIZE", "ByteDropout", "Engine", "FusedLMLoss", "FusedMLMLoss",
+           "FusedSeq2SeqLoss", "GrowingKVCache", "Mode", "Precision", "Quantize", "SharedMemoryState", "fast_attend",
+           "generation_decoder", "prepare", "resolve", "to_eager", "to_reference"]
 
 
-def accelerate(model: nn.Module) -> nn.Module:
-    """Swap the engine's fast paths into ``model`` in place (parameters untouched); returns ``model``.
+@dataclass(frozen=True)
+class Engine:
+    """How a model runs: the mode, the precision and the weights' quantization (see the module docstring)."""
 
-    Every ``nn.Dropout`` becomes a :class:`ByteDropout` of the same rate, every
-    :class:`MultiHeadAttention` computes with :func:`fast_attend`, a :class:`Transformer`
-    decodes with :class:`SharedMemoryState`, and a :class:`LanguageModel`'s self-attention caches are
-    :class:`GrowingKVCache` s.
-    """
-    for module in list(model.modules()):
-        for name, child in module.named_children():
-            if type(child) is nn.Dropout:
-                fast = ByteDropout(child.p)
-                fast.train(child.training)
-                setattr(module, name, fast)
-        if isinstance(module, MultiHeadAttention):
-            module.kernel = fast_attend
-        if isinstance(module, Transformer):
-            module.state_type = SharedMemoryState
-        if isinstance(module, LanguageModel):  # not beam search's Transformer: it reorders its caches every step
-            module.cache_type = GrowingKVCache
+    mode: Mode = "eager"
+    precision: Precision = "float32"
+    quantize: Quantize = "none"
+
+    def __post_init__(self) -> None:
+        for name, value, allowed in (("--engine", self.mode, MODES), ("--precision", self.precision, PRECISIONS),
+                                     ("--quantize", self.quantize, QUANTIZE)):
+            if value not in allowed:
+                raise UserError(f"{name} {value}: choose one of {', '.join(allowed)}")
+        if self.mode == "reference" and self.quantize != "none":
+            raise UserError(f"--quantize {self.quantize} is the engine's (int8 linear layers); the reference runs the "
+                            "textbook's float layers: use --engine eager or compiled with it")
+
+    def __str__(self) -> str:
+        quantized = "" if self.quantize == "none" else f", {self.quantize} weights"
+        return f"{self.mode} ({self.precision}{quantized})"
+
+
+def resolve(model: nn.Module, engine: Engine) -> tuple[Engine, Choice | None]:
+    """``engine`` with ``precision: auto`` replaced by what a short measurement of ``model``'s own matrix shapes finds
+    faster on its device (:func:`~.precision.choose_precision`: for decoding steps where the model has a
+    single-step interface, else for whole forward passes), and that measurement; other engines as they are."""
+    if engine.precision != "auto":
+        return engine, None
+    steps = callable(getattr(model, "init_state", None)) or callable(getattr(model, "init_decoder", None))
+    choice = choose_precision(model, next(model.parameters()).device, "decode" if steps else "forward")
+    return replace(engine, precision=choice.precision), choice
+
+
+def prepare(model: nn.Module, engine: Engine) -> nn.Module:
+    """``model`` made to run as ``engine`` says: the textbook's classes (``reference``) or the engine's
+    (``eager``, ``compiled``), in place, with its weights in bfloat16 for ``precision: bf16``; with ``quantize:
+    int8`` a copy whose linear layers hold int8 weights (``model`` itself stays float). ``precision: auto`` is
+    :func:`resolve` d first. The mode's compiled steps are made by :func:`generation_decoder`."""
+    engine, _ = resolve(model, engine)
+    model = to_reference(model) if engine.mode == "reference" else to_eager(model)
+    if engine.precision == "bf16":
+        model = bf16_weights(model, inplace=True)  # stored in bfloat16: no cast at every step
+    if engine.quantize == "int8":
+        if any(isinstance(m, Transformer) for m in model.modules()):
+            raise UserError("--quantize int8: an encoder-decoder's cross-attention projects the encoder's memory with "
+                            "slices of its weight, which int8 layers do not offer; quantize language models and "
+                            "classifiers, or export the run to CTranslate2 (attnkit export --quantization int8)")
+
+        model = quantize_int8(model)
     return model
+
+
+def generation_decoder(model: LanguageModel, engine: Engine) -> tuple[StepModel, Callable[..., Tensor]]:
+    """What :func:`attnkit.sampling.generate` runs for ``engine``, and how it chooses each token: the model itself
+    (prepared by :func:`prepare`) and :func:`~attnkit.sampling.choose_next`, or in ``compiled`` mode a
+    :class:`~attnkit.engine.compiled_decoding.CompiledDecoder` over it, which makes the greedy choice inside its
+    compiled step."""
+    if engine.mode != "compiled":
+        return model, choose_next
+    decoder = CompiledDecoder(model)
+    return decoder, decoder.choose_next

@@ -150,7 +150,7 @@ def load_or_compile(program: torch.export.ExportedProgram, device: torch.device)
         except Exception as e:  # no C++ compiler, most often: a one-line message instead of inductor's traceback
             why = str(e).strip().splitlines()[0] if str(e).strip() else ""
             raise UserError(f"compiling ahead of time failed ({type(e).__name__}: {why[:200]}); AOTInductor needs "
-                            "a C++ compiler (g++); decode without compiling (leave out --compile)") from None
+                            "a C++ compiler (g++); decode without compiling (--engine eager)") from None
         if path is not None:
             os.replace(package, path)  # atomic: a reader sees the whole package or none
             package = str(path)

@@ -98,6 +98,7 @@ class ContinuousSampler:
             raise TypeError(f"continuous sampling needs a LanguageModel, got {type(model).__name__}")
         self.model = model
         self.prefill = prefill
+        self.cache_type = type(model.init_state().caches[0]) if len(model.layers) else KVCache
         self.window = model.cfg.window
         self._next_handle = 0
         self.rows: list[_Row] = []
@@ -233,9 +234,10 @@ class ContinuousSampler:
         return tokens
 
     def _cache(self, k: Tensor, v: Tensor) -> KVCache:
-        """The batch's cache of one layer as the model's cache type: the engine's grows in place at every step
-        (:class:`~attnkit.engine.decoding.GrowingKVCache`) instead of copying every row's keys and values."""
-        return self.model.cache_type(k, v)
+        """The batch's cache of one layer, of the class the model's own states hold: an eager model's grows in place
+        at every step (:class:`~attnkit.engine.decoding.GrowingKVCache`) instead of copying every row's keys and
+        values."""
+        return self.cache_type(k, v)
 
     def drop(self, handles: list[int]) -> None:
         """Take the rows ``handles`` out of the batch (unknown handles are ignored: those rows ended already)."""

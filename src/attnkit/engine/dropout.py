@@ -47,7 +47,7 @@ def byte_dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
 
 
 class ByteDropout(nn.Dropout):
-    """``nn.Dropout`` with :func:`byte_dropout`'s random bytes; :func:`attnkit.engine.accelerate` swaps it in."""
+    """``nn.Dropout`` with :func:`byte_dropout`'s random bytes; :func:`attnkit.engine.to_eager` swaps it in."""
 
     def forward(self, x: Tensor) -> Tensor:
         return byte_dropout(x, self.p, self.training)

@@ -22,6 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..common.errors import UserError
+from ..engine import Engine
 from ..inference.translate import translate_texts
 from ..interop import export_huggingface
 from ..runs.load import LoadedRun, load_run
@@ -68,15 +70,20 @@ class Translator:
     exported: ExportedTranslator | None = None
 
 
-def open_translator(path: str | Path, *, threads: int = 0) -> Translator:
+def open_translator(path: str | Path, *, threads: int = 0, engine: Engine | None = None) -> Translator:
     """A :class:`Translator` for a run directory (or a checkpoint in one) or an ``attnkit export`` directory.
 
     :param threads: CPU threads of an export's engine (0: its default); a run uses torch's.
+    :param engine: how a run's model runs (default :class:`~attnkit.engine.Engine`'s); an export computes as it was
+        exported, so it takes none.
     """
     if is_exported(path):
+        if engine is not None and engine != Engine():
+            raise UserError(f"--engine / --precision / --quantize: {path} is a CTranslate2 export, which computes as "
+                            "it was exported (attnkit export --quantization); drop them or give the run")
         exported = ExportedTranslator(path, threads=threads)
         return Translator(exported.translate, exported.decode.beam, exported.decode.lenpen, exported=exported)
-    run = load_run(path)
+    run = load_run(path, engine=engine)
 
     def translate(texts: list[str], **options) -> list[list[str]]:
         return translate_texts(run.model, run.tok, texts, **options)

@@ -22,7 +22,7 @@ model's end of turn), a ``--stop`` string, or the token budget.
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,7 +37,7 @@ from ..data.labelled import LabelledReader
 from ..data.readers import base_suffix, read_lines, read_text
 from ..data.tokenizer import EOS_ID, UNK_ID, Tokenizer
 from ..runs.load import LoadedRun
-from ..sampling import StepModel, generate
+from ..sampling import StepModel, choose_next, generate
 
 #: The most tokens one prompt may ask for (``--max-new-tokens``, the server's ``max_new_tokens``).
 MAX_NEW_TOKENS = 4096
@@ -304,15 +304,17 @@ class TextStream:
 
 def continue_text(model: StepModel, tok: Tokenizer, ids: list[int], max_new_tokens: int, *,
                   temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, stop: Sequence[str] = (),
-                  stop_ids: Collection[int] = (), generator: torch.Generator | None = None) -> Iterator[str]:
+                  stop_ids: Collection[int] = (), generator: torch.Generator | None = None,
+                  choose: Callable[..., torch.Tensor] = choose_next) -> Iterator[str]:
     """The continuation of one prompt, yielded as text pieces as it is generated (concatenated: the whole text).
 
     Ends at ``</s>`` or another of ``stop_ids`` (an instruct model's end of turn), after ``max_new_tokens``, or at
-    the first ``stop`` string; the token or string it ends at is not yielded.
+    the first ``stop`` string; the token or string it ends at is not yielded. ``choose``: how each token is chosen
+    (:func:`attnkit.sampling.generate`'s).
     """
     text = TextStream(tok, stop, context=ids)
     for token in generate(model, [ids], max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                          generator=generator):
+                          generator=generator, choose=choose):
         t = int(token[0])
         if t == EOS_ID or t in stop_ids:
             break

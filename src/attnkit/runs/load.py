@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -19,10 +19,11 @@ from torch import nn
 
 from ..classifier import DecoderClassifier, TransformerClassifier
 from ..common.errors import UserError
+from ..common.log import to_stderr
 from ..config.loader import load_config
 from ..config.schema import RunConfig
 from ..data.tokenizer import BOS_ID, EOS_ID, UNK_ID, Tokenizer
-from ..engine import accelerate
+from ..engine import Engine, prepare, resolve
 from ..lm import LanguageModel
 from ..mlm import MaskedLanguageModel, ReplacedTokenDetection
 from ..rnn import RNNSeq2Seq
@@ -43,6 +44,7 @@ class LoadedRun:
     classes: list[str] | None  # class names (classification), else None
     weights_path: Path
     run_dir: Path | None = None
+    engine: Engine = field(default_factory=Engine)  # how ``model`` runs
 
     @property
     def task(self) -> str:
@@ -121,8 +123,9 @@ def build_model(cfg: RunConfig, tok: Tokenizer, classes: list[str] | None = None
     return MODELS[cfg.task](cfg, tok, classes)
 
 
-def load_run(path: str | Path, device: torch.device | None = None) -> LoadedRun:
-    """Config, tokenizer and model with trained weights, from a run directory or checkpoint file."""
+def load_run(path: str | Path, device: torch.device | None = None, engine: Engine | None = None) -> LoadedRun:
+    """Config, tokenizer and model with trained weights, from a run directory or checkpoint file, made to run as
+    ``engine`` says (default: :class:`~attnkit.engine.Engine`'s, the engine's eager kernels in float32)."""
     run_dir, weights = find_weights(Path(path))
     cfg = load_config(RunConfig, run_dir / CONFIG_FILE)
     tok = Tokenizer.load(run_dir)
@@ -131,9 +134,12 @@ def load_run(path: str | Path, device: torch.device | None = None) -> LoadedRun:
     state, _ = load_weights(weights)
     check_compatible(model.state_dict(), state, weights)
     model.load_state_dict(state)
-    accelerate(model)  # inference decodes with the engine's fast paths
-    model.to(device or torch.device("cpu")).eval()
-    return LoadedRun(cfg, tok, model, classes, weights, run_dir)
+    model = model.to(device or torch.device("cpu"))
+    engine, choice = resolve(model, engine or Engine())
+    if choice is not None:
+        to_stderr(f"attnkit: --precision auto: {choice.describe()}")
+    model = prepare(model, engine).eval()
+    return LoadedRun(cfg, tok, model, classes, weights, run_dir, engine)
 
 
 def require(run: LoadedRun, task: str, name: str | Path, what: str = "model", hint: str | None = None

@@ -92,6 +92,7 @@ from starlette.exceptions import HTTPException
 
 from ..common.errors import UserError
 from ..common.memory import freeze_long_lived, share_one_heap
+from ..engine import Engine
 from ..viz.explorer import fill_page, script_json
 from .batching import Limits, ModelWorker
 from .connections import REFUSED, BoundedHttp
@@ -398,10 +399,10 @@ class _Server(uvicorn.Server):
 
 
 def serve(paths: list[str], *, host: str = "127.0.0.1", port: int = 8000, threads: int | None = None,
-          api_key: str | None = None, limits: Limits | None = None, precision: str = "float32",
-          continuous: bool = False, device: torch.device | None = None, compile: bool = False) -> str | None:
-    """Load the models at ``paths`` (runs computing in ``precision``, translating greedily by continuous batching
-    when ``continuous``, language models on ``device``, their prompts through a compiled pass when ``compile``),
+          api_key: str | None = None, limits: Limits | None = None, engine: Engine | None = None,
+          continuous: bool = False, device: torch.device | None = None) -> str | None:
+    """Load the models at ``paths`` (runs run as ``engine`` says, translating greedily by continuous batching
+    when ``continuous``, language models on ``device``),
     listen on ``host:port`` and serve until SIGTERM or Ctrl-C; returns the name of the signal that stopped it.
 
     Prints ``attnkit serve: http://HOST:PORT/ ...`` once it accepts requests (the port is the real one
@@ -418,7 +419,7 @@ def serve(paths: list[str], *, host: str = "127.0.0.1", port: int = 8000, thread
     # thread's speed on two cores (benchmarks/README.md, OpenMP pools).
     threads = threads or torch.get_num_threads()
     torch.set_num_threads(1)
-    app = create_app([load_servable(p, threads, precision, continuous, device, compile) for p in paths], limits,
+    app = create_app([load_servable(p, threads, engine, continuous, device) for p in paths], limits,
                      api_key, threads)
     freeze_long_lived()  # the models and the app stay: full collections while serving need not scan them
     sock = listen(host, port)

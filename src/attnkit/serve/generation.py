@@ -34,7 +34,6 @@ from __future__ import annotations
 import secrets
 import time
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from itertools import count
 from typing import Any, Literal
@@ -128,13 +127,12 @@ _Joining = tuple[int, _Progress, torch.Generator]
 
 class ContinuousGeneration:
     """A run's jobs by continuous batching: the model worker's :class:`~attnkit.serve.batching.Stepper` (``start``
-    takes :class:`GenerationJob` s, each result is a :class:`Generated`). ``computing`` is the context the model's
-    calls run in (the servable's precision); ``prefill`` runs the joining prompts (:class:`ContinuousSampler`'s;
-    ``attnkit serve --compile``: compiled ahead of time)."""
+    takes :class:`GenerationJob` s, each result is a :class:`Generated`). ``prefill`` runs the joining prompts
+    (:class:`ContinuousSampler`'s; ``attnkit serve --engine compiled``: compiled ahead of time)."""
 
-    def __init__(self, model: LanguageModel, tok: Tokenizer, computing: Callable[[], AbstractContextManager[Any]],
+    def __init__(self, model: LanguageModel, tok: Tokenizer,
                  prefill: Callable[[torch.Tensor], tuple[torch.Tensor, LMState]] | None = None) -> None:
-        self.model, self.tok, self.computing, self.prefill = model, tok, computing, prefill
+        self.model, self.tok, self.prefill = model, tok, prefill
         self.sampler = ContinuousSampler(model, prefill)
         self._handles = count()
         self._rows: dict[int, tuple[int, _Progress]] = {}  # the sampler's handle -> (ours, the job's progress)
@@ -181,9 +179,8 @@ class ContinuousGeneration:
         for job in jobs:
             job.started = started
         try:
-            with self.computing():
-                tokens = self.sampler.add_many([j.ids for j in jobs], [j.max_new_tokens for j in jobs],
-                                               [j.sampling for j in jobs], [g for _, _, g in group])
+            tokens = self.sampler.add_many([j.ids for j in jobs], [j.max_new_tokens for j in jobs],
+                                           [j.sampling for j in jobs], [g for _, _, g in group])
         except Exception as e:
             if len(group) == 1:
                 self._ended.append((group[0][0], e))
@@ -204,8 +201,7 @@ class ContinuousGeneration:
                 handle, progress = self._rows.pop(inner)
                 self._ended.append((handle, progress.result("cancelled")))
         if self.sampler.running:
-            with self.computing():
-                tokens = self.sampler.step()
+            tokens = self.sampler.step()
             for token in tokens:
                 handle, progress = self._rows.pop(token.handle)
                 self._take(handle, progress, token)

@@ -21,8 +21,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from itertools import count
 from pathlib import Path
@@ -31,6 +30,7 @@ from typing import Literal, Protocol
 import torch
 
 from ..common.errors import UserError
+from ..engine import Engine
 from ..engine.compiled_decoding import CompiledDecoder
 from ..engine.continuous import ContinuousGreedy, Finished, supports_continuous
 from ..export import is_exported
@@ -63,14 +63,9 @@ class ModelInfo:
     beam: int | None  # decoding defaults (translation)
     lenpen: float | None
     classes: list[str] | None  # classification
-    precision: str = "float32"  # what the model computes in: float32, bf16 (autocast), or the export's quantization
+    precision: str = "eager (float32)"  # how a run runs (its Engine), or an export's quantization
     context: int | None = None  # a language model: the positions prompt + continuation fill (ContextLimit.length)
     context_fixed: bool | None = None  # a language model: its positions are a table (else the context it trained on)
-
-
-#: ``attnkit serve --precision``: a run computes in float32, or under bfloat16 autocast (matmuls in bf16, as
-#: ``benchmarks/decode.py`` races it); a CTranslate2 export keeps the quantization it was exported with.
-PRECISIONS = ("float32", "bf16")
 
 
 class Servable(Protocol):
@@ -132,15 +127,14 @@ _INFO: dict[str, Callable[[LoadedRun, str, int], ModelInfo]] = {
 
 class RunServable:
     """A run directory of ``attnkit train`` (translation, classification or a language model), run by attnkit
-    itself, in float32 or under bfloat16 autocast (``precision``); with ``continuous``, a Transformer's greedy
-    translations are batched continuously (``stepper``); a language model's generations always are, and with
-    ``compile`` its prompts run through a pass compiled ahead of time
+    itself as its engine says (``run.engine``: :func:`~attnkit.runs.load.load_run` made it so); with
+    ``continuous``, a Transformer's greedy translations are batched continuously (``stepper``); a language model's
+    generations always are, and in ``compiled`` mode its prompts run through a pass compiled ahead of time
     (:meth:`~attnkit.engine.compiled_decoding.CompiledDecoder.prefill`, compiled here)."""
 
     seeded = True  # each generation samples with its own torch.Generator
 
-    def __init__(self, run: LoadedRun, name: str, precision: str = "float32", continuous: bool = False,
-                 compile: bool = False) -> None:
+    def __init__(self, run: LoadedRun, name: str, continuous: bool = False) -> None:
         self.run = run
         serves = spec(run.task).serves
         if serves is None:
@@ -148,21 +142,14 @@ class RunServable:
                             f"fine-tuned from it (model.init_from)")
         if serves not in _INFO:
             raise UserError(f"{name} is a {run.task} run, which `attnkit serve` cannot serve")
-        if precision not in PRECISIONS:
-            raise UserError(f"--precision {precision}: choose one of {', '.join(PRECISIONS)}")
-        self.precision = precision
         info = _INFO[serves](run, name, sum(p.numel() for p in run.model.parameters()))
-        self.info = replace(info, precision="bf16 autocast" if precision == "bf16" else "float32")
+        self.info = replace(info, precision=str(run.engine))
         stepper = _STEPPERS.get(serves) if continuous and supports_continuous(run.model) else None
         self.stepper = stepper(self) if stepper is not None else None
-        if compile and serves != "generate":
-            raise UserError(f"--compile: {name} is a {run.task} run; only language models' prompts are compiled")
-        if compile and precision != "float32":
-            raise UserError(f"--compile computes in float32; leave out --precision {precision}")
-        self.compiled = CompiledDecoder(run.model) if compile else None
+        compiled = run.engine.mode == "compiled" and serves == "generate"
+        self.compiled = CompiledDecoder(run.model) if compiled else None
         if serves == "generate":
-            self.stepper = ContinuousGeneration(run.model, run.tok, self._computing,
-                                                self.compiled.prefill if self.compiled else None)
+            self.stepper = ContinuousGeneration(run.model, run.tok, self.compiled.prefill if self.compiled else None)
 
     def warm_up(self) -> None:
         """(The model's worker thread, before its first job.) Compile the prompt pass, or load it from the cache of
@@ -175,27 +162,17 @@ class RunServable:
             for rows in (1, 2):  # a batch of one is its own program; 2 stands for any more
                 self.compiled.prefill(torch.full((rows, 8), EOS_ID, device=device))
 
-    @contextmanager
-    def _computing(self) -> Iterator[None]:
-        """The model's calls in its precision: bfloat16 autocast, or as they are (float32)."""
-        device = next(self.run.model.parameters()).device.type
-        with torch.autocast(device, dtype=torch.bfloat16, enabled=self.precision == "bf16"):
-            yield
-
     def lengths(self, texts: list[str]) -> list[int]:
         return [len(ids) for ids in self.run.tok.encode_src(texts, threads=1)]  # SentencePiece only
 
     def translate(self, texts: list[str], *, beam: int, n_best: int, lenpen: float) -> list[list[str]]:
-        with self._computing():
-            return translate_texts(self.run.model, self.run.tok, texts, beam=beam, lenpen=lenpen, n_best=n_best)
+        return translate_texts(self.run.model, self.run.tok, texts, beam=beam, lenpen=lenpen, n_best=n_best)
 
     def classify(self, texts: list[str]) -> list[list[float]]:
-        with self._computing():
-            return predict(self.run, texts)[0].tolist()
+        return predict(self.run, texts)[0].tolist()
 
     def attention(self, text: str, *, beam: int, lenpen: float, target: str | None = None) -> AttentionMaps:
-        with self._computing():
-            return attention_maps(self.run, text, target, beam=beam, lenpen=lenpen)
+        return attention_maps(self.run, text, target, beam=beam, lenpen=lenpen)
 
     def prompt_ids(self, prompt: str, max_new_tokens: int | None, default: int, beyond_context: bool
                    ) -> tuple[list[int], int]:
@@ -203,7 +180,7 @@ class RunServable:
                           beyond_context=beyond_context)
 
     def generate(self, jobs: list[GenerationJob]) -> list[Generated]:
-        return ContinuousGeneration(self.run.model, self.run.tok, self._computing).run(jobs)
+        return ContinuousGeneration(self.run.model, self.run.tok).run(jobs)
 
 
 class ContinuousTranslation:
@@ -233,15 +210,13 @@ class ContinuousTranslation:
         handles = [next(self._handles) for _ in texts]
         real = [i for i, s in enumerate(ids) if len(s) > 1]  # a blank text is </s> alone
         self._ended += [(handles[i], [""]) for i, s in enumerate(ids) if len(s) <= 1]
-        with self.servable._computing():
-            inner, ended = self.decoder.add([ids[i] for i in real])
+        inner, ended = self.decoder.add([ids[i] for i in real])
         self._ours.update(zip(inner, (handles[i] for i in real), strict=True))
         self._ended += self._texts(ended)
         return handles
 
     def step(self) -> list[tuple[int, list[str]]]:
-        with self.servable._computing():
-            ended = self.decoder.step()
+        ended = self.decoder.step()
         out, self._ended = self._ended + self._texts(ended), []
         return out
 
@@ -336,14 +311,13 @@ class ExportedGeneration(ExportedServable):
         return generate_exported(self.generator, jobs)
 
 
-def load_servable(path: str | Path, threads: int = 0, precision: str = "float32", continuous: bool = False,
-                  device: torch.device | None = None, compile: bool = False) -> Servable:
+def load_servable(path: str | Path, threads: int = 0, engine: Engine | None = None, continuous: bool = False,
+                  device: torch.device | None = None) -> Servable:
     """The model at ``path``, named after its directory: a run directory (or a ``.safetensors``
-    checkpoint inside one), computing in ``precision`` (:data:`PRECISIONS`) and translating greedily by
+    checkpoint inside one), run as ``engine`` says (:class:`RunServable`) and translating greedily by
     continuous batching when ``continuous``, or a CTranslate2 export of one (``attnkit export``),
-    which computes in the quantization it was exported with. A language-model run computes on ``device``
-    (default: the CPU); everything else on the CPU. ``compile``: a language model's prompts run through a pass
-    compiled ahead of time (:class:`RunServable`).
+    which computes in the quantization it was exported with (and takes no engine). A language-model run computes
+    on ``device`` (default: the CPU); everything else on the CPU.
 
     :raises UserError: ``path`` is not something that can be served.
     """
@@ -351,10 +325,10 @@ def load_servable(path: str | Path, threads: int = 0, precision: str = "float32"
         exported = ExportedGeneration if _exported_task(Path(path)) == "lm" else ExportedServable
         return exported(Path(path), threads)
     run_dir, _ = find_weights(Path(path))
-    run = load_run(path)
+    run = load_run(path, engine=engine)
     if device is not None and spec(run.task).serves == "generate":
         run.model.to(device)
-    return RunServable(run, Path(os.path.abspath(run_dir)).name, precision, continuous, compile)  # a link's own name
+    return RunServable(run, Path(os.path.abspath(run_dir)).name, continuous)  # a link's own name
 
 
 def _exported_task(path: Path) -> str | None:

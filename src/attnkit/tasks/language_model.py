@@ -176,7 +176,7 @@ class LanguageModelTask(EpochTask):
 
     def objective(self, model: nn.Module) -> nn.Module:
         """The reference loss, or the engine's fused one (``train.engine``); the same value."""
-        return FusedLMLoss(model) if self.cfg.train.engine == "fast" else LanguageModelLoss(model)
+        return FusedLMLoss(model) if self.cfg.train.engine != "reference" else LanguageModelLoss(model)
 
     def collate(self, indices: list[int], device: torch.device) -> LMBatch:
         blocks = np.stack([self.stream[s: s + self.block + 1] for s in indices]).astype(np.int64)  # (B, T + 1)

@@ -183,7 +183,7 @@ class PretrainTask(EpochTask):
         """The reference loss, or the engine's fused one (``train.engine``); the same value. ELECTRA: its loss."""
         if self.cfg.mlm.objective == "electra":
             return ReplacedTokenDetectionLoss(model, self.cfg.mlm.electra_weight)
-        return FusedMLMLoss(model) if self.cfg.train.engine == "fast" else MLMLoss(model)
+        return FusedMLMLoss(model) if self.cfg.train.engine != "reference" else MLMLoss(model)
 
     def _corrupt(self, tokens: Tensor, device: torch.device, generator: torch.Generator | None) -> MLMBatch:
         """BERT's corruption of ``tokens`` (B, T), padded, on the CPU: the masks come from the CPU generator.

@@ -144,7 +144,7 @@ class TranslationTask(EpochTask):
 
     def objective(self, model: nn.Module) -> nn.Module:
         """The reference loss, or the engine's fused one (``train.engine``); the same value."""
-        return FusedSeq2SeqLoss(model) if self.cfg.train.engine == "fast" else Seq2SeqLoss(model)
+        return FusedSeq2SeqLoss(model) if self.cfg.train.engine != "reference" else Seq2SeqLoss(model)
 
     @staticmethod
     def _collate(src: TokenArrays, tgt: TokenArrays, indices: Sequence[int], device: torch.device,

@@ -23,7 +23,7 @@ reproduces the uninterrupted run exactly. Threads, device and the autocast conte
 :mod:`attnkit.training.runtime`; ``train.precision`` is resolved by :func:`attnkit.engine.precision.training_precision`
 (``auto``: measured on this host), recorded in the run directory (``precision.json``) and logged in one line, and a
 resumed ``auto`` run keeps the precision it started with; ``train.engine`` chooses the reference path or the
-engine's fast paths (:mod:`attnkit.engine`), which compute the same function.
+engine's (:mod:`attnkit.engine`), which compute the same function.
 
 Several processes (``torchrun --nproc_per_node=N -m attnkit train ...``): each update takes
 ``world_size x accumulate`` batches, shared out by :func:`attnkit.training.distributed.shard`; the loss is
@@ -47,7 +47,7 @@ from torch import nn
 from ..common.errors import UserError
 from ..common.log import silent, to_stderr
 from ..config.schema import RunConfig, TrainConfig
-from ..engine import accelerate
+from ..engine import Engine, prepare
 from ..engine.precision import Choice, training_precision
 from ..runs.checkpoint import capture_rng_state, check_compatible, restore_rng_state
 from ..runs.directory import RunDirectory
@@ -140,8 +140,11 @@ class Trainer:
         resume_from = self.workers.broadcast(resume_from)  # rank 0's choice, should the ranks' listings differ
         torch.manual_seed(self.tc.seed)  # model init independent of what data preparation drew
         self.model = self.task.build_model().to(self.device)
-        if self.tc.engine == "fast":
-            accelerate(self.model)  # the same function, computed faster (attnkit.engine)
+        model_name = type(self.model).__name__  # the textbook's class, before the engine's takes its place
+        prepare(self.model, Engine(self.tc.engine))  # in place: the same function, maybe computed faster
+        if self.tc.engine == "compiled":
+            self.log("train.engine: compiled: training has no compiled path (only a language model's generation "
+                     "has); it runs eager")
         # rank 0 chooses (measuring, on a CPU, while the others wait) and every rank computes so
         choice = self.workers.agree(lambda: self._choose_precision(resume_from) if self.workers.is_main else None)
         self.precision: Choice = self.workers.broadcast(choice)
@@ -164,7 +167,7 @@ class Trainer:
         self.train_objective = self.workers.wrap(self.objective, self._probe_loss)  # DDP, or the objective itself
         n_params = sum(p.numel() for p in self.model.parameters())
         workers = f", {self.workers.world_size} processes" if self.workers.enabled else ""
-        self.log(f"{self.task.name}: {type(self.model).__name__} with {n_params / 1e6:.2f}M parameters on "
+        self.log(f"{self.task.name}: {model_name} with {n_params / 1e6:.2f}M parameters on "
                  f"{self.device} ({'bf16 autocast' if self.bf16 else 'float32'}, {torch.get_num_threads()} threads"
                  f"{workers}, {self.tc.engine} engine)")
         self.log(f"precision: {self.precision.describe()}")
