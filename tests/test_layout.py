@@ -88,3 +88,10 @@ def test_the_checks_see_the_imports() -> None:
     found = {(t, nested) for t, nested, _ in imports("attnkit.cli.translate")}
     assert ("attnkit.export", False) in found and ("attnkit.viz.figures", True) in found
     assert ("attnkit.runs.layout", False) in {(t, n) for t, n, _ in imports("attnkit.runs.load")}
+
+
+def test_a_llama_block_reads_in_four_files() -> None:
+    """The GPT is one file (issue 56): ``attnkit.lm`` reads from the textbook only the kernel, multi-head attention and
+    the positions (and the special ids' constants), neither the encoder-decoder's layers nor its model."""
+    textbook = {t for t, _, _ in imports("attnkit.lm")}
+    assert textbook <= {"attnkit.attention", "attnkit.multihead", "attnkit.positions", "attnkit.vocab"}, textbook

@@ -21,8 +21,7 @@ import torch.nn.functional as F
 from attnkit.attention import attend, causal_mask, repeat_kv, sliding_window_mask
 from attnkit.engine import fast_attend, to_eager
 from attnkit.engine.eager import EagerMultiHeadAttention
-from attnkit.layers import DecoderLayer, LayerOptions
-from attnkit.lm import LanguageModel
+from attnkit.lm import Block, LanguageModel, LMConfig
 from attnkit.multihead import KVCache, MultiHeadAttention
 from attnkit.positions import ALiBi, RotaryPositions, alibi_slopes
 from attnkit.sampling import generate
@@ -548,7 +547,7 @@ def test_key_value_heads_must_divide_the_heads() -> None:
         with pytest.raises(ValueError, match="n_kv_heads"):
             MultiHeadAttention(D_MODEL, HEADS, n_kv_heads=n_kv_heads)
         with pytest.raises(ValueError, match="n_kv_heads"):
-            DecoderLayer(D_MODEL, HEADS, D_FF, LayerOptions(n_kv_heads=n_kv_heads), cross_attention=False)
+            Block(LMConfig(d_model=D_MODEL, n_heads=HEADS, d_ff=D_FF, n_kv_heads=n_kv_heads))
     with pytest.raises(ValueError, match="n_kv_heads"):
         LanguageModel(TransformerConfig(d_model=D_MODEL, n_heads=HEADS, n_kv_heads=3), VOCAB)
 

@@ -17,8 +17,8 @@ import torch.nn.functional as F
 from attnkit.classifier import TransformerClassifier
 from attnkit.config.schema import DataConfig
 from attnkit.data.documents import framed, reading_windows, window_length
-from attnkit.layers import FeedForward, TokenEmbedding
-from attnkit.positions import sinusoidal_table
+from attnkit.lm import FeedForward
+from attnkit.positions import TokenEmbedding, sinusoidal_table
 from attnkit.transformer import Transformer, TransformerConfig
 from attnkit.vocab import BOS_ID, EOS_ID, PAD_ID
 

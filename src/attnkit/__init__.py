@@ -3,8 +3,10 @@
 Where things are (the layout is the architecture):
 
 - :mod:`attnkit.attention`   — masks, score functions, softmax/hard normalizers, the kernel :func:`attend`
-- :mod:`attnkit.multihead`   — :class:`MultiHeadAttention` and its :class:`KVCache`
-- :mod:`attnkit.layers`      — embeddings, positional encodings, feed-forward, encoder/decoder layers
+- :mod:`attnkit.multihead`   — :class:`MultiHeadAttention` (grouped-query option) and its :class:`KVCache`
+- :mod:`attnkit.positions`   — the token embedding; sinusoidal, learned, RoPE, ALiBi positions
+- :mod:`attnkit.lm`          — the GPT whole: :class:`LMConfig`, :class:`Block`, :class:`LanguageModel`
+- :mod:`attnkit.layers`      — the encoder-decoder's layers
 - :mod:`attnkit.transformer` — the encoder-decoder :class:`Transformer` and its presets
 - :mod:`attnkit.classifier`  — the encoder-only :class:`TransformerClassifier`
 - :mod:`attnkit.rnn`         — :class:`RNNSeq2Seq` with and without attention
@@ -31,19 +33,19 @@ from .attention import (
     soft_attention,
 )
 from .classifier import TransformerClassifier
-from .layers import DecoderLayer, EncoderLayer, FeedForward, LayerOptions, TokenEmbedding
-from .lm import LanguageModel
+from .layers import DecoderLayer, EncoderLayer, LayerOptions
+from .lm import Block, FeedForward, LanguageModel, LMConfig
 from .multihead import KVCache, MultiHeadAttention
-from .positions import ALiBi, RotaryPositions, SinusoidalPositions
+from .positions import ALiBi, RotaryPositions, SinusoidalPositions, TokenEmbedding
 from .rnn import RNNConfig, RNNSeq2Seq
 from .transformer import PRESETS, Transformer, TransformerConfig, preset
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "ALiBi", "AdditiveScore", "DecoderLayer", "EncoderLayer", "FeedForward", "GeneralScore", "KVCache",
-    "LanguageModel", "LayerOptions", "MultiHeadAttention", "PRESETS", "RNNConfig", "RNNSeq2Seq", "RotaryPositions",
-    "SinusoidalPositions", "TokenEmbedding", "Transformer", "TransformerClassifier", "TransformerConfig", "attend",
-    "attention_override", "causal_mask", "dot_score", "hard_attention", "make_scorer", "padding_mask", "preset",
-    "scaled_dot_score", "sliding_window_mask", "soft_attention",
+    "ALiBi", "AdditiveScore", "Block", "DecoderLayer", "EncoderLayer", "FeedForward", "GeneralScore", "KVCache",
+    "LMConfig", "LanguageModel", "LayerOptions", "MultiHeadAttention", "PRESETS", "RNNConfig", "RNNSeq2Seq",
+    "RotaryPositions", "SinusoidalPositions", "TokenEmbedding", "Transformer", "TransformerClassifier",
+    "TransformerConfig", "attend", "attention_override", "causal_mask", "dot_score", "hard_attention", "make_scorer",
+    "padding_mask", "preset", "scaled_dot_score", "sliding_window_mask", "soft_attention",
 ]

@@ -1,21 +1,20 @@
-"""Transformer building blocks (SEEDS.md section 7; Vaswani et al. sections 3.1-3.5).
+"""The encoder-decoder's layers (SEEDS.md section 7; Vaswani et al. sections 3.1-3.5).
 
-- :class:`TokenEmbedding`: ``Embedding(x) * sqrt(d_model)`` (section 3.4).
-- positions (section 3.5, and the ones today's models use) are in :mod:`attnkit.positions`.
-- :class:`FeedForward`: ``FFN(x) = max(0, x W_1 + b_1) W_2 + b_2`` (section 3.3), or the gated SwiGLU.
-- :func:`make_norm`: the "Norm" of Add & Norm, LayerNorm (Ba et al. 2016) or RMSNorm.
+- the token embedding ``Embedding(x) * sqrt(d_model)`` (section 3.4) and the positions (section 3.5, and the ones
+  today's models use) are in :mod:`attnkit.positions`.
+- the feed-forward network ``FFN(x) = max(0, x W_1 + b_1) W_2 + b_2`` (section 3.3, or the gated SwiGLU) and the
+  "Norm" of Add & Norm (LayerNorm, or RMSNorm) are the GPT's, in :mod:`attnkit.lm` (:class:`~attnkit.lm.FeedForward`,
+  :func:`~attnkit.lm.make_norm`), shared with these layers.
 - :func:`input_embedding`: BERT's additions to ``Embed(x) + PE``: a token-type row, then a LayerNorm.
 
 Options that other published models use, each off by default (``attnkit import`` sets them for
 Hugging Face checkpoints): the FFN's activation (``gelu`` in BERT, ``swish`` in Marian / OPUS-MT),
 no ``sqrt(d_model)`` scale (BERT), the sinusoids laid out in two halves (tensor2tensor, Marian),
 a token-type embedding and an embedding LayerNorm (BERT), and the LayerNorm epsilon (BERT: 1e-12);
-and for decoder-only models (GPT-2, Llama): RMSNorm, SwiGLU, no biases (or biases on the query, key and value
-projections only: Qwen2), grouped-query attention and positions inside attention (RoPE, ALiBi;
-:mod:`attnkit.positions`).
+and those of today's models (RMSNorm, SwiGLU, no biases, grouped-query attention).
 - :class:`EncoderLayer`: self-attention -> Add & Norm -> FFN -> Add & Norm.
-- :class:`DecoderLayer`: masked self-attention -> Add & Norm -> cross-attention -> Add & Norm -> FFN -> Add & Norm;
-  without cross-attention (``cross_attention=False``) it is the layer of a decoder-only language model.
+- :class:`DecoderLayer`: masked self-attention -> Add & Norm -> cross-attention -> Add & Norm -> FFN -> Add & Norm.
+  (A decoder-only language model's layer, without cross-attention, is :class:`attnkit.lm.Block`.)
 
 Dropout (``nn.Dropout`` modules) sits where the paper puts it: on each sub-layer's output before
 the residual add and on embeddings + positions (in the models). Dropout on attention weights
@@ -26,42 +25,13 @@ Deviation flag: ``norm_first=True`` gives the pre-norm variant ``x + Sublayer(La
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from functools import partial
-from typing import Literal
+from dataclasses import dataclass
 
-import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .attention import ScoreName
+from .lm import Activation, FeedForward, NormKind, make_norm
 from .multihead import KVCache, MultiHeadAttention
-from .positions import ALiBi, RotaryPositions
-
-
-class TokenEmbedding(nn.Module):
-    """Token ids ``(B, T)`` -> vectors ``(B, T, d_model)`` scaled by ``sqrt(d_model)`` (or by 1: ``scale=False``).
-
-    Initialised ``N(0, d_model^-1/2)`` so the scaled embedding has unit variance, like the
-    positional encoding it is added to; ``weight`` can be tied to the output projection.
-    """
-
-    def __init__(self, vocab_size: int, d_model: int, pad_id: int = 0, scale: bool = True) -> None:
-        super().__init__()
-        self.embedding = nn.Embedding(vocab_size, d_model, padding_idx=pad_id)
-        nn.init.normal_(self.embedding.weight, 0.0, d_model ** -0.5)
-        with torch.no_grad():
-            self.embedding.weight[pad_id].zero_()
-        self.scale = math.sqrt(d_model) if scale else 1.0
-
-    @property
-    def weight(self) -> Tensor:
-        return self.embedding.weight
-
-    def forward(self, tokens: Tensor) -> Tensor:
-        return self.embedding(tokens) * self.scale  # (B, T, d_model)
 
 
 def xavier_init_(module: nn.Module) -> None:
@@ -88,52 +58,6 @@ def input_embedding(x: Tensor, token_types: nn.Embedding | None, norm: nn.LayerN
     return norm(x) if norm is not None else x
 
 
-#: The FFN's non-linearity: the paper's ``relu``, BERT's ``gelu`` (exact, erf), GPT-2's ``gelu_tanh`` (the tanh
-#: approximation), Marian's ``swish`` (``x sigmoid(x)``), or Llama's gated ``swiglu``.
-Activation = Literal["relu", "gelu", "gelu_tanh", "swish", "swiglu"]
-ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
-    "relu": F.relu, "gelu": F.gelu, "gelu_tanh": partial(F.gelu, approximate="tanh"), "swish": F.silu,
-    "swiglu": F.silu}
-#: The "Norm" of Add & Norm.
-NormKind = Literal["layernorm", "rmsnorm"]
-
-
-def make_norm(kind: NormKind, d_model: int, eps: float = 1e-5) -> nn.Module:
-    """``layernorm``: ``(x - mean(x)) / sqrt(var(x) + eps) * g + b`` (Ba et al. 2016), or
-    ``rmsnorm``: ``x / sqrt(mean(x^2) + eps) * g``, no centring and no bias (Zhang & Sennrich 2019; Llama)."""
-    if kind == "layernorm":
-        return nn.LayerNorm(d_model, eps=eps)
-    if kind == "rmsnorm":
-        return nn.RMSNorm(d_model, eps=eps)
-    raise ValueError(f"unknown norm {kind!r}; choose layernorm or rmsnorm")
-
-
-class FeedForward(nn.Module):
-    """Position-wise ``max(0, x W_1 + b_1) W_2 + b_2`` — a 1x1 convolution, as seed 001 puts it.
-
-    ``activation`` replaces ``max(0, .)``: ``gelu(z) = z Phi(z)``, ``swish(z) = z sigmoid(z)``.
-    ``swiglu`` is gated (Shazeer 2020, "GLU Variants Improve Transformer"; Llama):
-    ``FFN(x) = (swish(x W_1) * x W_3) W_2`` with a third matrix ``W_3`` (the "up" projection; ``W_1`` is the gate).
-    """
-
-    def __init__(self, d_model: int, d_ff: int, activation_dropout: float = 0.0,
-                 activation: Activation = "relu", bias: bool = True) -> None:
-        super().__init__()
-        if activation not in ACTIVATIONS:
-            raise ValueError(f"unknown activation {activation!r}; choose one of {', '.join(ACTIVATIONS)}")
-        self.w1 = nn.Linear(d_model, d_ff, bias=bias)
-        self.w2 = nn.Linear(d_ff, d_model, bias=bias)
-        self.w3 = nn.Linear(d_model, d_ff, bias=bias) if activation == "swiglu" else None
-        self.activation = ACTIVATIONS[activation]
-        self.activation_dropout = nn.Dropout(activation_dropout)
-
-    def forward(self, x: Tensor) -> Tensor:
-        h = self.activation(self.w1(x))  # (B, T, d_ff)
-        if self.w3 is not None:
-            h = h * self.w3(x)  # SwiGLU's gate
-        return self.w2(self.activation_dropout(h))  # (B, T, d_model)
-
-
 @dataclass(frozen=True)
 class LayerOptions:
     """How a layer is built beyond its sizes; the defaults are the paper's layer (:data:`PAPER_LAYER`)."""
@@ -149,8 +73,6 @@ class LayerOptions:
     bias: bool = True  # biases in the attention projections and the FFN (Llama has none)
     qkv_bias: bool = False  # biases on the query, key and value projections even without ``bias`` (Qwen2)
     n_kv_heads: int | None = None  # grouped-query attention: key/value heads (None: n_heads)
-    rotary: RotaryPositions | None = field(default=None, compare=False)  # RoPE, shared by every layer
-    alibi: ALiBi | None = field(default=None, compare=False)  # ALiBi, shared by every layer
 
 
 PAPER_LAYER = LayerOptions()
@@ -175,18 +97,16 @@ class _ResidualBlock(nn.Module):
         x = x + self.dropout(y)  # (B, T, d_model)
         return x if self.norm_first else norm(x)
 
-    def attention(self, d_model: int, n_heads: int, o: LayerOptions, causal: bool = False) -> MultiHeadAttention:
+    def attention(self, d_model: int, n_heads: int, o: LayerOptions) -> MultiHeadAttention:
         """A multi-head attention sub-layer built with ``o``."""
         return MultiHeadAttention(d_model, n_heads, dropout=o.attention_dropout, score=o.score, bias=o.bias,
-                                  qkv_bias=o.qkv_bias, n_kv_heads=o.n_kv_heads, rotary=o.rotary, alibi=o.alibi,
-                                  causal=causal)
+                                  qkv_bias=o.qkv_bias, n_kv_heads=o.n_kv_heads)
 
-    def build(self, d_model: int, n_heads: int, d_ff: int, o: LayerOptions, *, causal: bool = False,
-              cross_attention: bool = False) -> None:
+    def build(self, d_model: int, n_heads: int, d_ff: int, o: LayerOptions, *, cross_attention: bool = False) -> None:
         """What every layer has: self-attention (then cross-attention, if asked for), the FFN, the residual
         dropout and (``norm1``) the first norm. Built in this order, the paper's layers draw their initial
         weights as they always have."""
-        self.self_attn = self.attention(d_model, n_heads, o, causal)
+        self.self_attn = self.attention(d_model, n_heads, o)
         if cross_attention:
             self.cross_attn = self.attention(d_model, n_heads, o)
         self.ff = FeedForward(d_model, d_ff, o.activation_dropout, o.activation, bias=o.bias)
@@ -213,61 +133,44 @@ class EncoderLayer(_ResidualBlock):
 
 
 class DecoderLayer(_ResidualBlock):
-    """Masked self-attention, cross-attention to the encoder memory, FFN; each with Add & Norm.
+    """Masked self-attention, cross-attention to the encoder memory, FFN; each with Add & Norm. The norms are
+    numbered in the order their sub-layers run."""
 
-    With ``cross_attention=False`` there is no encoder: masked self-attention and the FFN, the layer of a
-    decoder-only language model (GPT; :mod:`attnkit.lm`). Its self-attention then applies the look-ahead
-    mask itself (``causal``). The norms are numbered in the order their sub-layers run.
-    """
-
-    def __init__(self, d_model: int, n_heads: int, d_ff: int, options: LayerOptions = PAPER_LAYER, *,
-                 cross_attention: bool = True) -> None:
+    def __init__(self, d_model: int, n_heads: int, d_ff: int, options: LayerOptions = PAPER_LAYER) -> None:
         super().__init__()
-        self.cross_attn: MultiHeadAttention | None = None
-        self.build(d_model, n_heads, d_ff, options, causal=not cross_attention, cross_attention=cross_attention)
+        self.build(d_model, n_heads, d_ff, options, cross_attention=True)
         self.norm2 = make_norm(options.norm, d_model, options.eps)
-        self.norm3 = make_norm(options.norm, d_model, options.eps) if cross_attention else None
-
-    @property
-    def ff_norm(self) -> nn.Module:
-        """The norm of the FFN sub-layer: the third (after cross-attention's), or the second without it."""
-        return self.norm3 if self.norm3 is not None else self.norm2
+        self.norm3 = make_norm(options.norm, d_model, options.eps)
 
     def forward(
         self,
         x: Tensor,
-        memory: Tensor | None,
+        memory: Tensor,
         self_mask: Tensor | None,
         memory_mask: Tensor | None,
         *,
-        cache: tuple[KVCache, KVCache | None] | None = None,
+        cache: tuple[KVCache, KVCache] | None = None,
         need_weights: bool = False,
-        offset: Tensor | None = None,
-    ) -> tuple[Tensor, tuple[Tensor, Tensor | None] | None, tuple[KVCache, KVCache | None] | None]:
+    ) -> tuple[Tensor, tuple[Tensor, Tensor] | None, tuple[KVCache, KVCache] | None]:
         """One decoder layer.
 
         :param x: ``(B, T, d_model)`` target positions (``T = 1`` when decoding step by step).
-        :param memory: ``(B, S, d_model)`` encoder output; None without cross-attention.
-        :param self_mask: look-ahead mask ``(T, T_past + T)``, possibly combined with target padding (a
-            decoder-only layer applies the look-ahead mask itself; this may add a sliding window).
+        :param memory: ``(B, S, d_model)`` encoder output.
+        :param self_mask: look-ahead mask ``(T, T_past + T)``, possibly combined with target padding.
         :param memory_mask: ``(B, 1, 1, S)`` source padding mask.
-        :param cache: ``(self-attention cache, cross-attention cache or None)`` for incremental decoding.
+        :param cache: ``(self-attention cache, cross-attention cache)`` for incremental decoding.
         :param need_weights: also return both attentions' per-head weights.
-        :param offset: ``(B,)`` each row's position of its first query when rows are at different positions
-            (RoPE; :meth:`~attnkit.multihead.MultiHeadAttention.forward`).
-        :returns: ``(x, (self-attention (B, H, T, T_past + T), cross-attention (B, H, T, S) or None) | None,
+        :returns: ``(x, (self-attention (B, H, T, T_past + T), cross-attention (B, H, T, S)) | None,
             new cache | None)``.
         """
         self_cache, cross_cache = cache if cache is not None else (None, None)
         y, self_weights, self_cache = self.self_attn(self.sublayer_input(x, self.norm1), None, self_mask,
-                                                     cache=self_cache, need_weights=need_weights, offset=offset)
+                                                     cache=self_cache, need_weights=need_weights)
         x = self.add_residual(x, y, self.norm1)
-        cross_weights = None
-        if self.cross_attn is not None:
-            y, cross_weights, cross_cache = self.cross_attn(self.sublayer_input(x, self.norm2), memory, memory_mask,
-                                                            cache=cross_cache, need_weights=need_weights)
-            x = self.add_residual(x, y, self.norm2)
-        x = self.add_residual(x, self.ff(self.sublayer_input(x, self.ff_norm)), self.ff_norm)
+        y, cross_weights, cross_cache = self.cross_attn(self.sublayer_input(x, self.norm2), memory, memory_mask,
+                                                        cache=cross_cache, need_weights=need_weights)
+        x = self.add_residual(x, y, self.norm2)
+        x = self.add_residual(x, self.ff(self.sublayer_input(x, self.norm3)), self.norm3)
         new_cache = (self_cache, cross_cache) if cache is not None else None
         weights = (self_weights, cross_weights) if need_weights else None
         return x, weights, new_cache

@@ -1,4 +1,7 @@
-"""Where a Transformer gets word order from: five ways to tell positions apart (SEEDS.md section 7).
+"""A Transformer's input: the token embedding (Vaswani et al. 3.4), and five ways to tell positions apart (SEEDS.md
+section 7).
+
+:class:`TokenEmbedding` turns token ids into vectors, ``Embedding(y) * sqrt(d_model)`` (or unscaled, as GPT-2 and BERT).
 
 Attention is order-blind (permuting the keys permutes nothing in the output), so position enters
 either in the *input* (added to the embeddings) or in the *scores* (inside every attention layer):
@@ -24,10 +27,34 @@ keys, :class:`ALiBi` gives a bias added to the scores), and both work at any len
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 import torch
 from torch import Tensor, nn
+
+
+class TokenEmbedding(nn.Module):
+    """Token ids ``(B, T)`` -> vectors ``(B, T, d_model)`` scaled by ``sqrt(d_model)`` (or by 1: ``scale=False``).
+
+    Initialised ``N(0, d_model^-1/2)`` so the scaled embedding has unit variance, like the
+    positional encoding it is added to; ``weight`` can be tied to the output projection.
+    """
+
+    def __init__(self, vocab_size: int, d_model: int, pad_id: int = 0, scale: bool = True) -> None:
+        super().__init__()
+        self.embedding = nn.Embedding(vocab_size, d_model, padding_idx=pad_id)
+        nn.init.normal_(self.embedding.weight, 0.0, d_model ** -0.5)
+        with torch.no_grad():
+            self.embedding.weight[pad_id].zero_()
+        self.scale = math.sqrt(d_model) if scale else 1.0
+
+    @property
+    def weight(self) -> Tensor:
+        return self.embedding.weight
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        return self.embedding(tokens) * self.scale  # (B, T, d_model)
 
 #: How a model tells positions apart (see the module docstring).
 PositionKind = Literal["sinusoidal", "learned", "rope", "alibi", "none"]

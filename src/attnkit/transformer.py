@@ -18,19 +18,10 @@ import torch
 from torch import Tensor, nn
 
 from .attention import causal_mask, padding_mask
-from .layers import (
-    Activation,
-    DecoderLayer,
-    EncoderLayer,
-    LayerOptions,
-    NormKind,
-    TokenEmbedding,
-    input_embedding,
-    make_norm,
-    xavier_init_,
-)
+from .layers import DecoderLayer, EncoderLayer, LayerOptions, input_embedding, xavier_init_
+from .lm import Activation, NormKind, make_norm
 from .multihead import KVCache
-from .positions import ADDITIVE_POSITIONS, PositionKind, PositionLayout, make_positions
+from .positions import ADDITIVE_POSITIONS, PositionKind, PositionLayout, TokenEmbedding, make_positions
 from .vocab import BOS_ID, EOS_ID, PAD_ID
 
 
