@@ -120,7 +120,7 @@ def decoder_spec(model: LanguageModel, tok: Tokenizer):
     for layer_spec, layer in zip(decoder.layer, model.layers, strict=True):
         _attention(layer_spec.self_attention, layer.self_attn, cross=False, dot=dot)
         _norm(layer_spec.self_attention.layer_norm, layer.norm1)
-        _ffn(layer_spec.ffn, layer.ff, layer.ff_norm)
+        _ffn(layer_spec.ffn, layer.ff, layer.norm2)
     if pre_norm:
         _norm(decoder.layer_norm, model.final_norm)
     _linear(decoder.projection, model.out_proj.weight, model.out_proj.bias)
