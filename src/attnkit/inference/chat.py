@@ -15,7 +15,7 @@ question:
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 
@@ -23,7 +23,8 @@ from ..common.errors import UserError
 from ..data.chat_template import ChatTemplate, end_of_turn, special_tokens
 from ..data.tokenizer import Tokenizer
 from ..runs.load import LoadedRun
-from .language_model import check_characters, continue_text
+from ..sampling import StepModel, choose_next
+from .language_model import check_characters, context_limit, continue_text
 
 #: The question :meth:`Chat.check` renders to try the template before the first real one.
 PROBE = "Hello"
@@ -60,18 +61,21 @@ class Chat:
     :param system: the system message, if any (kept when old turns are dropped).
     :param max_new_tokens: the most tokens of one answer (and the room kept for it in the model's positions).
     :param sampling: ``temperature``, ``top_k``, ``top_p`` of :func:`~attnkit.sampling.choose_next`.
+    :param decoder: what generates and how it chooses (:func:`attnkit.engine.generation_decoder`; default: the run's
+        model and :func:`~attnkit.sampling.choose_next`).
     """
 
     def __init__(self, run: LoadedRun, template: ChatTemplate, *, system: str | None = None,
                  max_new_tokens: int = 256, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
-                 generator: torch.Generator | None = None) -> None:
+                 generator: torch.Generator | None = None,
+                 decoder: tuple[StepModel, Callable[..., torch.Tensor]] | None = None) -> None:
         self.run, self.template, self.system = run, template, system
+        self.decoder, self.choose = decoder or (run.model, choose_next)
         self.max_new_tokens = max_new_tokens
         self.sampling = {"temperature": temperature, "top_k": top_k, "top_p": top_p}
         self.generator = generator
         self.stop_ids, self.stop = end_of_turn(run.tok, run.cfg.data.end_of_turn)
-        cfg = run.model.cfg
-        self.positions: int = run.model.context or cfg.max_len  # rope: the length it was trained for
+        self.positions: int = context_limit(run).length  # a table's rows, or the context it was trained on
         self.turns: list[tuple[str, str]] = []  # (question, answer), oldest first
         self.dropped = 0  # turns dropped for the last question, to fit the model's positions
 
@@ -120,8 +124,9 @@ class Chat:
     def _stream(self, question: str, ids: list[int]) -> Iterator[str]:
         pieces: list[str] = []
         try:
-            for piece in continue_text(self.run.model, self.run.tok, ids, self.max_new_tokens, stop=self.stop,
-                                       stop_ids=self.stop_ids, generator=self.generator, **self.sampling):
+            for piece in continue_text(self.decoder, self.run.tok, ids, self.max_new_tokens, stop=self.stop,
+                                       stop_ids=self.stop_ids, generator=self.generator, choose=self.choose,
+                                       **self.sampling):
                 pieces.append(piece)
                 yield piece
         finally:
