@@ -87,7 +87,8 @@ def gguf_file(out: Path) -> Path:
 #: What users download, as tiny random models of the same architecture: Hugging Face directories, a GGUF file.
 DOWNLOADS = {"opus-mt-de-en": marian_dir, "bert-base-uncased": lambda out: bert_dir(out, "BertForMaskedLM"),
              "all-MiniLM-L6-v2": lambda out: bert_dir(out, "BertModel"), "path/to/gpt2-dir": gpt2_dir,
-             "SmolLM2-135M-Instruct": instruct_dir, "path/to/model-Q4_K_M.gguf": gguf_file}
+             "SmolLM2-135M-Instruct": instruct_dir, "path/to/model-Q4_K_M.gguf": gguf_file,
+             "model-Q8_0.gguf": gguf_file}
 PRODUCERS = ("import", "prepare", "train", "export")
 
 

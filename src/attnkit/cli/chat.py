@@ -23,7 +23,7 @@ import torch
 from ..common.errors import UserError
 from ..engine import generation_decoder
 from ..inference.chat import Chat, run_template
-from ..inference.language_model import MAX_NEW_TOKENS, check_sampling
+from ..inference.language_model import DEFAULT_NEW_TOKENS, MAX_NEW_TOKENS, check_sampling
 from ..runs.load import load_run, require
 from .options import add_device_option, add_engine_options, add_sampling_options, engine_of, number, pick_device
 
@@ -39,8 +39,9 @@ def add(sub: argparse._SubParsersAction) -> None:
                                  "checkpoint inside one")
     p.add_argument("--system", help="the system message: instructions the model reads before the conversation")
     p.add_argument("--once", metavar="QUESTION", help="answer this one question, then exit")
-    p.add_argument("--max-new-tokens", type=number(int), default=256,
-                   help=f"the most tokens of one answer, 1..{MAX_NEW_TOKENS} (default 256)")
+    p.add_argument("--max-new-tokens", type=number(int),
+                   help=f"the most tokens of one answer, 1..{MAX_NEW_TOKENS} (default {DEFAULT_NEW_TOKENS}, or what "
+                        "the model's positions leave after the question)")
     add_sampling_options(p)
     add_device_option(p, "the model (the same --seed gives the same answers on the same device)")
     add_engine_options(p, "eager, and each token through a step compiled ahead of time with a static cache")
@@ -48,7 +49,7 @@ def add(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> None:
     check_sampling(args.temperature, args.top_k, args.top_p)
-    if not 0 < args.max_new_tokens <= MAX_NEW_TOKENS:
+    if args.max_new_tokens is not None and not 0 < args.max_new_tokens <= MAX_NEW_TOKENS:
         raise UserError(f"--max-new-tokens must be in 1..{MAX_NEW_TOKENS}, got {args.max_new_tokens}")
     if args.once is not None and not args.once.strip():
         raise UserError("--once needs a question")
