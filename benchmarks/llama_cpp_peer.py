@@ -105,7 +105,7 @@ class LlamaCppGreedy:
         if rows not in self.contexts:
             params = self.lib.llama_context_default_params()
             params.n_ctx = rows * self.max_positions
-            params.n_batch = params.n_ubatch = rows * self.max_positions  # a batch's prompts in one call
+            params.n_batch = rows * self.max_positions  # a batch's prompts in one call (its default micro-batches)
             params.n_seq_max = rows
             params.kv_unified = True  # one cache for every sequence, n_ctx cells
             params.n_threads = params.n_threads_batch = self.threads
