@@ -194,8 +194,8 @@ def contenders(model: RaceModel, bf16: bool) -> list[Spec]:
     specs.append(Spec("transformers float32", "transformers", "float32", "original", path=str(model.hf)))
     specs += [Spec(f"CTranslate2 {q}", "ctranslate2", q, "attnkit", path=str(model.exports.get(q, "")))
               for q in ("float32", "int8")]
-    specs += [Spec(f"llama.cpp {t}", "llama.cpp", t.lower(), "original", path=str(model.ggufs.get(t, "")))
-              for t in llama_cpp_peer.GGUF_TYPES]
+    specs += [Spec(f"llama.cpp {t}", "llama.cpp", llama_cpp_peer.WEIGHTS[t], "original",
+                   path=str(model.ggufs.get(t, ""))) for t in llama_cpp_peer.GGUF_TYPES]
     return specs
 
 
@@ -395,17 +395,20 @@ TARGETS = [
 
 def judge(rows: list[dict], limit: dict) -> list[dict]:
     """Each of :data:`TARGETS` on this run: attnkit's fastest mode of the weight format against the peer (or the
-    limit); a target whose peer or attnkit mode did not run is left out."""
+    limit); a target whose attnkit mode or peer did not run is kept with ``met`` None and why."""
     out = []
     for what, batch, weights, peer, bar in TARGETS:
         ours = [(b[0], name) for name in dict.fromkeys(r["contender"] for r in rows)
                 if name.startswith("attnkit ") and name.endswith(f" {weights}") and (b := best(rows, name, batch))]
         theirs = limit[weights]["tok_s"] if peer == "limit" else (best(rows, peer, batch) or [None])[0]
+        target = {"target": what, "batch": batch, "peer": peer, "bar": bar}
         if not ours or theirs is None:
+            missing = f"attnkit {weights}" if not ours else peer
+            out.append({**target, "attnkit": None, "ratio": None, "met": None,
+                        "why": f"{missing} did not run at batch {batch}"})
             continue
         rate, name = max(ours)
-        out.append({"target": what, "batch": batch, "attnkit": name, "peer": peer, "bar": bar,
-                    "ratio": rate / theirs, "met": rate / theirs >= bar})
+        out.append({**target, "attnkit": name, "ratio": rate / theirs, "met": rate / theirs >= bar})
     return out
 
 
@@ -502,7 +505,8 @@ def markdown_table(results: dict) -> str:
         out.append(f"The limit at batch 1: memory read {bw}; weights read per token and the limit: {formats}.")
         if run["targets"]:
             out.append(markdown(["target", "attnkit", "ratio", "bar", "met"],
-                                [[t["target"], t["attnkit"], f"{t['ratio']:.2f}", f"{t['bar']:g}",
+                                [[t["target"], t["attnkit"] or "", "" if t["ratio"] is None else f"{t['ratio']:.2f}",
+                                  f"{t['bar']:g}", f"not judged: {t['why']}" if t["met"] is None else
                                   "yes" if t["met"] else "**no**"] for t in run["targets"]], "llrrl"))
         not_run = "".join(f" {name}: {why}." for name, why in run["not_run"].items())
         out.append((f"Not run:{not_run} " if not_run else "") + f"Measured {measured(run)} by `{run['command']}`"

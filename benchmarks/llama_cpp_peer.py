@@ -30,6 +30,8 @@ from pathlib import Path
 
 #: The converter's ``--outtype`` for each llama.cpp contender's weights.
 GGUF_TYPES = {"F32": "f32", "F16": "f16", "Q8_0": "q8_0"}
+#: The weight format (``benchmarks/bandwidth.py``'s ``FORMATS``) of each.
+WEIGHTS = {"F32": "float32", "F16": "f16", "Q8_0": "q8_0"}
 #: What the converter needs from the source package (under ``vendor/llama.cpp/``).
 VENDORED = ("convert_hf_to_gguf.py", "conversion/", "gguf-py/")
 

@@ -104,7 +104,9 @@ def test_targets_judge_the_fastest_attnkit_mode_of_each_weight_format(bench) -> 
     assert targets["attnkit int8 >= 0.8 of the bandwidth limit"]["ratio"] == pytest.approx(0.85)  # of 100 tok/s
     assert targets["attnkit >= 2x transformers"]["ratio"] == pytest.approx(40 / 30)
     assert targets["attnkit >= CTranslate2 float32 at batch 32"]["met"]
-    assert "attnkit >= llama.cpp at the same weights (16-bit)" not in targets  # neither side ran
+    assert len(targets) == len(bench.TARGETS)  # every target recorded, the ones that could not be judged too
+    f16 = targets["attnkit >= llama.cpp at the same weights (16-bit)"]
+    assert f16["met"] is None and f16["why"] == "attnkit bf16 did not run at batch 1"
 
 
 def test_table_shows_the_latest_run_per_host_kind_and_the_spread(bench) -> None:
@@ -118,3 +120,11 @@ def test_table_shows_the_latest_run_per_host_kind_and_the_spread(bench) -> None:
            "30.0 to 36.0 tok/s" in text
     assert "1 run of this race on this host kind (2026-01-03 to 2026-01-03)" in text
     assert "| 0.36 |" in text  # 36 tok/s of a 100 tok/s limit
+
+
+def test_every_contender_names_a_weight_format_with_a_limit(bench, tmp_path: Path) -> None:
+    model = bench.RaceModel("smollm2", "random", tmp_path / "run", tmp_path / "hf")
+    specs = bench.contenders(model, bf16=True)
+    assert len(specs) == len({s.name for s in specs}) == 8 + 1 + 2 + 3  # attnkit's modes, transformers, CT2, llama.cpp
+    assert {s.weights for s in specs} <= bench.bandwidth.FORMATS.keys()
+    assert specs[0].name == "attnkit reference float32"  # the agreement's yardstick
