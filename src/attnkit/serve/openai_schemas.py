@@ -55,6 +55,12 @@ def _asks_nothing(value: Any, harmless: tuple) -> bool:
     return any(value == h and type(value) is type(h) for h in harmless)
 
 
+def _unsupported(table: dict[str, tuple], name: str) -> Any:
+    """The field ``name`` of ``table``, described in the OpenAPI schema."""
+    taken = " or ".join(json.dumps(h) for h in table[name])
+    return Field(None, description=f"not implemented: taken only as {taken}, which asks for nothing")
+
+
 def _refuse_unsupported(table: dict[str, tuple]) -> Any:
     """A validator of the fields of ``table``: a value that asks for something attnkit does not do is refused."""
 
@@ -114,15 +120,15 @@ class CompletionRequest(_Sampled):
     """``POST /v1/completions``: continue ``prompt`` (or each of a list of prompts), as ``POST /generate``."""
 
     prompt: str | list[str] = Field(description="the text to continue, or several (each gets n choices)")
-    logprobs: Any = None
-    echo: Any = None
-    suffix: Any = None
-    best_of: Any = None
-    logit_bias: Any = None
-    presence_penalty: Any = None
-    frequency_penalty: Any = None
+    logprobs: Any = _unsupported(COMPLETION_UNSUPPORTED, "logprobs")
+    echo: Any = _unsupported(COMPLETION_UNSUPPORTED, "echo")
+    suffix: Any = _unsupported(COMPLETION_UNSUPPORTED, "suffix")
+    best_of: Any = _unsupported(COMPLETION_UNSUPPORTED, "best_of")
+    logit_bias: Any = _unsupported(COMPLETION_UNSUPPORTED, "logit_bias")
+    presence_penalty: Any = _unsupported(COMPLETION_UNSUPPORTED, "presence_penalty")
+    frequency_penalty: Any = _unsupported(COMPLETION_UNSUPPORTED, "frequency_penalty")
 
-    _unsupported = _refuse_unsupported(COMPLETION_UNSUPPORTED)
+    _refused = _refuse_unsupported(COMPLETION_UNSUPPORTED)
 
     @field_validator("prompt")
     @classmethod
@@ -161,21 +167,21 @@ class ChatCompletionRequest(_Sampled):
 
     messages: list[ChatMessage] = Field(min_length=1, description="the conversation so far, oldest first")
     max_completion_tokens: int | None = Field(None, description="OpenAI's newer name for max_tokens")
-    logprobs: Any = None
-    top_logprobs: Any = None
-    logit_bias: Any = None
-    tools: Any = None
-    tool_choice: Any = None
-    functions: Any = None
-    function_call: Any = None
-    response_format: Any = None
-    presence_penalty: Any = None
-    frequency_penalty: Any = None
-    modalities: Any = None
-    audio: Any = None
-    prediction: Any = None
-    web_search_options: Any = None
-    reasoning_effort: Any = None
+    logprobs: Any = _unsupported(CHAT_UNSUPPORTED, "logprobs")
+    top_logprobs: Any = _unsupported(CHAT_UNSUPPORTED, "top_logprobs")
+    logit_bias: Any = _unsupported(CHAT_UNSUPPORTED, "logit_bias")
+    tools: Any = _unsupported(CHAT_UNSUPPORTED, "tools")
+    tool_choice: Any = _unsupported(CHAT_UNSUPPORTED, "tool_choice")
+    functions: Any = _unsupported(CHAT_UNSUPPORTED, "functions")
+    function_call: Any = _unsupported(CHAT_UNSUPPORTED, "function_call")
+    response_format: Any = _unsupported(CHAT_UNSUPPORTED, "response_format")
+    presence_penalty: Any = _unsupported(CHAT_UNSUPPORTED, "presence_penalty")
+    frequency_penalty: Any = _unsupported(CHAT_UNSUPPORTED, "frequency_penalty")
+    modalities: Any = _unsupported(CHAT_UNSUPPORTED, "modalities")
+    audio: Any = _unsupported(CHAT_UNSUPPORTED, "audio")
+    prediction: Any = _unsupported(CHAT_UNSUPPORTED, "prediction")
+    web_search_options: Any = _unsupported(CHAT_UNSUPPORTED, "web_search_options")
+    reasoning_effort: Any = _unsupported(CHAT_UNSUPPORTED, "reasoning_effort")
     parallel_tool_calls: Any = Field(None, description="taken and ignored (no tools)")
     metadata: Any = Field(None, description="taken and ignored")
     store: Any = Field(None, description="taken and ignored: nothing is stored")
@@ -183,7 +189,7 @@ class ChatCompletionRequest(_Sampled):
     safety_identifier: Any = Field(None, description="taken and ignored")
     prompt_cache_key: Any = Field(None, description="taken and ignored")
 
-    _unsupported = _refuse_unsupported(CHAT_UNSUPPORTED)
+    _refused = _refuse_unsupported(CHAT_UNSUPPORTED)
 
     @field_validator("messages")
     @classmethod
