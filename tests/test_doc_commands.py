@@ -36,7 +36,7 @@ import pytest
 import yaml
 
 from attnkit.cli import main
-from hf_models import bert_dir, gpt2_dir, marian_dir
+from hf_models import bert_dir, gpt2_dir, instruct_dir, marian_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
@@ -63,7 +63,8 @@ INPUTS = {"test.de": ("multi30k/test_2016_flickr.de.gz", 6), "test.en": ("multi3
           "held-out.txt": ("shakespeare/input.txt", 40), "prompts.txt": ("shakespeare/input.txt", 2)}
 #: The Hugging Face directories users download, as tiny random models of the same architecture.
 DOWNLOADS = {"opus-mt-de-en": marian_dir, "bert-base-uncased": lambda out: bert_dir(out, "BertForMaskedLM"),
-             "all-MiniLM-L6-v2": lambda out: bert_dir(out, "BertModel"), "path/to/gpt2-dir": gpt2_dir}
+             "all-MiniLM-L6-v2": lambda out: bert_dir(out, "BertModel"), "path/to/gpt2-dir": gpt2_dir,
+             "SmolLM2-135M-Instruct": instruct_dir}
 PRODUCERS = ("import", "prepare", "train", "export")
 
 
