@@ -312,6 +312,29 @@ def test_bad_chat_requests_get_openais_error_and_the_server_goes_on(http, body, 
                                                    "max_tokens": 2}).status_code == 200
 
 
+@pytest.mark.parametrize("body, status, param, needles", [
+    ({"prompt": [1, 2, 3]}, 400, "prompt", ["token ids are not taken"]),
+    ({"prompt": []}, 400, "prompt", ["at least 1"]),
+    ({"prompt": "ZZ top"}, 400, None, ["'Z'", "not in this model's vocabulary"]),
+    ({"prompt": "x" * 601}, 413, "prompt", ["prompt: 601 characters"]),
+    ({"prompt": ["ROMEO: " * 6, "x"], "max_tokens": 20}, 400, None, ["the prompt (42 tokens)", "at most 6 tokens"]),
+    ({"stop": 5}, 400, "stop", ["give a string or a list of strings"]),
+    ({"echo": True}, 400, "echo", ["not supported"]),
+    ({"logprobs": 0}, 400, "logprobs", ["not supported"]),
+    ({"model": "chat", "seed": 1, "n": 2, "max_tokens": 3}, 200, None, []),
+])
+def test_bad_completion_requests_get_openais_error(http, body, status, param, needles):
+    answer = http.post("/v1/completions", json={"model": "play", "prompt": PROMPT, "max_tokens": 5, **body})
+    assert answer.status_code == status, answer.text
+    if status == 200:
+        assert [c["index"] for c in answer.json()["choices"]] == [0, 1]
+        return
+    error = answer.json()["error"]
+    assert error["param"] == param and error["type"] == "invalid_request_error"
+    for needle in needles:
+        assert needle in error["message"], (needle, error["message"])
+
+
 def test_fields_that_change_nothing_are_taken(client):
     answer = client.chat.completions.create(model="chat", messages=[{"role": "user", "content": QUESTION}],
                                             temperature=0, max_tokens=4, user="someone", logprobs=False,

@@ -124,13 +124,13 @@ async def completions(req: CompletionRequest, request: Request) -> Completion | 
     state = app_state(request)
     servable = _model(state, req.model)
     limits = state.limits
-    prompts = req.prompts
+    prompts = req.prompt
     if len(prompts) > limits.max_texts:
         raise APIError(413, f"prompt: {len(prompts)} prompts, more than the limit {limits.max_texts} (--max-texts); "
                             "send them in several requests", param="prompt")
     jobs: list[GenerationJob] = []
     for i, prompt in enumerate(prompts):
-        where = "prompt" if isinstance(req.prompt, str) else f"prompt[{i}]"
+        where = "prompt" if len(prompts) == 1 else f"prompt[{i}]"
         if len(prompt) > limits.max_chars:
             raise APIError(413, f"{where}: {len(prompt)} characters, more than the limit {limits.max_chars} "
                                 "(--max-chars); shorten it", param="prompt")

@@ -75,6 +75,15 @@ def _refuse_unsupported(table: dict[str, tuple]) -> Any:
     return field_validator(*table, mode="before")(classmethod(refuse))
 
 
+def _as_list(value: Any, expected: str) -> Any:
+    """A string as a list of one, a list or null as it is; anything else is refused with ``expected``."""
+    if value is None or isinstance(value, list):
+        return value
+    if isinstance(value, str):
+        return [value]
+    raise PydanticCustomError("string_or_list", expected, {})
+
+
 class StreamOptions(Strict):
     include_usage: bool = Field(False, description="a last chunk (before [DONE]) with the usage and no choices")
     include_obfuscation: bool | None = Field(None, description="taken and ignored: nothing is padded")
@@ -95,18 +104,23 @@ class _Sampled(Strict):
                                                                   "(seed, seed + 1, ...)")
     seed: int | None = Field(None, ge=0, le=2**63 - 1, description="the same answer every time: attnkit "
                                                                   "generate's for --seed")
-    stop: str | list[str] | None = Field(None, description=f"stop at the first of these strings (not returned); "
-                                                           f"at most {MAX_STOPS}")
+    stop: list[str] | None = Field(None, description=f"stop at the first of these strings (not returned), or at this "
+                                                     f"one string; at most {MAX_STOPS}")
     stream: bool | None = Field(None, description="answer server-sent events, ending with data: [DONE]")
     stream_options: StreamOptions | None = None
     beyond_context: bool = Field(False, description="attnkit's: let prompt and answer run past the context a rope, "
                                                     "alibi or position-free model was trained on")
     user: Any = Field(None, description="taken and ignored")
 
+    @field_validator("stop", mode="before")
+    @classmethod
+    def _one_stop(cls, stop: Any) -> Any:
+        return _as_list(stop, "give a string or a list of strings")
+
     @field_validator("stop")
     @classmethod
-    def _stops(cls, stop: str | list[str] | None) -> list[str]:
-        stops = [] if stop is None else [stop] if isinstance(stop, str) else stop
+    def _stops(cls, stop: list[str] | None) -> list[str]:
+        stops = stop or []
         if len(stops) > MAX_STOPS:
             raise PydanticCustomError("too_many_stops", "at most {most} stop strings", {"most": MAX_STOPS})
         return check_stops(stops)
@@ -119,7 +133,8 @@ class _Sampled(Strict):
 class CompletionRequest(_Sampled):
     """``POST /v1/completions``: continue ``prompt`` (or each of a list of prompts), as ``POST /generate``."""
 
-    prompt: str | list[str] = Field(description="the text to continue, or several (each gets n choices)")
+    prompt: list[str] = Field(min_length=1, description="the text to continue, or a list of texts (each gets n "
+                                                        "choices)")
     logprobs: Any = _unsupported(COMPLETION_UNSUPPORTED, "logprobs")
     echo: Any = _unsupported(COMPLETION_UNSUPPORTED, "echo")
     suffix: Any = _unsupported(COMPLETION_UNSUPPORTED, "suffix")
@@ -130,18 +145,20 @@ class CompletionRequest(_Sampled):
 
     _refused = _refuse_unsupported(COMPLETION_UNSUPPORTED)
 
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _one_prompt(cls, prompt: Any) -> Any:
+        expected = "give a text or a list of texts (token ids are not taken: a model's ids are its own vocabulary's)"
+        if isinstance(prompt, list) and any(isinstance(p, int | list) for p in prompt):
+            raise PydanticCustomError("string_or_list", expected, {})
+        return _as_list(prompt, expected)
+
     @field_validator("prompt")
     @classmethod
-    def _prompts(cls, prompt: str | list[str]) -> str | list[str]:
-        if isinstance(prompt, list) and not prompt:
-            raise PydanticCustomError("no_prompt", "give a prompt, or a list of at least one", {})
-        for i, text in enumerate([prompt] if isinstance(prompt, str) else prompt):
-            valid_unicode(text, "prompt" if isinstance(prompt, str) else f"prompt[{i}]")
+    def _prompts(cls, prompt: list[str]) -> list[str]:
+        for i, text in enumerate(prompt):
+            valid_unicode(text, f"prompt[{i}]")
         return prompt
-
-    @property
-    def prompts(self) -> list[str]:
-        return [self.prompt] if isinstance(self.prompt, str) else self.prompt
 
 
 class TextPart(Strict):
