@@ -3,20 +3,31 @@
 from __future__ import annotations
 
 import copy
+import errno
+import re
+from pathlib import Path
 
 import pytest
 import torch
+from torch._inductor.exc import CppCompileError, InductorError, InvalidCxxCompiler
 
 from attnkit.common.errors import UserError
 from attnkit.engine import compiled_decoding, to_eager
 from attnkit.engine.aot import matvec_linear
 from attnkit.engine.compiled_decoding import CompiledDecoder, StaticKVCache, static_mask
-from attnkit.lm import LanguageModel
+from attnkit.lm import LanguageModel, LMConfig
 from attnkit.multihead import KVCache
 from attnkit.sampling import generate
 from test_continuous_lm import CONFIGS, MAX_LEN, VOCAB
 from test_continuous_lm import make_lm as continuous_lm
-from test_lm_model import one_thread  # noqa: F401  (autouse: one intra-op thread for this module's tiny tensors)
+from test_lm_model import (
+    one_thread,  # noqa: F401  (autouse: one intra-op thread for this module's tiny tensors)
+    spread_weights_,
+)
+
+#: The deep model's layers: SmolLM2-135M's depth, deeper than a whole-step program could be compiled in one piece
+#: (its buffer planner overflowed Python's recursion limit from about a dozen layers).
+DEPTH = 30
 
 
 def make_lm(**options) -> LanguageModel:
@@ -24,8 +35,26 @@ def make_lm(**options) -> LanguageModel:
     return continuous_lm(eos_bias=0.0, **options)
 
 
+def deep_lm() -> LanguageModel:
+    """A deep, narrow model of SmolLM2's kind: :data:`DEPTH` layers of width 36, RoPE, grouped-query attention
+    with SmolLM2's 9 query and 3 key/value heads, RMSNorm, SwiGLU, no biases, the output layer tied to the
+    embedding; unit-variance activations."""
+    torch.manual_seed(5)
+    cfg = LMConfig(d_model=36, n_heads=9, n_kv_heads=3, d_ff=48, decoder_layers=DEPTH, dropout=0.0, max_len=MAX_LEN,
+                   positions="rope", rope_theta=500.0, norm="rmsnorm", activation="swiglu", bias=False,
+                   scale_embeddings=False)
+    model = LanguageModel(cfg, VOCAB)
+    spread_weights_(model, seed=6)
+    return model.eval()
+
+
 def prompts(B: int, T: int) -> torch.Tensor:
     return torch.randint(4, VOCAB, (B, T), generator=torch.Generator().manual_seed(7))
+
+
+def greedy(model: LanguageModel | CompiledDecoder, prompt: torch.Tensor, n: int) -> torch.Tensor:
+    """``n`` greedy tokens after each row of ``prompt`` ``(B, T)`` -> ``(B, n)``."""
+    return torch.stack(list(generate(model, prompt.tolist(), n, temperature=0.0, ignore_eos=True)), 1)
 
 
 @pytest.mark.parametrize("fast", [False, True], ids=["reference", "engine"])
@@ -179,45 +208,129 @@ def test_a_compiled_step_runs_a_bf16_model_and_refuses_autocast() -> None:
             torch.testing.assert_close(a.float(), b.float(), atol=0.1, rtol=0.05)
 
 
-def test_a_compiled_step_is_kept_on_disk_and_loaded_by_the_next_decoder(monkeypatch: pytest.MonkeyPatch,
-                                                                        tmp_path) -> None:
-    """The second decoder of a model of the same architecture loads the step the first compiled (no compiling),
-    with the second model's own weights; a damaged file in the cache is compiled again and replaced."""
-    monkeypatch.setenv("ATTNKIT_CACHE", str(tmp_path))
-    prompt = prompts(1, 5).tolist()
+#: The failures of :data:`FAILURES` that are a missing C++ compiler (the only ones whose message says to install one).
+NO_COMPILER = ("no compiler", "compiler not found", "inductor's message")
+#: What AOTInductor raises when compiling fails, and what the one-line error must say of it.
+FAILURES = {
+    "recursion": (lambda: InductorError(RecursionError("maximum recursion depth exceeded"), None),
+                  r"recursion limit \(RecursionError\): the graph is too deep"),
+    "no compiler": (lambda: InvalidCxxCompiler(), r"no working C\+\+ compiler .*install g\+\+"),
+    "compiler not found": (lambda: FileNotFoundError(errno.ENOENT, "No such file or directory", "g++"),
+                           r"no working C\+\+ compiler"),
+    "inductor's message": (lambda: RuntimeError("Failed to find C++ compiler.\nPlease specify via CXX."),
+                           r"no working C\+\+ compiler"),
+    "compiler killed": (lambda: CppCompileError(["g++", "step.cpp"], "g++: fatal error: Killed signal terminated "
+                                                                    "program cc1plus\ncompilation terminated."),
+                        r"out of memory while compiling"),
+    "memory": (lambda: InductorError(MemoryError(), None), r"out of memory while compiling"),
+    "disk full": (lambda: OSError(errno.ENOSPC, "No space left on device"), r"no space left on the disk"),
+    "compile error": (lambda: CppCompileError(["g++", "step.cpp"], "step.cpp: In function 'void f()':\n"
+                                                                   "step.cpp:3:1: error: expected ';'"),
+                      r"the C\+\+ compiler failed \(step\.cpp:3:1: error: expected ';'\)"),
+    "other": (lambda: InductorError(ValueError("no lowering\nfor this"), None), r"\(?ValueError: no lowering;"),
+}
 
-    def greedy(model: LanguageModel | CompiledDecoder) -> torch.Tensor:
-        return torch.stack(list(generate(model, prompt, 10, temperature=0.0, ignore_eos=True)), 1)
 
-    first, second = (to_eager(make_lm(positions="rope")).eval() for _ in range(2))
-    with torch.no_grad():
-        second.out_proj.weight.mul_(-1.0)  # other weights, same shapes
+@pytest.mark.parametrize("kind", list(FAILURES))
+def test_a_failed_compile_is_a_one_line_error_naming_its_cause(monkeypatch: pytest.MonkeyPatch, kind: str) -> None:
+    """AOTInductor's compile raising (as it does for a graph too deep for the recursion limit, no C++ compiler, a
+    compiler killed for memory, a full disk, a compile error, anything else): a user error of one line that names
+    that cause (only a missing compiler's says to install one) and what to do instead."""
+    monkeypatch.setenv("ATTNKIT_CACHE", "off")
+    error, says = FAILURES[kind]
+
+    def failing(*args, **kwargs):
+        raise error()
+
+    monkeypatch.setattr(torch._inductor, "aoti_compile_and_package", failing)
+    model = to_eager(make_lm(positions="learned")).eval()
+    with pytest.raises(UserError) as caught:
+        list(generate(CompiledDecoder(model), prompts(1, 5).tolist(), 3, temperature=0.0))
+    message = str(caught.value)
+    assert "\n" not in message and message.startswith("compiling ahead of time failed: ")
+    assert message.endswith("; decode without compiling (--engine eager)")
+    assert re.search(says, message) and ("install g++" in message) == (kind in NO_COMPILER)
+
+
+# -- at depth: one layer compiled, loaded once per layer -------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def deep(tmp_path_factory) -> tuple[LanguageModel, CompiledDecoder, Path]:
+    """:func:`deep_lm` with the engine's fast paths, a decoder whose batch-1 step and prompt pass are compiled (by
+    greedy decoding) into a cache of its own, and that cache's folder of compiled programs."""
+    cache = tmp_path_factory.mktemp("deep-cache")
+    with pytest.MonkeyPatch.context() as m:
+        m.setenv("ATTNKIT_CACHE", str(cache))
+        model = to_eager(deep_lm())
+        greedy(model, prompts(1, 5), 10)  # eager first, as the next decoder's model below (RoPE's table of angles)
+        decoder = CompiledDecoder(model)
+        greedy(decoder, prompts(1, 5), 3)
+    return model, decoder, cache / "compiled-steps"
+
+
+def test_a_deep_model_compiles_one_layer_and_loads_it_for_every_layer(deep) -> None:
+    """However deep the model, the step is three compiled programs (before the layers, one layer, after them) and
+    the prompt's pass one (a layer): each layer runs the one layer program, loaded with its own weights."""
+    model, decoder, compiled = deep
+    assert len(list(compiled.glob("*.pt2"))) == 4
+    [[step]] = decoder.steps.values()
+    [[prefill]] = decoder.prefills.values()
+    for programs in (step.layers, prefill.layers):
+        assert len(programs) == DEPTH and len({p.key for p in programs}) == 1
+        for program, layer in zip(programs, model.layers, strict=True):
+            assert program.constants["layer.ff.w2.weight"] is layer.ff.w2.weight
+    assert len({step.before.key, step.layers[0].key, step.after.key, prefill.layers[0].key}) == 4
+
+
+def test_a_deep_compiled_step_and_prompt_pass_give_the_textbook_s_tokens_and_logits(deep) -> None:
+    """At depth, the compiled prompt pass gives the textbook's logits and keys and values for the prompt, the
+    compiled step the logits of a full forward pass at every later position, and greedy decoding the textbook's
+    tokens (batch 1, the programs the fixture compiled)."""
+    _, decoder, _ = deep
+    reference = deep_lm()  # the textbook's plain path, the same weights
+    prompt = prompts(1, 5)
+    tokens = greedy(decoder, prompt, 20)
+    assert torch.equal(tokens, greedy(reference, prompt, 20))
+    sequence = torch.cat([prompt, tokens], 1)  # (1, 25)
+    with torch.inference_mode():
+        full = reference(sequence)  # (1, 25, V)
+        _, state = reference.step(sequence[:, :5], reference.init_state())
+        logits, prefilled = decoder.prefill(sequence[:, :5])
+        for ours, theirs in zip(prefilled.caches, state.caches, strict=True):
+            torch.testing.assert_close(ours.k, theirs.k, atol=1e-4, rtol=1e-4)
+            torch.testing.assert_close(ours.v, theirs.v, atol=1e-4, rtol=1e-4)
+        logits, state = decoder.step(sequence[:, :5], decoder.init_state())
+        stepped = [logits]
+        for t in range(5, sequence.size(1)):
+            logits, state = decoder.step(sequence[:, t: t + 1], state)
+            stepped.append(logits)
+    torch.testing.assert_close(torch.stack(stepped, 1), full[:, 4:], atol=1e-4, rtol=1e-4)
+    assert len(decoder.steps) == 1 and len(decoder.prefills) == 1  # nothing compiled beyond the fixture's
+
+
+def test_a_deep_model_s_programs_are_kept_on_disk_and_loaded_by_the_next_decoder(deep, monkeypatch) -> None:
+    """A second model of the same architecture, with other weights, loads every program the fixture compiled from
+    the disk (no compiling), each layer's copy reading that model's own layer; a damaged package is compiled again
+    and replaced."""
+    _, decoder, compiled = deep
+    monkeypatch.setenv("ATTNKIT_CACHE", str(compiled.parent))
+    second = to_eager(deep_lm())
+    with torch.no_grad():  # other weights, same shapes: the tied embedding and output layer, and one layer's FFN
+        second.out_proj.weight.mul_(-1.0)
+        second.layers[DEPTH // 2].ff.w2.weight.mul_(-1.0)
+    prompt = prompts(1, 5)
     # eager first: the eager pass extends RoPE's table of angles, which the exported step reads as a constant
-    expected = {id(m): greedy(m) for m in (first, second)}
-    assert torch.equal(greedy(CompiledDecoder(first)), expected[id(first)])
-    packages = sorted((tmp_path / "compiled-steps").glob("*.pt2"))
-    assert len(packages) == 2  # the prompt's pass and the step
+    expected = greedy(second, prompt, 10)
 
     def no_compiling(*args, **kwargs):
         raise AssertionError("compiled again")
 
     with monkeypatch.context() as m:
         m.setattr(torch._inductor, "aoti_compile_and_package", no_compiling)
-        assert torch.equal(greedy(CompiledDecoder(second)), expected[id(second)])
-    for package in packages:
-        package.write_bytes(b"not a package")
-    assert torch.equal(greedy(CompiledDecoder(second)), expected[id(second)])
-    assert all(package.stat().st_size > 1000 for package in packages)  # compiled again, in their places
-
-
-def test_a_failed_compile_is_a_one_line_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    """No C++ compiler (AOTInductor's compile raising): a user error that says what is needed and what to do."""
-    monkeypatch.setenv("ATTNKIT_CACHE", "off")
-
-    def no_compiler(*args, **kwargs):
-        raise RuntimeError("Failed to find C++ compiler.\nPlease specify via CXX environment variable.")
-
-    monkeypatch.setattr(torch._inductor, "aoti_compile_and_package", no_compiler)
-    model = to_eager(make_lm(positions="learned")).eval()
-    with pytest.raises(UserError, match=r"failed \(RuntimeError: Failed to find C\+\+ compiler\.\); .*--engine eager"):
-        list(generate(CompiledDecoder(model), prompts(1, 5).tolist(), 3, temperature=0.0))
+        assert torch.equal(greedy(CompiledDecoder(second), prompt, 10), expected)
+    [[step]] = decoder.steps.values()
+    layer = compiled / f"{step.layers[0].key}.pt2"
+    layer.write_bytes(b"not a package")
+    assert torch.equal(greedy(CompiledDecoder(second), prompt, 10), expected)
+    assert layer.stat().st_size > 1000  # compiled again, in its place

@@ -12,37 +12,43 @@ generated kernels, but a graph wants fixed shapes, and the textbook cache grows 
 * RoPE rotates by each row's ``pos`` (the ``offset`` argument of the textbook's attention); a table of positions is
   read at ``pos``. ALiBi's bias is taken for a query at the span's last column, ``-m_h (L - 1 - s)``, which
   differs from the query's own ``-m_h (pos - s)`` by one constant per row and head: softmax does not see it.
-* :class:`CompiledDecoder` runs the prompt through the model's own :meth:`~attnkit.lm.LanguageModel.step` (the
-  prefill; compiled too, :func:`compile_prefill`, its batch size and length free), copies its cache into static
-  buffers, then feeds one token at a time through :meth:`CompiledDecoder.decode_step`: the textbook's layers
-  (:meth:`~attnkit.lm.LanguageModel.decode_layers`) with a static cache. The capacity doubles when a sequence
-  outgrows it (64, 128, ...; at most the model's context); the span grows one column per step. The compiled
-  step also makes the greedy choice (the textbook's :func:`~attnkit.sampling.choose_next`, traced), which
-  :meth:`CompiledDecoder.choose_next` hands to :func:`~attnkit.sampling.generate`.
+* :class:`CompiledDecoder` runs the prompt through the model's layers from an empty cache (the prefill, the model's
+  own :meth:`~attnkit.lm.LanguageModel.step`; compiled, :func:`compile_prefill`, one :class:`LayerPrefill` per
+  layer, its batch size and length free), copies its cache into static buffers, then feeds one token at a time
+  through :meth:`CompiledDecoder.decode_step`: :class:`StepInput` (the embedding and the mask), the textbook's
+  layers with a static cache (:class:`LayerStep`, one per layer), :class:`StepOutput` (the final norm and the
+  output layer). The capacity doubles when a sequence outgrows it (64, 128, ...; at most the model's context); the
+  span grows one column per step. The compiled step also makes the greedy choice (the textbook's
+  :func:`~attnkit.sampling.choose_next`, traced), which :meth:`CompiledDecoder.choose_next` hands to
+  :func:`~attnkit.sampling.generate`.
 * :func:`compile_step` compiles that step ahead of time, once per batch size and dtype: ``torch.export`` then
-  AOTInductor (a shared library of generated C++ kernels), with the span and the capacity as dimensions of the
-  compiled code (its attention loops over the span, not the buffer, and a growing sequence compiles once; a
-  kernel chosen by the number of keys splits the spans in ranges, one compiled step each). It is called with a
-  list of tensors, with no guards to check and no Python wrapper per call; its weights are the model's own
-  tensors (nothing copied).
+  AOTInductor (a shared library of generated C++ kernels) of :class:`StepInput`, of one :class:`LayerStep` and of
+  :class:`StepOutput`. The layer's code is loaded once per layer, each copy pointed at its own layer's weights
+  (:func:`~.aot.compile_modules`; PyTorch's "regional compilation"), so the compile time does not grow with the
+  depth, and the compiler never sees a graph deep enough to overflow Python's recursion limit (its buffer planner
+  recurses deeper as buffers are added: a whole step of a dozen layers or more did). The span and the capacity are
+  dimensions of the compiled code (its attention loops over the span, not the buffer, and a growing sequence
+  compiles once; a kernel chosen by the number of keys splits the spans in ranges, one compiled step each). Each
+  program is called with a list of tensors, with no guards to check and no Python wrapper per call; its weights
+  are the model's own tensors (nothing copied).
 * At batch 1 every ``nn.Linear`` is a matrix-vector product, and the library's matrix-matrix routine, called once
   per layer, spends more time being called than multiplying (``benchmarks/README.md``, the matrix-vector probe).
   So a one-row step writes each product as :func:`~.aot.matvec_linear`, an elementwise product and a row sum, which
-  the compiler generates as a loop in the same kernel as the rest of the step. Its inputs are computed once
+  the compiler generates as a loop in the same kernel as the rest of the layer. Its inputs are computed once
   (``realize_cpu_opcount_threshold``): otherwise the compiler would recompute the layer norm or GELU before each
   product for every row of the weight.
 
 The compiled step and the eager one give the same logits (``tests/test_compiled_decoding.py``); compiling costs
 seconds per batch size, and the compiled code (no weights) is kept on disk (:func:`~.aot.step_cache`), so a later
 process with a model of the same architecture loads it instead. It pays off for long or many generations
-(``attnkit generate --compile``).
+(``attnkit generate --engine compiled``).
 The step runs in the model's own dtype: for bf16, convert the model (``model.to(torch.bfloat16)``; autocast is
 refused). Under bf16 ALiBi's larger constant is rounded with the bias, so its logits differ a little from eager.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import cast
 
@@ -52,11 +58,12 @@ from torch import Tensor, nn
 from ..lm import LanguageModel, LMState
 from ..multihead import KVCache
 from ..sampling import choose_next, never_sampled
-from .aot import CompiledProgram, compile_module
+from .aot import CompiledProgram, compile_module, compile_modules, in_ranges
 from .attention import _fused_zeroes_empty_rows
 from .quantize import quantize_int8
 
-__all__ = ["CompiledDecoder", "StaticKVCache", "compile_prefill", "compile_step", "embed_at", "static_mask"]
+__all__ = ["CompiledDecoder", "CompiledPass", "LayerPrefill", "LayerStep", "StaticKVCache", "StepInput", "StepOutput",
+           "compile_prefill", "compile_step", "embed_at", "static_mask"]
 
 #: The first capacity of the buffers (doubled as a sequence outgrows it, up to the model's context).
 FIRST_CAPACITY = 64
@@ -115,29 +122,78 @@ def static_mask(pos: Tensor, span: Tensor, window: int | None) -> Tensor:
     return mask[:, None, None, :]  # (B, 1, 1, L)
 
 
-def embed_at(model: LanguageModel, tokens: Tensor, pos: Tensor, table_rows: int) -> Tensor:
+def embed_at(model: nn.Module, tokens: Tensor, pos: Tensor, table_rows: int) -> Tensor:
     """``Dropout(Embed(y) + PE[pos])`` for one token per row, ``tokens`` ``(B, 1)`` at positions ``pos`` ``(B,)``
-    (each row at its own), reading the first ``table_rows > max(pos)`` rows of a position table."""
+    (each row at its own), reading the first ``table_rows > max(pos)`` rows of a position table. ``model``: a
+    language model, or a module holding its ``embed``, ``positions`` and ``dropout``."""
     x = model.embed(tokens)  # (B, 1, d_model)
     if model.positions is not None:
         x = x + model.positions(table_rows)[pos][:, None]  # + PE at each row's own position
     return model.dropout(x)
 
 
-class _DecodeStep(nn.Module):
-    """:meth:`CompiledDecoder.decode_step` as a module, for ``torch.export`` (its weights are ``model.*``)."""
+class StepInput(nn.Module):
+    """The decoding step before the layers: ``(tokens (B, 1), pos (B,), span (L,)) -> (x (B, 1, d_model), mask
+    (B, 1, 1, L))``, :func:`embed_at` and :func:`static_mask` with the model's embedding, positions and window."""
 
-    def __init__(self, decoder: CompiledDecoder) -> None:
+    def __init__(self, model: LanguageModel) -> None:
         super().__init__()
-        self.model = decoder.model
-        self.step = decoder.decode_step
-        device = next(self.model.parameters()).device
+        self.embed, self.positions, self.dropout = model.embed, model.positions, model.dropout
+        self.window = model.cfg.window
+
+    def forward(self, tokens: Tensor, pos: Tensor, span: Tensor) -> tuple[Tensor, Tensor]:
+        return embed_at(self, tokens, pos, span.size(0)), static_mask(pos, span, self.window)
+
+
+class LayerStep(nn.Module):
+    """One layer of the decoding step: ``x`` ``(B, 1, d_model)`` at positions ``pos`` ``(B,)``, its key and value
+    written into the static buffers ``keys``, ``values`` ``(B, H_kv, capacity, d)`` at ``pos`` (in place), attending
+    over their first ``L`` columns as ``mask`` ``(B, 1, 1, L)`` allows -> ``x``."""
+
+    def __init__(self, layer: nn.Module) -> None:
+        super().__init__()
+        self.layer = layer
+
+    def forward(self, x: Tensor, pos: Tensor, mask: Tensor, keys: Tensor, values: Tensor) -> Tensor:
+        cache = StaticKVCache(keys, values, pos, mask.size(-1))
+        x, _, _ = self.layer(x, mask, cache, offset=pos)  # (B, 1, d_model)
+        return x
+
+
+class StepOutput(nn.Module):
+    """After the layers: the final norm (if the model has one) and the output layer, ``hidden`` ``(B, T, d_model)``
+    -> ``(logits of the last position (B, V), the greedy choice (B,))`` (:func:`~attnkit.sampling.choose_next` at
+    temperature 0, traced into the compiled step)."""
+
+    def __init__(self, model: LanguageModel) -> None:
+        super().__init__()
+        self.norm, self.out_proj = model.final_norm, model.out_proj
+        device = next(model.parameters()).device
         self.register_buffer("never", never_sampled(device).clone(), persistent=False)  # a buffer, named in the program
 
-    def forward(self, tokens: Tensor, pos: Tensor, span: Tensor, keys: list[Tensor], values: list[Tensor]
-                ) -> tuple[Tensor, Tensor]:
-        logits = self.step(tokens, pos, span, keys, values)  # (B, V)
-        return logits, choose_next(logits, 0.0, never=self.never)  # and the greedy choice (B,), inside the program
+    def logits(self, hidden: Tensor) -> Tensor:
+        last = hidden[:, -1]  # (B, d_model); the norm is per position
+        return self.out_proj(last if self.norm is None else self.norm(last))  # (B, V)
+
+    def forward(self, hidden: Tensor) -> tuple[Tensor, Tensor]:
+        logits = self.logits(hidden)
+        return logits, choose_next(logits, 0.0, never=self.never)
+
+
+class LayerPrefill(nn.Module):
+    """One layer of the prompt's pass from an empty cache: ``x`` ``(B, T, d_model)`` -> ``(x, keys, values)``, the
+    keys and values ``(B, H_kv, T, d)`` (the look-ahead mask is the layer's own; ``self_mask`` gives what it adds,
+    :meth:`~attnkit.lm.LanguageModel.self_mask`)."""
+
+    def __init__(self, layer: nn.Module, self_mask: Callable[[int, int, torch.device], Tensor | None]) -> None:
+        super().__init__()
+        self.layer = layer
+        self.self_mask = self_mask
+
+    def forward(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        T = x.size(1)
+        x, _, cache = self.layer(x, self.self_mask(T, T, x.device), KVCache())
+        return x, cache.k, cache.v
 
 
 def textbook_state(model: LanguageModel) -> LMState:
@@ -146,46 +202,60 @@ def textbook_state(model: LanguageModel) -> LMState:
     return LMState([KVCache() for _ in model.layers], 0)
 
 
-class _Prefill(nn.Module):
-    """The prompt's pass, :meth:`~attnkit.lm.LanguageModel.step` from an empty cache, as a module for
-    ``torch.export``: ``tokens (B, T) -> (logits (B, V), keys, values)``, each layer's ``(B, H_kv, T, d)``."""
+class CompiledPass:
+    """A pass through the model as compiled programs run one after another: ``before`` the layers (None: that part
+    runs eagerly), one per layer (``layers``: one compiled program, loaded for each layer with its own tensors),
+    and ``after`` them (or None). ``ranges``: the sizes of each free dimension that every program holds."""
 
-    def __init__(self, model: LanguageModel) -> None:
-        super().__init__()
-        self.model = model
+    def __init__(self, layers: list[CompiledProgram], before: CompiledProgram | None = None,
+                 after: CompiledProgram | None = None) -> None:
+        self.layers, self.before, self.after = layers, before, after
+        programs = [p for p in (before, *layers, after) if p is not None]
+        names = {name for p in programs for name in p.ranges}
+        self.ranges = {name: (max(p.ranges[name][0] for p in programs if name in p.ranges),
+                              min(p.ranges[name][1] for p in programs if name in p.ranges)) for name in names}
 
-    def forward(self, tokens: Tensor) -> tuple[Tensor, list[Tensor], list[Tensor]]:
-        logits, state = self.model.step(tokens, textbook_state(self.model))
-        return logits, [c.k for c in state.caches], [c.v for c in state.caches]  # type: ignore[misc]
+    def holds(self, **sizes: int) -> bool:
+        """Whether each of ``sizes`` is in its dimension's range."""
+        return in_ranges(self.ranges, sizes)
 
 
 def compile_step(decoder: CompiledDecoder, tokens: Tensor, pos: Tensor, span: Tensor, keys: list[Tensor],
-                 values: list[Tensor]) -> CompiledProgram:
-    """``decoder.decode_step`` for this batch size and dtype, compiled ahead of time (AOTInductor), for every span
+                 values: list[Tensor]) -> CompiledPass:
+    """:meth:`CompiledDecoder.decode_step` for this batch size and dtype, compiled ahead of time (AOTInductor) as
+    :class:`StepInput`, one :class:`LayerStep` program loaded once per layer, and :class:`StepOutput`, for every span
     and capacity in the range the traced code allows (``ranges["span"]``).
 
     The span (``L``) and the buffers' capacity are dimensions of their own; a one-row step has
     :func:`~.aot.matvec_linear` for ``nn.Linear``."""
-    L = span.size(0)
+    B, L = tokens.size(0), span.size(0)
+    auto = torch.export.Dim.AUTO
+    before = compile_module(decoder.input, (tokens, pos, span), (None, None, {0: auto}), {"span": ("span", 0)},
+                            matvec=False)
+    with torch.no_grad():
+        x, mask = decoder.input(tokens, pos, span)  # (B, 1, d_model), (B, 1, 1, L): the layers' inputs
 
     def example(buffer: Tensor) -> Tensor:  # a capacity unequal to the span: equal sizes could be traced as one
-        B, H, _, d = buffer.shape
+        _, H, _, d = buffer.shape
         return buffer.new_zeros(B, H, L + 1, d)
 
-    auto = torch.export.Dim.AUTO
-    return compile_module(_DecodeStep(decoder), (tokens, pos, span, [example(k) for k in keys],
-                                                 [example(v) for v in values]),
-                          (None, None, {0: auto}, [{2: auto}] * len(keys), [{2: auto}] * len(values)),
-                          {"span": ("span", 0)}, matvec=tokens.size(0) == 1)
+    layers = compile_modules(decoder.layer_steps, (x, pos, mask, example(keys[0]), example(values[0])),
+                             (None, None, {3: auto}, {2: auto}, {2: auto}), {"span": ("mask", 3)}, matvec=B == 1)
+    after = compile_module(decoder.output, (x,), (None,), {}, matvec=B == 1)
+    return CompiledPass(layers, before, after)
 
 
-def compile_prefill(model: LanguageModel, tokens: Tensor) -> CompiledProgram:
-    """The prompt's pass (:class:`_Prefill`) compiled ahead of time, for the batch sizes and prompt lengths in the
-    ranges the traced code allows (``ranges["batch"]``, ``ranges["length"]``; a batch of one is its own)."""
+def compile_prefill(decoder: CompiledDecoder, tokens: Tensor) -> CompiledPass:
+    """The prompt's pass compiled ahead of time: one :class:`LayerPrefill` program, loaded once per layer, for the
+    batch sizes and prompt lengths in the ranges the traced code allows (``ranges["batch"]``,
+    ``ranges["length"]``; a batch of one is its own). The embedding and the output layer, once per prompt, run
+    eagerly."""
     auto = torch.export.Dim.AUTO
+    with torch.no_grad():
+        x = decoder.model.embed_input(tokens)  # (B, T, d_model): the first layer's input
     free = {0: auto, 1: auto} if tokens.size(0) > 1 else {1: auto}  # a batch of one is fixed (export would warn)
-    return compile_module(_Prefill(model), (tokens,), (free,),
-                          {"batch": ("tokens", 0), "length": ("tokens", 1)}, matvec=False)
+    return CompiledPass(compile_modules(decoder.layer_prefills, (x,), (free,),
+                                        {"batch": ("x", 0), "length": ("x", 1)}, matvec=False))
 
 
 def refuse_autocast(device: torch.device) -> None:
@@ -217,11 +287,16 @@ class CompiledDecoder:
         device = next(model.parameters()).device
         for dtype in (torch.float32, torch.bfloat16):  # probe the fused kernel now: a probe in the graph would split it
             _fused_zeroes_empty_rows(device, dtype)
+        # the step and the prompt's pass as modules, eager or compiled (each layer's its own)
+        self.input, self.output = StepInput(self.model), StepOutput(self.model)
+        layers = self.model.layers
+        self.layer_steps: list[nn.Module] = [LayerStep(layer) for layer in layers]
+        self.layer_prefills: list[nn.Module] = [LayerPrefill(layer, self.model.self_mask) for layer in layers]
         #: compiled steps by (batch size, dtype, device, training), each for a range of spans
-        self.steps: dict[tuple, list[CompiledProgram]] = {}
+        self.steps: dict[tuple, list[CompiledPass]] = {}
         #: compiled prompt passes by (dtype, device, training), each for ranges of batch sizes and lengths
-        self.prefills: dict[tuple, list[CompiledProgram]] = {}
-        self._last: dict[tuple, tuple[CompiledProgram, int, float]] = {}  # the step used last, by its key
+        self.prefills: dict[tuple, list[CompiledPass]] = {}
+        self._last: dict[tuple, tuple[CompiledPass, int, float]] = {}  # the step used last, by its key
         self._greedy: tuple[Tensor, Tensor] | None = None  # the last compiled step's logits and greedy choice
         self.positions = torch.arange(FIRST_CAPACITY, device=device)  # spans are its leading slices
         self._spans: dict[int, Tensor] = {}  # those slices, by length
@@ -307,7 +382,11 @@ class CompiledDecoder:
                 steps.append(step)
             low, high = step.ranges["span"]
             last = self._last[key] = (step, int(low), high)
-        logits, greedy = last[0].run([tokens.contiguous(), pos, self.span(max(n, last[1])), *keys, *values])
+        step = last[0]
+        x, mask = step.before.run([tokens.contiguous(), pos, self.span(max(n, last[1]))])  # type: ignore[union-attr]
+        for program, k, v in zip(step.layers, keys, values, strict=True):
+            [x] = program.run([x, pos, mask, k, v])  # (B, 1, d_model), k and v written in place
+        logits, greedy = step.after.run([x])  # type: ignore[union-attr]
         self._greedy = (logits, greedy)
         return logits
 
@@ -334,11 +413,14 @@ class CompiledDecoder:
         if prefill is None and T == 1:
             return self.model.step(tokens, textbook_state(self.model))
         if prefill is None:
-            prefill = compile_prefill(self.model, tokens)
+            prefill = compile_prefill(self, tokens)
             prefills.append(prefill)
-        logits, *kv = prefill.run([tokens.contiguous()])
-        n = len(kv) // 2
-        return logits, LMState([KVCache(k, v) for k, v in zip(kv[:n], kv[n:], strict=True)], tokens.size(1))
+        x = self.model.embed_input(tokens).contiguous()  # (B, T, d_model)
+        caches = []
+        for program in prefill.layers:
+            x, k, v = program.run([x])  # (B, T, d_model), the layer's keys and values (B, H_kv, T, d)
+            caches.append(KVCache(k, v))
+        return self.output.logits(x), LMState(caches, tokens.size(1))
 
     def span(self, n: int) -> Tensor:
         """The key positions ``0..n-1`` ``(n,)``: a leading slice of one table, grown as needed (each slice made once:
@@ -356,10 +438,7 @@ class CompiledDecoder:
         """One token per row, ``tokens`` ``(B, 1)`` at ``pos`` ``(B,)``, through the textbook's layers with static
         caches ``keys[l]`` / ``values[l]`` ``(B, H_kv, capacity, d)`` (written in place), attending over their
         first ``L`` columns, at the positions ``span`` ``(L,)`` (``L > max(pos)``) -> logits ``(B, V)``."""
-        model = self.model
-        L = span.size(0)
-        x = embed_at(model, tokens, pos, L)  # (B, 1, d_model)
-        mask = static_mask(pos, span, model.cfg.window)  # (B, 1, 1, L)
-        caches: list[KVCache] = [StaticKVCache(k, v, pos, L) for k, v in zip(keys, values, strict=True)]
-        hidden, _, _ = model.decode_layers(x, mask, caches, offset=pos)  # (B, 1, d_model)
-        return model.out_proj(hidden[:, 0])  # (B, V)
+        x, mask = self.input(tokens, pos, span)  # (B, 1, d_model), (B, 1, 1, L)
+        for layer, k, v in zip(self.layer_steps, keys, values, strict=True):
+            x = layer(x, pos, mask, k, v)  # (B, 1, d_model)
+        return self.output.logits(x)  # (B, V)

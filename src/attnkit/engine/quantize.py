@@ -11,8 +11,11 @@ The activations stay in float (CTranslate2's int8 quantizes them too, per row, a
 error of ``q`` is at most ``s_o / 2`` per weight, so logits move a little and a greedy choice between two nearly
 equal tokens may flip (``tests/test_quantize.py`` bounds both on a small model; the generation race counts the
 rows whose greedy tokens stay float32's).
-:func:`quantize_int8` gives a copy of a model whose ``nn.Linear`` layers are :class:`Int8Linear`;
-:class:`~.compiled_decoding.CompiledDecoder` decodes through it with ``quantize="int8"``.
+:func:`quantize_int8` gives a copy of a model whose ``nn.Linear`` layers are :class:`Int8Linear`, an ordinary model
+(its forward, its step, :func:`~attnkit.sampling.generate`); :class:`~.compiled_decoding.CompiledDecoder` compiles
+it with ``quantize="int8"``. How each product runs (:func:`int8_linear`): compiled, at batch 1, as one loop that
+widens each int8 weight as it reads it; eagerly, by torch's weight-only int8 kernel for bf16 and half activations
+on the CPU, else with the weight widened for one matrix product.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from torch import Tensor, nn
 
 from .aot import matvec_linear
 
-__all__ = ["Int8Linear", "quantize_int8", "quantize_rows"]
+__all__ = ["Int8Linear", "fused_int8_fits", "int8_linear", "quantize_int8", "quantize_rows"]
 
 
 def quantize_rows(weight: Tensor) -> tuple[Tensor, Tensor]:
@@ -38,13 +41,40 @@ def quantize_rows(weight: Tensor) -> tuple[Tensor, Tensor]:
     return q, scale
 
 
+def fused_int8_fits(rows: Tensor, q: Tensor) -> bool:
+    """Whether torch's weight-only int8 kernel (``torch._weight_int8pack_mm``) can take ``rows`` ``(N, in)`` and
+    ``q`` ``(out, in)``: on the CPU, for bf16 or half rows (its x86 kernel is vectorized for those only), which it
+    reads in aligned blocks of 16 unchecked (a row of another length, or unaligned, would be read past its end)."""
+    return (rows.device.type == "cpu" and rows.dtype in (torch.bfloat16, torch.float16) and rows.size(-1) % 16 == 0
+            and rows.is_contiguous() and q.is_contiguous() and rows.data_ptr() % 64 == 0 and q.data_ptr() % 64 == 0)
+
+
+def int8_linear(x: Tensor, q: Tensor, scale: Tensor) -> Tensor:
+    """``y_o = s_o * sum_i x_i q_oi``: ``x`` ``(..., in)``, ``q`` int8 ``(out, in)``, ``scale`` ``(out,)`` ->
+    ``(..., out)`` in ``x``'s dtype, the products accumulated in float32 at least.
+
+    Compiled for one row (under ``torch.export``), :func:`~.aot.matvec_linear`: the compiler generates one loop that
+    widens each int8 weight as it reads it. Eager bf16 or half rows on the CPU go to torch's weight-only int8 kernel
+    where it can take them (:func:`fused_int8_fits`), which does the same. Otherwise the weight is widened to
+    ``x``'s dtype for one matrix product (float32 rows on the CPU: torch's int8 kernel is not vectorized for them)."""
+    scale = scale.to(x.dtype)
+    if torch.compiler.is_exporting():
+        y = matvec_linear(x, q)  # one row: sum_i x_i q_oi, the int8 weight widened inside the loop
+        if y is not NotImplemented:
+            return y * scale
+    else:
+        rows = x.reshape(-1, x.size(-1))  # (N, in): the kernel takes a matrix
+        if fused_int8_fits(rows, q):
+            return torch._weight_int8pack_mm(rows, q, scale).view(*x.shape[:-1], q.size(0))
+    return F.linear(x, q.to(x.dtype)) * scale  # (..., out)
+
+
 class Int8Linear(nn.Module):
-    """``nn.Linear`` with its weight in int8 and a scale per output row: ``y = s * (x q^T) + b``.
+    """``nn.Linear`` with its weight in int8 and a scale per output row: ``y = s * (x q^T) + b``
+    (:func:`int8_linear`), eager or compiled.
 
     ``weight`` is the int8 ``q`` ``(out, in)`` (a buffer: nothing here trains), ``scale`` ``(out,)`` in the layer's
-    float dtype, ``bias`` as the layer's. One row (a decoding step at batch 1) is an elementwise product with the
-    int8 weight and a row sum, which a compiled step runs as one loop that widens each weight as it reads it; more
-    rows widen the weight once and use the matrix-matrix routine."""
+    float dtype, ``bias`` as the layer's."""
 
     def __init__(self, linear: nn.Linear) -> None:
         super().__init__()
@@ -57,11 +87,12 @@ class Int8Linear(nn.Module):
         self.register_buffer("bias", None if bias is None else bias.detach().clone())
 
     def forward(self, x: Tensor) -> Tensor:  # (..., in) -> (..., out)
-        y = matvec_linear(x, self.weight)  # one row: sum_i x_i q_oi, the int8 weight widened inside the product
-        if y is NotImplemented:  # more rows: a matrix product
-            y = F.linear(x, self.weight.to(x.dtype))  # (..., out)
-        y = y * self.scale
+        y = int8_linear(x, self.weight, self.scale)
         return y if self.bias is None else y + self.bias
+
+    def dequantized(self) -> Tensor:
+        """The float weight this layer computes with, ``s_o q_oi`` ``(out, in)``."""
+        return self.scale[:, None] * self.weight.to(self.scale.dtype)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, int8"
