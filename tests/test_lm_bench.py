@@ -1,6 +1,6 @@
 """benchmarks/lm.py, the race against nanoGPT: every row at ``--smoke`` sizes against a nanoGPT checkout (named by
 the ``NANOGPT`` environment variable: nanoGPT is no dependency, so without it the smoke run skips), and its pure
-parts: the precision attnkit says it chose, the targets."""
+parts: the precision attnkit's run recorded, the targets."""
 
 from __future__ import annotations
 
@@ -38,19 +38,21 @@ def test_smoke_every_row_against_nanogpt(bench, tmp_path: Path) -> None:
     rows = {(r["row"], r["contender"]): r for r in run["rows"]}
     for row in ("documented", "budget"):
         assert rows[row, "nanoGPT"]["valid_loss"] > 0 and rows[row, "attnkit"]["valid_loss"] > 0
-        assert rows[row, "attnkit"]["precision"] in ("fp32", "bf16 autocast")  # what precision: auto chose
+        assert rows[row, "attnkit"]["precision"]["precision"] in ("float32", "bf16")  # what precision: auto chose
     assert rows["throughput", "nanoGPT"]["tok_s"] > 0 and rows["throughput", "attnkit"]["tok_s"] > 0
     assert {t["target"] for t in run["targets"]} == {"ahead at equal wall time (validation loss, budget row)",
                                                      ">= 1.5x nanoGPT's tokens/s at its smoke shape"}
     assert "Targets: " in bench.markdown_table({"runs": [run]})
 
 
-def test_the_precision_attnkit_chose_is_read_from_its_log(bench) -> None:
-    log = ("lm: LanguageModel with 1.80M parameters on cpu (bf16 autocast, 2 threads, fast engine)\n"
-           "trained 10 updates in 0.1 min; run: x\n")
-    assert bench.chosen_precision(log) == "bf16 autocast"
-    assert bench.chosen_precision("lm: LanguageModel with 0.1M parameters on cpu (fp32)\n") == "fp32"
-    assert bench.chosen_precision("no such line") is None
+def test_the_precision_attnkit_chose_is_read_from_its_run(bench, tmp_path: Path) -> None:
+    assert bench.recorded_precision(tmp_path) is None  # a run that recorded none (an older run)
+    chose = {"precision": "bf16", "timings": {"float32": 1.0, "bf16": 0.7}}
+    (tmp_path / bench.PRECISION_FILE).write_text(json.dumps(chose), encoding="utf-8")
+    assert bench.recorded_precision(tmp_path) == chose
+    rows = [{"precision": chose}, {"precision": {"precision": "float32"}}, {"precision": None}]
+    assert bench.attnkit_precisions(rows) == "bf16 and float32"
+    assert bench.attnkit_precisions([{"precision": None}]) == "float32"
 
 
 def test_targets_are_judged_on_the_rows(bench) -> None:
