@@ -33,10 +33,11 @@ target      matrix                                                 Hugging Face 
 ``w2``      the FFN's last matrix: ``ff.w2``                         ``down_proj`` / ``mlp.c_proj``
 ==========  =====================================================  ===========================================
 
-``attention`` stands for ``q, k, v, o`` and ``feed_forward`` for ``w1, w2, w3``; the default ``[q, v]`` is the
-paper's choice. ``W^Q``, ``W^K`` and ``W^V`` are one fused matrix here (:class:`attnkit.multihead.MultiHeadAttention`'s
-``in_proj``), so :class:`LoRALinear` keeps one adapter per row block (``q``, ``k``, ``v``): each is exactly the
-adapter Hugging Face's PEFT puts on ``q_proj``, ``k_proj`` or ``v_proj``.
+``attention`` stands for ``q, k, v, o`` and ``feed_forward`` for ``w1, w2`` (and ``w3`` where there is one);
+the default ``[q, v]`` is the paper's choice. ``W^Q``, ``W^K`` and ``W^V`` are one fused matrix here
+(:class:`attnkit.multihead.MultiHeadAttention`'s ``in_proj``), so :class:`LoRALinear` keeps one adapter per row
+block (``q``, ``k``, ``v``): each is exactly the adapter Hugging Face's PEFT puts on ``q_proj``, ``k_proj`` or
+``v_proj``.
 """
 
 from __future__ import annotations
@@ -86,9 +87,12 @@ class LoRAConfig:
         """``alpha / r``."""
         return self.alpha / self.rank
 
-    def expanded(self) -> list[str]:
-        """The targets with the groups spelled out, in :data:`TARGETS`' order."""
-        wanted = {name for t in self.targets for name in GROUPS.get(t, (t,))}
+    def expanded(self, gated: bool = True) -> list[str]:
+        """The targets with the groups spelled out, in :data:`TARGETS`' order; ``feed_forward`` covers ``w3`` only
+        in a ``gated`` FFN (SwiGLU's)."""
+        wanted: set[str] = set()
+        for t in self.targets:
+            wanted |= {g for g in GROUPS[t] if gated or g != "w3"} if t in GROUPS else {t}
         return [t for t in TARGETS if t in wanted]
 
 
@@ -195,8 +199,8 @@ def apply_lora(model: nn.Module, cfg: LoRAConfig) -> nn.Module:
     if is_adapted(model):
         raise ValueError("the model already has LoRA adapters: merge them (merge_lora) before adding others")
     model.requires_grad_(False)
-    targets = cfg.expanded()
     for block in blocks:
+        targets = cfg.expanded(gated=block.ff.w3 is not None)
         for path, (layer, parts) in _adapted_layers(block, targets).items():
             parent_path, _, name = path.rpartition(".")
             setattr(block.get_submodule(parent_path), name, LoRALinear(layer, parts, cfg.rank, cfg.alpha, cfg.dropout))

@@ -90,7 +90,7 @@ def peft_state(state: dict[str, torch.Tensor], cfg: RunConfig, family: str) -> t
     if lora is None:
         raise ValueError("peft_state needs a config with model.lora")
     prefix, modules = MODULES[family]
-    targets = lora.expanded()
+    targets = lora.expanded(gated=cfg.model.transformer.activation == "swiglu")
     out: dict[str, torch.Tensor] = {}
     patterns: dict = {"rank_pattern": {}, "alpha_pattern": {}}
     for i in range(cfg.model.transformer.decoder_layers):
@@ -122,7 +122,8 @@ def export_peft_adapters(run_path: str | Path, out: str | Path, *, force: bool =
     _, modules = MODULES[family]
     config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": imported or None,
               "r": lora.rank, "lora_alpha": lora.alpha, "lora_dropout": lora.dropout,
-              "target_modules": sorted({modules[t] for t in lora.expanded()}),
+              "target_modules": sorted({modules[t] for t in
+                                        lora.expanded(gated=cfg.model.transformer.activation == "swiglu")}),
               "fan_in_fan_out": family == "gpt2", "bias": "none", "use_rslora": False, "init_lora_weights": True,
               "modules_to_save": None, "layers_to_transform": None, "inference_mode": True, **patterns}
 

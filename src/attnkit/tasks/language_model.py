@@ -338,7 +338,7 @@ def check(cfg: RunConfig) -> None:
     if lora is not None and not cfg.model.init_from:
         raise UserError("model.lora adapts the weights of another run: set model.init_from (a task: lm run, trained "
                         "here or imported with `attnkit import`)")
-    if lora is not None and "w3" in lora.expanded() and t.activation != "swiglu":
+    if lora is not None and "w3" in lora.targets and t.activation != "swiglu":
         raise UserError(f"model.lora.targets: w3 is the gated FFN's up projection (activation: swiglu); this model's "
                         f"activation is {t.activation}: adapt w1 and w2")
     if cfg.data.documents == "chat" and not cfg.model.init_from:
