@@ -448,3 +448,87 @@ def test_conversations_train_on_the_assistant_tokens(base_run, tmp_path, capsys)
     capsys.readouterr()
     code, out, err = cli(capsys, "evaluate", tmp_path / "run", "--data", tmp_path / "chats.jsonl")
     assert code == 0 and out.startswith("loss "), err
+
+
+# -- PEFT ---------------------------------------------------------------------------------------------------
+
+#: A chat layout for the GPT-2 checkpoint, which ships none: its one special piece ends each turn.
+TURNS = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|endoftext|>{% endfor %}"
+         "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+PEFT_PROMPT = "The quick brown fox, 12 May"
+
+
+@pytest.fixture(scope="module", params=["llama", "gpt2"])
+def peft_export(request, tmp_path_factory) -> tuple[Path, Path, Path]:
+    """``(Hugging Face directory, adapted run, its exports)``: a tiny checkpoint imported, adapted with LoRA on every
+    projection (Llama on text, GPT-2 on conversations), exported as PEFT adapters (``adapters/``) and merged
+    (``merged/``)."""
+    pytest.importorskip("peft")
+    pytest.importorskip("transformers")
+    import hf_models
+
+    tmp = tmp_path_factory.mktemp(f"peft-{request.param}")
+    hf, base = hf_models.imported(tmp, hf_models.llama_dir if request.param == "llama" else hf_models.gpt2_dir)
+    texts = hf_models.causal_texts()
+    if request.param == "llama":
+        (tmp / "train.txt").write_text(" ".join(texts), encoding="utf-8")
+        data = {"train": str(tmp / "train.txt"), "documents": "text", "valid_fraction": 0.1, "block_size": 16}
+    else:
+        chats = [{"messages": [{"role": "user", "content": texts[2 * i]},
+                               {"role": "assistant", "content": texts[2 * i + 1]}]} for i in range(60)]
+        (tmp / "chats.jsonl").write_text("".join(json.dumps(c) + "\n" for c in chats), encoding="utf-8")
+        data = {"train": str(tmp / "chats.jsonl"), "documents": "chat", "valid_fraction": 0.1, "block_size": 48,
+                "chat_template": TURNS}
+    raw = {"task": "lm", "data": data,
+           "model": {"init_from": str(base), "transformer": load_run(base).cfg.model.transformer.__dict__,
+                     "lora": {"rank": 4, "alpha": 8.0, "dropout": 0.05, "targets": ["attention", "feed_forward"]}},
+           "train": {"max_updates": 4, "valid_every": 4, "lr": 1e-2, "warmup": 1, "max_tokens": 128, "threads": 1,
+                     "precision": "fp32", "average_last": 0, "progress": False}}
+    run = tmp / "adapted"
+    assert main(["train", str(write_yaml(tmp / "lora.yaml", raw)), "--run-dir", str(run)]) == 0
+    for flags, out in ((["--adapters"], "adapters"), ([], "merged")):
+        assert main(["export", str(run), "--to", "huggingface", *flags, "-o", str(tmp / out)]) == 0
+    return hf, run, tmp
+
+
+def adapted_logits(run_dir: Path) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(the adapted run's logits of PEFT_PROMPT, in Hugging Face's vocabulary order; its Hugging Face ids)``."""
+    from test_interop_lm import columns_of, hf_ids
+
+    run = load_run(run_dir)
+    ids = run.tok.encode_src([PEFT_PROMPT])[0]
+    with torch.no_grad():
+        logits = run.model(torch.tensor([ids]))[..., columns_of(run)]
+    return logits, torch.tensor([[hf_ids(run)[i] for i in ids]])
+
+
+def test_peft_puts_the_exported_adapters_on_the_original_model_with_the_adapted_logits(peft_export):
+    import peft
+    import transformers
+
+    hf, run, exports = peft_export
+    expected, ids = adapted_logits(run)
+    original = transformers.AutoModelForCausalLM.from_pretrained(str(hf), dtype=torch.float32).eval()
+    with torch.no_grad():
+        before = original(ids).logits
+        got = peft.PeftModel.from_pretrained(original, str(exports / "adapters")).eval()(ids).logits
+    torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+    assert (got - before).abs().max() > 1e-3  # the adapters learned something: the test can fail
+    config = json.loads((exports / "adapters" / "adapter_config.json").read_text())
+    assert (config["r"], config["lora_alpha"], config["peft_type"]) == (4, 8.0, "LORA")
+    assert config["base_model_name_or_path"] == str(hf.resolve())
+
+
+def test_the_merged_export_is_the_adapted_model_in_transformers(peft_export, tmp_path, capsys):
+    import transformers
+
+    hf, run, exports = peft_export
+    expected, ids = adapted_logits(run)
+    merged = transformers.AutoModelForCausalLM.from_pretrained(str(exports / "merged"), dtype=torch.float32).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(merged(ids).logits, expected, atol=1e-4, rtol=1e-4)
+    base = load_config(RunConfig, run / "config.yaml").model.init_from
+    code, _, err = cli(capsys, "export", base, "--to", "huggingface", "--adapters", "-o", tmp_path / "a")
+    assert_one_line_error(code, err, "has no LoRA adapters (model.lora)")
+    code, _, err = cli(capsys, "export", run, "--to", "ctranslate2", "--adapters", "-o", tmp_path / "b")
+    assert_one_line_error(code, err, "--adapters", "--to huggingface")
