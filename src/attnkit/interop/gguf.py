@@ -70,6 +70,10 @@ LLAMA_LAYER = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layer
 GPT2_LAYER = {"attn_norm": "ln_1", "ffn_norm": "ln_2", "attn_qkv": "attn.c_attn", "attn_output": "attn.c_proj",
               "ffn_up": "mlp.c_fc", "ffn_down": "mlp.c_proj"}
 CONV1D = ("attn_qkv", "attn_output", "ffn_up", "ffn_down")
+#: The ends a GGUF may name (``tokenizer.ggml.{name}_token_id``): of the text, of a turn (an instruct model's
+#: ``<|im_end|>``, ``<|eot_id|>``), of a message; generation stops at each (the first is attnkit's ``</s>``).
+END_TOKENS = ("eos", "eot", "eom")
+GENERATION_CONFIG = "generation_config.json"
 #: Tensors some GGUFs have that say what attnkit's model is not.
 REFUSED_TENSORS = {"rope_freqs.weight": "RoPE frequency factors (Llama 3.1's rope scaling); attnkit's RoPE has "
                                         "no scaling"}
@@ -233,9 +237,14 @@ def import_gguf(source: str | Path, out: str | Path, *, force: bool = False) -> 
                         f"{', '.join(ARCHITECTURES)}")
     config, state = (gpt2_checkpoint if g.arch == "gpt2" else llama_checkpoint)(g)
     tokenizer_json, settings = gguf_tokenizer(g, config["vocab_size"])
+    files = {CONFIG: config, TOKENIZER_CONFIG_JSON: settings}
+    ends = list(dict.fromkeys(g.value(f"tokenizer.ggml.{end}_token_id", int) for end in END_TOKENS
+                              if g.has(f"tokenizer.ggml.{end}_token_id")))
+    if len(ends) > 1:  # an instruct model's end of turn beside its end of text: listed as transformers lists them
+        files[GENERATION_CONFIG] = {"eos_token_id": ends}
     with tempfile.TemporaryDirectory(prefix="attnkit-gguf-") as tmp:
         directory = Path(tmp)
-        for name, value in {CONFIG: config, TOKENIZER_CONFIG_JSON: settings}.items():
+        for name, value in files.items():
             (directory / name).write_text(json.dumps(value, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
         (directory / TOKENIZER_JSON).write_text(tokenizer_json, encoding="utf-8")
         try:
