@@ -32,6 +32,7 @@ from attnkit.config.loader import load_config
 from attnkit.config.schema import RunConfig
 from attnkit.data.chat_template import ChatTemplate
 from attnkit.engine import Engine, FusedLMLoss, to_eager
+from attnkit.engine.quantize import quantize_int8
 from attnkit.inference.conversations import conversation_messages, encode_conversation
 from attnkit.lm import LanguageModel, LMConfig
 from attnkit.lora import LoRAConfig, LoRALinear, apply_lora, lora_state_dict, merge_lora
@@ -340,21 +341,25 @@ def test_resume_is_bitwise_identical(base_run, tmp_path, capsys):
     assert_same_checkpoint(straight, resumed, 6)
 
 
-def greedy(run_dir: Path, prompt: str, n: int) -> str:
+def greedy(run_dir: Path, prompt: str, n: int, int8: bool = False) -> str:
+    """The adapted run's greedy continuation, by the reference path (or its int8 copy)."""
     run = load_run(run_dir, engine=Engine("reference"))
     ids = run.tok.encode_src([prompt])[0]
-    tokens = [int(t[0]) for t in generate(run.model, [ids], n, temperature=0)]
+    model = quantize_int8(run.model) if int8 else run.model
+    tokens = [int(t[0]) for t in generate(model, [ids], n, temperature=0)]
     return run.tok.decode_src([tokens])[0]
 
 
-@pytest.mark.parametrize("mode", ["reference", "eager", "compiled"])
+@pytest.mark.parametrize("mode", ["reference", "eager", "compiled", "int8"])
 def test_generate_decodes_the_adapted_model_in_every_engine_mode(lora_run, capsys, mode):
+    """The merged model's greedy text, computed by hand (int8: by the merged model's int8 copy)."""
     torch._dynamo.reset()
     prompt = "ROMEO:\n"
+    engine = ["--engine", "eager", "--quantize", "int8"] if mode == "int8" else ["--engine", mode]
     code, out, err = cli(capsys, "generate", lora_run, "--prompt", prompt, "--max-new-tokens", "20", "--temperature",
-                         "0", "--no-echo", "--engine", mode)
+                         "0", "--no-echo", *engine)
     assert code == 0, err
-    assert out == greedy(lora_run, prompt, 20) + "\n"
+    assert out == greedy(lora_run, prompt, 20, int8=mode == "int8") + "\n"
 
 
 def test_chat_evaluate_and_serve_an_adapted_run(lora_run, base_run, tmp_path, capsys):
