@@ -17,7 +17,9 @@ any size) and only ``A`` and ``B`` learn. In this module:
   two thin products more per matrix; the base's gradients are never formed, only the activations' (the backward
   pass through the frozen ``W`` remains). Once trained, :func:`merge_lora` adds ``(alpha / r) B A`` into ``W``:
   no extra cost at inference.
-* **Dropout** (``dropout``) acts on the adapter's input only: ``(alpha / r) B A Drop(x)``, as PEFT does.
+* **Dropout** (``dropout``) acts on the adapter's input only: ``(alpha / r) B A Drop(x)``, as PEFT does (the ``q``,
+  ``k``, ``v`` adapters of one fused layer share a mask, where PEFT draws one per module: the same distribution for
+  each adapter).
 
 Targets (``LoRAConfig.targets``) are the projections of :class:`attnkit.lm.Block`:
 
@@ -51,7 +53,8 @@ from torch import Tensor, nn
 
 from .lm import Block
 
-__all__ = ["TARGETS", "LoRAConfig", "LoRALinear", "apply_lora", "is_adapted", "lora_state_dict", "merge_lora"]
+__all__ = ["TARGETS", "LoRAConfig", "LoRALinear", "apply_lora", "is_adapted", "lora_state_dict", "merge_lora",
+           "place_rows"]
 
 #: Every target, in the order the projections are met in a block.
 TARGETS = ("q", "k", "v", "o", "w1", "w3", "w2")
@@ -130,37 +133,47 @@ class LoRALinear(nn.Module):
         return f"parts={list(self.parts)}, rank={self.rank}, scale={self.scale:g}"
 
     def forward(self, x: Tensor) -> Tensor:
-        """``x`` ``(..., d_in)`` -> ``(..., d_out)``."""
+        """``x`` ``(..., d_in)`` -> ``(..., d_out)``: ``W x + b + s B A Drop(x)``, every part's adapter at once (the
+        ``A`` stacked, the ``B`` placed block-diagonally on their rows)."""
         y = self.base(x)  # (..., d_out): W x + b
+        z = F.linear(self.dropout(x), self.stacked_A()) * self.scale  # (..., n r): s A Drop(x), every part's
+        return y + F.linear(z, self.placed_B())  # (..., d_out)
+
+    def stacked_A(self) -> Tensor:
+        """The parts' ``A`` one above the other: ``(n r, d_in)``."""
         names = list(self.parts)
-        A = torch.cat([self.lora_A[n] for n in names]) if len(names) > 1 else self.lora_A[names[0]]
-        z = F.linear(self.dropout(x), A)  # (..., n r): every adapter's A x in one product
-        deltas = {n: F.linear(zn, self.lora_B[n]) * self.scale
-                  for n, zn in zip(names, z.split(self.rank, dim=-1), strict=True)}  # (..., rows) each
-        if len(names) == 1 and self.parts[names[0]] == (0, y.size(-1)):
-            return y + deltas[names[0]]
-        pieces, row = [], 0
-        for n, (a, b) in self.parts.items():  # untouched rows as they are, adapted rows plus their update
-            if a > row:
-                pieces.append(y[..., row:a])
-            pieces.append(y[..., a:b] + deltas[n])
-            row = b
-        if row < y.size(-1):
-            pieces.append(y[..., row:])
-        return torch.cat(pieces, dim=-1)
+        return torch.cat([self.lora_A[n] for n in names]) if len(names) > 1 else self.lora_A[names[0]]
+
+    def placed_B(self) -> Tensor:
+        """The parts' ``B`` on their rows, block-diagonally (zero rows where no part is): ``(d_out, n r)``."""
+        out = self.base.out_features
+        if len(self.parts) == 1 and next(iter(self.parts.values())) == (0, out):
+            return next(iter(self.lora_B.values()))  # one adapter on every row
+        return place_rows([self.lora_B[n] for n in self.parts], list(self.parts.values()), out)
 
     def delta_weight(self) -> Tensor:
         """``(alpha / r) B A`` on each part's rows, zero elsewhere: ``(d_out, d_in)``."""
-        delta = torch.zeros_like(self.base.weight)
-        for n, (a, b) in self.parts.items():
-            delta[a:b] = (self.lora_B[n] @ self.lora_A[n]) * self.scale  # (rows, r) @ (r, d_in)
-        return delta
+        return (self.placed_B() @ self.stacked_A()) * self.scale  # (d_out, n r) @ (n r, d_in)
 
     def merged(self) -> nn.Linear:
         """The base layer with ``W + (alpha / r) B A`` as its weight (in place: this module's base is changed)."""
         with torch.no_grad():
             self.base.weight += self.delta_weight().to(self.base.weight.dtype)
         return self.base
+
+
+def place_rows(blocks: list[Tensor], rows: list[tuple[int, int]], d_out: int) -> Tensor:
+    """Matrices ``blocks`` ``(b - a, c_i)`` on the row blocks ``rows`` ``[a, b)`` (in order, apart) of a
+    ``(d_out, sum c_i)`` matrix, block-diagonally, zero elsewhere: ``B`` of several adapters side by side."""
+    placed, row = [], 0
+    for block, (a, b) in zip(blocks, rows, strict=True):
+        if a > row:
+            placed.append(block.new_zeros(a - row, 0))  # rows no block is on
+        placed.append(block)
+        row = b
+    if row < d_out:
+        placed.append(blocks[-1].new_zeros(d_out - row, 0))
+    return torch.block_diag(*placed)
 
 
 def _adapted_layers(block: Block, targets: list[str]) -> dict[str, tuple[nn.Linear, dict[str, tuple[int, int]]]]:

@@ -38,7 +38,7 @@ from ..common.errors import UserError
 from ..config.loader import load_config
 from ..config.schema import RunConfig
 from ..lm import LanguageModel, LMConfig
-from ..lora import LoRAConfig, apply_lora, lora_state_dict
+from ..lora import LoRAConfig, apply_lora, lora_state_dict, place_rows
 from ..runs.adapters import checked_base
 from ..runs.checkpoint import check_compatible, load_weights
 from ..runs.layout import CONFIG_FILE, find_run, find_weights
@@ -76,12 +76,8 @@ def _fused_qkv(state: dict[str, torch.Tensor], layer: str, targets: list[str]) -
     """GPT-2's ``c_attn`` adapter from the ``q``, ``k``, ``v`` adapters (module doc): ``(A (n r, d), B (3 d, n r))``."""
     A = [state[f"{layer}.self_attn.in_proj.lora_A.{t}"] for t in targets]  # (r, d) each
     B = [state[f"{layer}.self_attn.in_proj.lora_B.{t}"] for t in targets]  # (d, r) each (GPT-2: H_kv = H)
-    d, r = B[0].shape
-    fused = torch.zeros(3 * d, r * len(targets), dtype=B[0].dtype)  # (3 d, n r)
-    for j, (t, b) in enumerate(zip(targets, B, strict=True)):
-        row = QKV.index(t) * d
-        fused[row: row + d, j * r: (j + 1) * r] = b
-    return torch.cat(A), fused
+    d = B[0].size(0)
+    return torch.cat(A), place_rows(B, [(QKV.index(t) * d, (QKV.index(t) + 1) * d) for t in targets], 3 * d)
 
 
 def peft_state(state: dict[str, torch.Tensor], cfg: RunConfig, family: str) -> tuple[dict[str, torch.Tensor], dict]:

@@ -134,6 +134,13 @@ class LMRecipe(BaseRecipe):
         return {}
 
 
+def record_lora_base(cfg: RunConfig, run_dir: Path) -> None:
+    """An adapted run's base weights file (``model.lora``), recorded in ``run_dir`` before anything trains, or checked
+    against the record when the run resumes (:func:`attnkit.runs.adapters.record_base`)."""
+    if cfg.model.lora is not None and cfg.model.init_from:
+        record_base(run_dir, pretrained_run(cfg.model.init_from, "lm")[1])
+
+
 @dataclass
 class LMBatch:
     """Blocks of the stream (or conversations): ``inputs`` predict ``targets``, the same tokens one position later,
@@ -166,7 +173,8 @@ class LanguageModelTask(EpochTask):
     rate_unit = "tok"  # what the loss is averaged over: every position predicts one token
 
     def __init__(self, cfg: RunConfig, run_dir: Path, log=print, *, resume: bool = False) -> None:
-        self.cfg, self.run_dir = cfg, run_dir
+        self.cfg = cfg
+        record_lora_base(cfg, run_dir)
         data = self.prepare(LMRecipe(cfg), run_dir, log, resume)
         self.stream = data.sides["text"].ids  # (N,) memory-mapped: every document's ids and its </s>
         self.block = cfg.data.block_size
@@ -186,12 +194,11 @@ class LanguageModelTask(EpochTask):
 
     def build_model(self) -> nn.Module:
         """The language model, starting from the weights of the run ``model.init_from`` names, if any, with LoRA
-        adapters beside them (``model.lora``; the weights file they adapt recorded in the run directory)."""
+        adapters beside them (``model.lora``)."""
         model = super().build_model()
         if self.cfg.model.init_from:
             load_pretrained_body(model, self.cfg)
-        if self.cfg.model.lora is not None and self.cfg.model.init_from:
-            record_base(self.run_dir, pretrained_run(self.cfg.model.init_from, "lm")[1])
+        if self.cfg.model.lora is not None:
             apply_lora(model, self.cfg.model.lora)
         return model
 
@@ -280,7 +287,8 @@ class ConversationTask(LanguageModelTask):
     ``train.max_tokens``, scored on the assistant's tokens; validated on the held-out conversations' loss."""
 
     def __init__(self, cfg: RunConfig, run_dir: Path, log=print, *, resume: bool = False) -> None:
-        self.cfg, self.run_dir = cfg, run_dir
+        self.cfg = cfg
+        record_lora_base(cfg, run_dir)
         self.recipe = ChatRecipe(cfg)
         data = self.prepare(self.recipe, run_dir, log, resume)
         self.text, self.scored = data.sides["text"], data.sides["scored"]
