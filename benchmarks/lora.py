@@ -1,7 +1,8 @@
 """LoRA fine-tuning: attnkit against transformers + PEFT, tokens per second and peak memory.
 
     python benchmarks/lora.py --model SmolLM2-135M        # your download: any Llama, Mistral, Qwen2 or GPT-2 directory
-    python benchmarks/lora.py                              # a random Llama of SmolLM2-135M's shape (no download)
+    python benchmarks/lora.py                              # a random Llama of SmolLM2-135M's shape (no download:
+                                                           # benchmarks/smollm2_shape.py)
     python benchmarks/lora.py --device cuda                # on a GPU (bf16 autocast by default there)
 
 Both contenders fine-tune the same weights with LoRA adapters of the same rank, alpha and dropout on every
@@ -48,48 +49,14 @@ from attnkit.interop.peft import MODULES  # noqa: E402
 from attnkit.runs.load import load_run  # noqa: E402
 from attnkit.tasks import make_task  # noqa: E402
 from nbsvm import cpu_model  # noqa: E402
+from smollm2_shape import build, shape  # noqa: E402
 from tables import append_run, markdown, measured, num  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "results" / "lora.json"
 DATA = ROOT.parent / "shared" / "data" / "shakespeare" / "input.txt"
 CONTENDERS = ("attnkit", "transformers + PEFT")
-#: Random Llama shapes for ``--shape`` (no download): SmolLM2-135M's, and a tiny one for the smoke test.
-SHAPES = {"smollm2-135m": {"vocab_size": 49152, "hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30,
-                           "num_attention_heads": 9, "num_key_value_heads": 3, "rope_theta": 100000.0,
-                           "tie_word_embeddings": True, "max_position_embeddings": 2048},
-          "tiny": {"vocab_size": 512, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
-                   "num_attention_heads": 4, "num_key_value_heads": 2, "rope_theta": 10000.0,
-                   "tie_word_embeddings": True, "max_position_embeddings": 256}}
-
-
 def quiet(message: str) -> None:
     pass
-
-
-def random_llama(out: Path, shape: str, text: str) -> Path:
-    """A random ``LlamaForCausalLM`` directory of ``SHAPES[shape]`` with a byte-level BPE tokenizer trained on
-    ``text`` (what a download would give, without one)."""
-    import tokenizers
-    import transformers
-    from tokenizers import decoders, pre_tokenizers, trainers
-    from tokenizers.models import BPE
-
-    out.mkdir(parents=True, exist_ok=True)
-    tk = tokenizers.Tokenizer(BPE())
-    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tk.decoder = decoders.ByteLevel()
-    size = min(2000, SHAPES[shape]["vocab_size"] - 1)
-    tk.train_from_iterator(text.splitlines(), trainers.BpeTrainer(
-        vocab_size=size, show_progress=False, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    tk.add_special_tokens([tokenizers.AddedToken("<|endoftext|>", special=True, normalized=False)])
-    tk.save(str(out / "tokenizer.json"))
-    eot = tk.token_to_id("<|endoftext|>")
-    (out / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "PreTrainedTokenizerFast",
-                                                           "eos_token": "<|endoftext|>"}), encoding="utf-8")
-    torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(**SHAPES[shape], rms_norm_eps=1e-5, bos_token_id=eot, eos_token_id=eot)
-    transformers.LlamaForCausalLM(cfg).save_pretrained(out)
-    return out
 
 
 def lora_config(args: argparse.Namespace, base: Path, data: Path) -> dict:
@@ -111,7 +78,7 @@ def prepare(args: argparse.Namespace, work: Path) -> dict:
     """Import the model, write the attnkit config, prepare its data and the same batches in Hugging Face's ids ->
     what the result records of the setting."""
     data = Path(args.data)
-    hf = Path(args.model) if args.model else random_llama(work / "hf", args.shape, data.read_text(encoding="utf-8"))
+    hf = Path(args.model) if args.model else build(work / "hf", shape(args.set))
     if attnkit(["import", str(hf), "-o", str(work / "base")]) != 0:
         raise SystemExit(f"attnkit import {hf} failed")
     raw = lora_config(args, work / "base", data)
@@ -128,7 +95,8 @@ def prepare(args: argparse.Namespace, work: Path) -> dict:
     blocks = torch.stack(blocks)  # (updates, B, T + 1)
     torch.save({"blocks": blocks}, work / "blocks.pt")
     config = json.loads((hf / "config.json").read_text(encoding="utf-8"))
-    return {"model": str(args.model or f"random {args.shape} Llama"), "model_type": config["model_type"],
+    name = "random SmolLM2-135M-shaped Llama" + (f" ({' '.join(args.set)})" if args.set else "")
+    return {"model": str(args.model or name), "model_type": config["model_type"],
             "hf": str(hf), "parameters": sum(p.numel() for p in load_run(work / "base").model.parameters())}
 
 
@@ -279,8 +247,10 @@ def markdown_table(results: dict) -> str:
 
 def arguments(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", help="a Hugging Face causal LM directory (default: a random Llama of --shape)")
-    p.add_argument("--shape", choices=list(SHAPES), default="smollm2-135m")
+    p.add_argument("--model", help="a Hugging Face causal LM directory (default: a random Llama of SmolLM2-135M's "
+                                   "shape, benchmarks/smollm2_shape.py)")
+    p.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
+                   help="the random Llama's shape changed (smollm2_shape.py's keys; a smoke run's smaller model)")
     p.add_argument("--data", default=str(DATA), help="a text file (default: ../shared's tiny Shakespeare)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--precision", choices=["float32", "bf16"], default=None,
