@@ -37,7 +37,7 @@ from tables import markdown  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "results" / "layout.json"
 TEXTBOOK = ("attention", "positions", "multihead", "layers", "transformer", "lm", "rnn", "classifier", "ngrams", "mlm",
-            "search", "sampling", "vocab")
+            "search", "sampling", "lora", "vocab")
 LAYERS = [("common",), TEXTBOOK, ("engine", "config"), ("data",), ("runs",), ("inference",),
           ("viz", "tasks", "interop"),
           ("training", "export"), ("serve",), ("cli", "demo", "__main__", "__init__")]

@@ -112,6 +112,7 @@ TABLES: dict[str, Table] = {
     "ddp": Table(f"{RESULTS}/ddp.json", "benchmarks/ddp.py"),
     "layout": Table(f"{RESULTS}/layout.json", "benchmarks/layout.py"),
     "hf-decode": Table(f"{RESULTS}/hf-decode.json", "benchmarks/hf_decode.py"),
+    "lora": Table(f"{RESULTS}/lora.json", "benchmarks/lora.py"),
     "serve-engines": Table((f"{RESULTS}/serving/*.json",), "benchmarks/serve.py", "markdown_engines"),
     "serve-stages": Table((f"{RESULTS}/serving/*.json",), "benchmarks/serve.py", "markdown_stages"),
     "serve-batching": Table((f"{RESULTS}/batching.json", f"{RESULTS}/earlier/batching.*.json"),

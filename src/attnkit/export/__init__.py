@@ -9,6 +9,8 @@
 ``huggingface``    a ``MarianMTModel`` + ``MarianTokenizer``        ``interop/marian.py``
                    directory (float32); for a language model a      ``interop/causal_lm.py``
                    ``GPT2LMHeadModel`` or ``LlamaForCausalLM`` one
+                   (an adapted run merged), or with ``--adapters``  ``interop/peft.py``
+                   its LoRA adapters as PEFT's
 =================  ===============================================  ===========================
 
 :data:`TARGETS` maps ``--to`` to its exporter; a new target is a module here and one line there.
@@ -50,9 +52,12 @@ def export_to_ctranslate2(run: str | Path, out: str | Path, *, quantization: str
 TARGETS: dict[str, Callable[..., Path]] = {"ctranslate2": export_to_ctranslate2, "huggingface": export_huggingface}
 
 
-def export(run: str | Path, to: str, out: str | Path, **options) -> Path:
-    """Export run ``run`` to the target ``to`` in ``out`` (options as the target takes them) -> ``out``."""
-    return TARGETS[to](run, out, **options)
+def export(run: str | Path, to: str, out: str | Path, *, adapters: bool = False, **options) -> Path:
+    """Export run ``run`` to the target ``to`` in ``out`` (options as the target takes them; ``adapters``: an
+    adapted run's LoRA adapters alone, in PEFT's format, for ``huggingface``) -> ``out``."""
+    if adapters and to != "huggingface":
+        raise UserError("--adapters writes PEFT's adapter files, a Hugging Face format: use --to huggingface")
+    return TARGETS[to](run, out, **({"adapters": True} if adapters else {}), **options)
 
 
 @dataclass

@@ -19,7 +19,10 @@
                                ``GPT2LMHeadModel`` or ``LlamaForCausalLM``
                                (``MistralForCausalLM``,
                                ``Qwen2ForCausalLM``) directory with its
-                               ``tokenizer.json``
+                               ``tokenizer.json`` (an adapted run merged)
+ ``attnkit export RUN --to      an adapted run's LoRA adapters -> PEFT's    ``interop/peft.py``
+ huggingface --adapters``       ``adapter_config.json`` and
+                               ``adapter_model.safetensors``
 =============================  ==========================================  ===============================
 
 An import writes an ordinary run directory (config, tokenizer, ``imported.safetensors``): every command
@@ -44,9 +47,10 @@ from .gguf import import_gguf
 from .gguf_file import is_gguf
 from .hf import HFDirectory
 from .marian import export_marian, import_marian
+from .peft import export_peft_adapters
 
-__all__ = ["EXPORTERS", "IMPORTERS", "export_causal_lm", "export_huggingface", "export_marian", "import_gguf",
-           "import_model"]
+__all__ = ["EXPORTERS", "IMPORTERS", "export_causal_lm", "export_huggingface", "export_marian", "export_peft_adapters",
+           "import_gguf", "import_model"]
 
 #: ``config.json``'s ``model_type`` -> the function that writes its run.
 IMPORTERS: dict[str, Callable[..., Path]] = {"marian": import_marian, "bert": import_bert, "gpt2": import_causal_lm,
@@ -68,11 +72,16 @@ def import_model(source: str | Path, out: str | Path, *, force: bool = False) ->
     return IMPORTERS[hf.model_type](hf, out, force=force)
 
 
-def export_huggingface(run: str | Path, out: str | Path, **options) -> Path:
+def export_huggingface(run: str | Path, out: str | Path, *, adapters: bool = False, **options) -> Path:
     """Write the Hugging Face directory of run ``run`` into ``out``: Marian for a translation run, GPT-2 or Llama
-    (Mistral, Qwen2) for a language model (``options``: ``quantization``, ``force``) -> ``out``."""
+    (Mistral, Qwen2) for a language model, an adapted one's adapters merged; with ``adapters`` the adapters alone,
+    as PEFT's (:mod:`attnkit.interop.peft`) (``options``: ``quantization``, ``force``) -> ``out``."""
     run_dir, _ = find_weights(Path(run))
     task = load_config(RunConfig, run_dir / CONFIG_FILE).task
+    if adapters:
+        if options.get("quantization", "float32") != "float32":
+            raise UserError(f"--quantization {options['quantization']} is for CTranslate2; PEFT adapters are float32")
+        return export_peft_adapters(run, out, force=options.get("force", False))
     if task not in EXPORTERS:
         raise UserError(f"{run} is a {task} run; only translation and language-model runs can be exported to "
                         f"Hugging Face")

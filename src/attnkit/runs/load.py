@@ -25,13 +25,15 @@ from ..config.schema import RunConfig
 from ..data.tokenizer import BOS_ID, EOS_ID, UNK_ID, Tokenizer
 from ..engine import Engine, prepare, resolve
 from ..lm import LanguageModel
+from ..lora import apply_lora, lora_state_dict, merge_lora
 from ..mlm import MaskedLanguageModel, ReplacedTokenDetection
 from ..rnn import RNNSeq2Seq
 from ..transformer import Transformer
+from .adapters import checked_base
 from .checkpoint import check_compatible, load_weights
-from .layout import CLASSES_FILE, CONFIG_FILE, find_weights
+from .layout import CLASSES_FILE, CONFIG_FILE, find_run, find_weights
 
-__all__ = ["LoadedRun", "build_model", "languages", "load_run", "read_classes", "require"]
+__all__ = ["LoadedRun", "build_model", "languages", "load_run", "load_trained", "read_classes", "require"]
 
 
 @dataclass
@@ -123,17 +125,60 @@ def build_model(cfg: RunConfig, tok: Tokenizer, classes: list[str] | None = None
     return MODELS[cfg.task](cfg, tok, classes)
 
 
+def load_trained(model: nn.Module, cfg: RunConfig, run_dir: Path, weights: Path) -> nn.Module:
+    """Load the trained weights of the run ``run_dir`` (its config ``cfg``, its weights file ``weights``) into
+    ``model``, a model :func:`build_model` made for it -> ``model``.
+
+    A run's weights file holds every weight; an adapted run's (``model.lora``) holds its adapters only, which go on
+    its base's weights (the file :func:`~attnkit.runs.adapters.checked_base` checks; an adapted base is loaded so in
+    turn) and are merged into them (:func:`~attnkit.lora.merge_lora`): the model is a plain one that computes as the
+    adapted one did, at no extra cost.
+    """
+    state, _ = load_weights(weights)
+    if cfg.model.lora is None:
+        check_compatible(model.state_dict(), state, weights)
+        model.load_state_dict(state)
+        return model
+    base = checked_base(run_dir)
+    base_dir = find_run(base)
+    base_cfg = load_config(RunConfig, base_dir / CONFIG_FILE)
+    load_trained(model, base_cfg, base_dir, base)
+    apply_lora(model, cfg.model.lora)
+    check_compatible(lora_state_dict(model), state, weights)
+    model.load_state_dict(state, strict=False)
+    return merge_lora(model)
+
+
+def base_run(cfg: RunConfig, run_dir: Path) -> Path | None:
+    """The directory of the run ``run_dir`` was trained on (``model.init_from``): an adapted run's checked base
+    (:func:`~attnkit.runs.adapters.checked_base`), else the run ``init_from`` names if it is still there; None."""
+    if cfg.model.lora is not None:
+        return find_run(checked_base(run_dir))
+    start = Path(cfg.model.init_from) if cfg.model.init_from else None
+    return find_weights(start)[0] if start is not None and start.exists() else None
+
+
+def inherit_chat(cfg: RunConfig, run_dir: Path, depth: int = 8) -> RunConfig:
+    """``cfg`` with the chat template of the run it was trained on (and so on up) where it has none of its own, and
+    that run's end-of-turn pieces unless it lists some: a model fine-tuned from an instruct model speaks as that
+    model (``attnkit chat``, the server and the export read them) -> ``cfg``, changed in place."""
+    base = base_run(cfg, run_dir) if depth > 0 and not cfg.data.chat_template else None
+    if base is not None:
+        base_cfg = inherit_chat(load_config(RunConfig, base / CONFIG_FILE), base, depth - 1)
+        cfg.data.chat_template = cfg.data.chat_template or base_cfg.data.chat_template
+        cfg.data.end_of_turn = cfg.data.end_of_turn or list(base_cfg.data.end_of_turn)
+    return cfg
+
+
 def load_run(path: str | Path, device: torch.device | None = None, engine: Engine | None = None) -> LoadedRun:
-    """Config, tokenizer and model with trained weights, from a run directory or checkpoint file, made to run as
-    ``engine`` says (default: :class:`~attnkit.engine.Engine`'s, the engine's eager kernels in float32)."""
+    """Config (:func:`inherit_chat`), tokenizer and model with trained weights (an adapted run's merged into its
+    base's: :func:`load_trained`), from a run directory or checkpoint file, made to run as ``engine`` says (default:
+    :class:`~attnkit.engine.Engine`'s, the engine's eager kernels in float32)."""
     run_dir, weights = find_weights(Path(path))
-    cfg = load_config(RunConfig, run_dir / CONFIG_FILE)
+    cfg = inherit_chat(load_config(RunConfig, run_dir / CONFIG_FILE), run_dir)
     tok = Tokenizer.load(run_dir)
     classes = read_classes(run_dir / CLASSES_FILE) if (run_dir / CLASSES_FILE).exists() else None  # classifiers
-    model = build_model(cfg, tok, classes)
-    state, _ = load_weights(weights)
-    check_compatible(model.state_dict(), state, weights)
-    model.load_state_dict(state)
+    model = load_trained(build_model(cfg, tok, classes), cfg, run_dir, weights)
     model = model.to(device or torch.device("cpu"))
     engine, choice = resolve(model, engine or Engine())
     if choice is not None:

@@ -90,8 +90,9 @@ class EpochTask:
         return build_model(self.cfg, self.tok, self.classes)
 
     def parameter_groups(self, model: nn.Module) -> list[dict]:
-        """The optimiser's parameter groups: one, at ``train.lr`` (``lr_scale`` 1) unless a task says otherwise."""
-        return [{"params": list(model.parameters()), "lr_scale": 1.0}]
+        """The optimiser's parameter groups: one, at ``train.lr`` (``lr_scale`` 1) unless a task says otherwise; frozen
+        parameters (a LoRA run's base, :mod:`attnkit.lora`) are left out."""
+        return [{"params": [p for p in model.parameters() if p.requires_grad], "lr_scale": 1.0}]
 
     def batches(self, epoch: int) -> Batches:
         return self._batches(epoch)
@@ -125,9 +126,17 @@ class TaskSpec:
 
 
 def refuse_init_from(cfg: RunConfig) -> None:
-    """``model.init_from`` is for fine-tuning a classifier (:mod:`attnkit.tasks.init_from`)."""
+    """``model.init_from`` is for fine-tuning a classifier (:mod:`attnkit.tasks.init_from`), ``model.lora`` for a
+    language model."""
     if cfg.model.init_from:
         raise UserError("model.init_from is for task: classify (fine-tuning a pretrained encoder)")
+    refuse_lora(cfg)
+
+
+def refuse_lora(cfg: RunConfig) -> None:
+    """``model.lora`` adapts a language model (``task: lm``, :mod:`attnkit.lora`)."""
+    if cfg.model.lora is not None:
+        raise UserError("model.lora adapts a language model: use it in a task: lm config with model.init_from")
 
 
 def prepare_recipe(recipe: Recipe, run_dir: str | Path, log: Log = print, *, resume: bool = False,

@@ -28,7 +28,7 @@ from ..data.labelled import LabelledData, LabelledReader, read_labelled
 from ..data.prepare import Encoded, flat
 from ..data.readers import ReadStats
 from ..data.tokenizer import PAD_ID, Tokenizer
-from .base import BaseRecipe, EpochTask, TaskSpec, scaled_groups
+from .base import BaseRecipe, EpochTask, TaskSpec, refuse_lora, scaled_groups
 from .init_from import copy_pretrained_tokenizer, load_pretrained_body
 from .objectives import ClassificationLoss
 
@@ -181,6 +181,7 @@ def check(cfg: RunConfig) -> None:
     """A classifier reads windows of ``data.max_len`` subwords, which must fit its positions; a decoder-only
     classifier pools a state that has read the whole text."""
     cfg.check_lengths(ends=0)
+    refuse_lora(cfg)
     if not 0.0 < cfg.model.ngram_lr < float("inf"):
         raise UserError(f"model.ngram_lr must be a positive multiple of train.lr, got {cfg.model.ngram_lr}")
     if cfg.model.ngram_buckets < 0:
