@@ -18,7 +18,7 @@ from attnkit.cli import main
 from attnkit.export.ctranslate2 import export_ctranslate2
 from attnkit.inference.translate import translate_texts
 from attnkit.interop.marian import hf_order
-from attnkit.runs.load import load_run
+from attnkit.tasks import load_run
 from attnkit.vocab import BOS_ID, EOS_ID, PAD_ID
 
 transformers = pytest.importorskip("transformers")

@@ -23,7 +23,7 @@ import torch
 from ..common.errors import UserError
 from ..inference.chat import Chat, run_template
 from ..inference.language_model import MAX_NEW_TOKENS, check_sampling
-from ..runs.load import load_run, require
+from ..tasks import load_run, require
 from .options import add_device_option, number, pick_device
 
 HELP = "chat with a language model (its chat template), streamed"
@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> None:
         raise UserError(f"--max-new-tokens must be in 1..{MAX_NEW_TOKENS}, got {args.max_new_tokens}")
     if args.once is not None and not args.once.strip():
         raise UserError("--once needs a question")
-    lm = require(load_run(args.model, pick_device(args.device)), "lm", args.model)
+    lm = require(load_run(args.model, pick_device(args.device)), "generate", args.model)
     template = run_template(lm, args.model)
     generator = torch.Generator(device=next(lm.model.parameters()).device).manual_seed(args.seed)
     chat = Chat(lm, template, system=args.system, max_new_tokens=args.max_new_tokens, temperature=args.temperature,

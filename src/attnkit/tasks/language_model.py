@@ -40,7 +40,9 @@ from ..data.prepare import Encoded, flat
 from ..data.readers import ReadStats, read_text
 from ..data.tokenizer import EOS_ID, TOKENIZER_FILE, Tokenizer, save_characters
 from ..engine import FusedLMLoss
+from ..inference.attention_maps import lm_maps
 from ..inference.language_model import LMScore, document_stream, score_stream, scored_characters
+from ..lm import LanguageModel
 from ..positions import ADDITIVE_POSITIONS
 from .base import BaseRecipe, EpochTask, TaskSpec
 from .init_from import copy_pretrained_tokenizer, load_pretrained_body
@@ -139,6 +141,11 @@ def block_batches(n_tokens: int, block: int, per_batch: int, seed: int, epoch: i
     return Batches(order, bounds, np.minimum(bounds + per_batch, len(order)))
 
 
+def build_language_model(cfg: RunConfig, tok: Tokenizer, classes: list[str] | None = None) -> nn.Module:
+    """The decoder-only :class:`LanguageModel` over the tokenizer's vocabulary (its absent ids never output)."""
+    return LanguageModel(cfg.model.transformer, tok.src_vocab_size, absent_ids=tok.absent_ids)
+
+
 class LanguageModelTask(EpochTask):
     """Next-token prediction over packed blocks; validation loss, perplexity and bits per character."""
 
@@ -166,7 +173,7 @@ class LanguageModelTask(EpochTask):
 
     def build_model(self) -> nn.Module:
         """The language model, starting from the weights of the run ``model.init_from`` names, if any."""
-        model = super().build_model()
+        model = build_language_model(self.cfg, self.tok)
         if self.cfg.model.init_from:
             load_pretrained_body(model, self.cfg)
         return model
@@ -210,4 +217,5 @@ def check(cfg: RunConfig) -> None:
                         f"({t.positions} positions); raise the latter or lower the former")
 
 
-SPEC = TaskSpec("lm", LanguageModelTask, LMRecipe, serves="generate", check=check)
+SPEC = TaskSpec("lm", LanguageModelTask, LMRecipe, serves="generate", check=check, build_model=build_language_model,
+                hint="use `attnkit generate`", attention_maps=lm_maps, exporters=("ctranslate2", "huggingface"))
