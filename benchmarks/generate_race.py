@@ -135,25 +135,25 @@ def ctranslate2_contender(export: Path, threads: int, device: torch.device):
     return run_batch
 
 
-def build_contender(name: str, run: Path, hf: Path, exports: dict[str, Path], threads: int, device: torch.device):
+def build_contender(name: str, run: Path, hf: Path, exports: dict[str, Path], threads: int, device: str):
     if name.startswith("attnkit"):
-        return attnkit_contender(run, name.split()[-1], "compiled" in name, device)
+        return attnkit_contender(run, name.split()[-1], "compiled" in name, torch.device(device))
     if name.startswith("transformers"):
-        return transformers_contender(hf, device)
-    return ctranslate2_contender(exports[name.split()[-1]], threads, device)
+        return transformers_contender(hf, torch.device(device))
+    return ctranslate2_contender(exports[name.split()[-1]], threads, torch.device(device))
 
 
-def contender_process(conn, name: str, run: Path, hf: Path, exports: dict[str, Path], threads: int,
-                      device: str) -> None:
-    """One contender in a process of its own, at ``threads``: answers each batch of prompt ids it receives with
-    ``("ok", (seconds, generated ids))`` (or ``("error", why)``) until it receives ``None``.
+def contender_process(conn, build, args: tuple, threads: int) -> None:
+    """One contender in a process of its own, at ``threads``: ``build(*args)`` makes it (a function of a batch of
+    prompt ids); it answers each batch it receives with ``("ok", (seconds, generated ids))`` (or ``("error",
+    why)``) until it receives ``None``.
 
     A process each, because a library's thread pool slows the others' in a shared process: CTranslate2 brings
     its own OpenMP runtime, and after its two-thread contenders ran, every two-thread torch call in that process
     took several times longer (``generate-race.json``, the note of the run of 2026-11-26 at ``e3dc2ab``)."""
     torch.set_num_threads(threads)
     try:
-        contender = build_contender(name, run, hf, exports, threads, torch.device(device))
+        contender = build(*args)
         conn.send(("ok", None))
         while (ids := conn.recv()) is not None:
             start = time.perf_counter()
@@ -164,19 +164,28 @@ def contender_process(conn, name: str, run: Path, hf: Path, exports: dict[str, P
 
 
 class Contender:
-    """A :func:`contender_process` started (spawned: nothing inherited) and ready; calling it times one batch."""
+    """A :func:`contender_process` started (spawned: nothing inherited) and ready; calling it times one batch.
 
-    def __init__(self, name: str, run: Path, hf: Path, exports: dict[str, Path], threads: int, device: str) -> None:
+    :param timeout: the most seconds to wait for any answer (None: no limit); past it the process is killed and
+        ``RuntimeError`` raised, as for a contender that failed."""
+
+    def __init__(self, build, args: tuple, threads: int, timeout: float | None = None) -> None:
         context = multiprocessing.get_context("spawn")
+        self.timeout = timeout
         self.conn, child = context.Pipe()
-        self.process = context.Process(target=contender_process, daemon=True,
-                                       args=(child, name, run, hf, exports, threads, device))
+        self.process = context.Process(target=contender_process, daemon=True, args=(child, build, args, threads))
         self.process.start()
         child.close()  # the child's end lives in the child: if it dies, recv() here ends (EOFError), not hangs
         self.answer()
 
     def answer(self):
-        status, payload = self.conn.recv()
+        if self.timeout is not None and not self.conn.poll(self.timeout):
+            self.process.kill()
+            raise RuntimeError(f"no answer within {self.timeout:g} s")
+        try:
+            status, payload = self.conn.recv()
+        except EOFError:
+            raise RuntimeError(f"the process ended (exit status {self.process.exitcode})") from None
         if status == "error":
             raise RuntimeError(payload)
         return payload
@@ -192,6 +201,8 @@ class Contender:
         except OSError:  # it ended already (after reporting an error)
             pass
         self.process.join(timeout=60)
+        if self.process.is_alive():
+            self.process.kill()
 
 
 def ctranslate2_runs_on(export: Path, device: torch.device, missing: dict[str, str], name: str) -> bool:
@@ -226,7 +237,7 @@ def offline(run: Path, hf: Path, exports: dict[str, Path], threads: list[int], r
                     exports[name.split()[-1]], device, missing, name):
                 continue
             try:
-                contenders[name] = Contender(name, run, hf, exports, t, device.type)
+                contenders[name] = Contender(build_contender, (name, run, hf, exports, t, device.type), t)
             except RuntimeError as e:
                 if device.type == "cpu":
                     raise

@@ -1,8 +1,13 @@
 """attnkit's language model against nanoGPT on tiny Shakespeare, characters, on this CPU: loss, speed, sampling.
 
     git clone https://github.com/karpathy/nanoGPT /tmp/nanoGPT        # once: the peer, any recent commit
-    python benchmarks/lm.py --nanogpt /tmp/nanoGPT                    # every row (about 45 minutes)
+    python benchmarks/lm.py --nanogpt /tmp/nanoGPT                    # every row (about 50 minutes)
     python benchmarks/lm.py --nanogpt /tmp/nanoGPT --rows throughput sampling
+    python benchmarks/lm.py --nanogpt /tmp/nanoGPT --smoke --out /tmp/lm-smoke.json   # every row, tiny: minutes
+
+nanoGPT is not part of this repository and nothing of it is kept here: any checkout or copy of its files will do
+(``model.py``, ``train.py``, ``configurator.py``, ``config/train_shakespeare_char.py``); the script writes its data
+into the copy's ``data/`` and names the copy's commit when it is a git checkout.
 
 Both learn the same task: the 65 characters of ``../shared/data/shakespeare/input.txt``, trained on its first
 90% and validated on the last 10% (nanoGPT's ``data/shakespeare_char/prepare.py`` split, written here into
@@ -26,11 +31,17 @@ Rows (``--rows``):
   for about as long (nanoGPT has no time budget).
 * ``hour``: attnkit alone with ``configs/shakespeare-char-hour.yaml`` for 60 minutes (not in the default rows;
   ``--set KEY=VALUE`` overrides its settings).
-* ``throughput``: training tokens/s at nanoGPT's ``train_shakespeare_char`` shape (6 layers, 6 heads, 384 wide,
-  block 256, batch 64), after warm-up iterations.
+* ``throughput``: training tokens/s at equal shape (:data:`SHAPES`): nanoGPT's ``train_shakespeare_char`` (6 layers,
+  6 heads, 384 wide, block 256, batch 64) and its best 15-minute settings (4 layers, 4 heads, 192 wide, block 128,
+  batch 16), after warm-up iterations; attnkit with ``precision: auto`` as its config has it.
 * ``sampling``: tokens/s generating 256 new tokens after a one-token prompt at batch 1 and 32, the same shape
   (block 512 so the 257 positions fit both models' tables), random weights: attnkit with its key/value cache,
   nanoGPT's ``GPT.generate``, which runs the whole context again for every token.
+
+Each attnkit row records the precision attnkit chose under ``precision: auto`` (its training log's first line).
+The run records issue 55's targets (:func:`targets`): attnkit ahead of nanoGPT at equal wall time (the budget row's
+validation loss), and at least 1.5x nanoGPT's tokens/s at each equal shape. ``--smoke`` runs every row at tiny
+sizes, for a test that the script works, not for a result (write it elsewhere with ``--out``).
 
 Writes ``benchmarks/results/lm.json`` with the CPU model, threads and precision.
 """
@@ -47,6 +58,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -69,7 +81,13 @@ DATASET = "attnkit_shakespeare_char"
 DOCUMENTED = ["--device=cpu", "--compile=False", "--eval_iters=20", "--log_interval=1", "--block_size=64",
               "--batch_size=12", "--n_layer=4", "--n_head=4", "--n_embd=128", "--max_iters=2000",
               "--lr_decay_iters=2000", "--dropout=0.0"]
-THROUGHPUT_SHAPE = dict(n_layer=6, n_head=6, n_embd=384, block_size=256, batch_size=64)
+#: The throughput row's shapes: nanoGPT's train_shakespeare_char config, and its best 15-minute settings
+#: (:data:`NANOGPT_BEST_15`).
+SHAPES = {"train_shakespeare_char": dict(n_layer=6, n_head=6, n_embd=384, block_size=256, batch_size=64),
+          "15-minute": dict(n_layer=4, n_head=4, n_embd=192, block_size=128, batch_size=16)}
+THROUGHPUT_SHAPE = SHAPES["train_shakespeare_char"]
+#: ``--smoke``: every shape and count shrunk so that all rows run in minutes (most of it starting processes).
+SMOKE_SHAPE = dict(n_layer=1, n_head=2, n_embd=32, block_size=32, batch_size=4)
 
 
 def prepare_nanogpt_data(nanogpt: Path) -> Path:
@@ -176,19 +194,6 @@ DOCUMENTED_SHAPE = ["model.transformer.decoder_layers=4", "model.transformer.n_h
                     "model.transformer.d_model=128", "model.transformer.d_ff=512", "data.block_size=64",
                     "model.transformer.max_len=64", "train.max_tokens=768", "model.transformer.dropout=0.0",
                     "train.lr=1e-3", "train.warmup=100"]
-
-
-def row_documented(nanogpt: Path, val: Path, work: Path) -> list[dict]:
-    """nanoGPT's documented CPU command; attnkit for as long, with the config's model and with nanoGPT's."""
-    ng = nanogpt_train(nanogpt, work / "ng-documented", DOCUMENTED, work, "nanogpt-documented")
-    budget = f"train.max_minutes={ng['train_seconds'] / 60:.3f}"
-    ak = attnkit_train(work / "ak-documented", [budget], val, work, "attnkit-documented")
-    same = attnkit_train(work / "ak-documented-shape", [budget, *DOCUMENTED_SHAPE], val, work,
-                         "attnkit-documented-shape")
-    return [{"row": "documented", "contender": "nanoGPT", **ng}, {"row": "documented", "contender": "attnkit", **ak},
-            {"row": "documented", "contender": "attnkit, nanoGPT's model and batch", **same}]
-
-
 #: nanoGPT's better of two settings tried for 15 minutes on these machines (shared/docs/PERF-NOTES.md): the config's
 #: width and block, 16 blocks a batch, no dropout, its own learning rates (1e-3 to 1e-4) and AdamW.
 NANOGPT_BEST_15 = ["--device=cpu", "--compile=False", "--eval_iters=20", "--log_interval=1", "--n_layer=4",
@@ -196,16 +201,63 @@ NANOGPT_BEST_15 = ["--device=cpu", "--compile=False", "--eval_iters=20", "--log_
                    "--dropout=0.0"]
 
 
-def row_budget(nanogpt: Path, val: Path, work: Path, minutes: float) -> list[dict]:
-    """Both for ``minutes`` of training, each with its best known settings for 15 minutes: nanoGPT's
-    :data:`NANOGPT_BEST_15` for as many iterations as a probe of its iteration time says fit, attnkit's config."""
-    probe = nanogpt_train(nanogpt, work / "ng-probe", [*NANOGPT_BEST_15, "--max_iters=30", "--eval_interval=30"],
+@dataclass(frozen=True)
+class Sizes:
+    """How much each row runs: the race's own (:data:`FULL`) or ``--smoke``'s (:data:`SMOKE`).
+
+    :param documented: nanoGPT's documented command.
+    :param nanogpt: settings after every other nanoGPT training's own (a smaller model).
+    :param attnkit: config overrides after every other attnkit training's own.
+    :param shapes: the throughput row's shapes, by name.
+    :param iterations: the throughput row's timed and warm-up iterations on a CPU.
+    :param probe: the iterations that time nanoGPT before the budget row.
+    :param new_tokens: the sampling row's tokens.
+    """
+
+    documented: list[str]
+    nanogpt: list[str]
+    attnkit: list[str]
+    shapes: dict[str, dict]
+    iterations: tuple[int, int]
+    probe: int
+    new_tokens: int
+
+
+FULL = Sizes(DOCUMENTED, [], [], SHAPES, (8, 3), 30, 256)
+SMOKE = Sizes([*DOCUMENTED, "--max_iters=10", "--lr_decay_iters=10", "--eval_interval=10", "--eval_iters=2"],
+              [f"--{k}={v}" for k, v in SMOKE_SHAPE.items()] + ["--eval_iters=2"],
+              ["model.transformer.decoder_layers=1", "model.transformer.n_heads=2", "model.transformer.d_model=32",
+               "model.transformer.d_ff=128", "data.block_size=32", "model.transformer.max_len=32",
+               "train.max_tokens=128", "train.valid_every=1000000"],
+              {"smoke": SMOKE_SHAPE}, (2, 1), 4, 8)
+
+
+def row_documented(nanogpt: Path, val: Path, work: Path, sizes: Sizes = FULL) -> list[dict]:
+    """nanoGPT's documented CPU command; attnkit for as long, with the config's model and with nanoGPT's."""
+    ng = nanogpt_train(nanogpt, work / "ng-documented", [*sizes.documented, *sizes.nanogpt], work,
+                       "nanogpt-documented")
+    budget = f"train.max_minutes={ng['train_seconds'] / 60:.3f}"
+    ak = attnkit_train(work / "ak-documented", [budget, *sizes.attnkit], val, work, "attnkit-documented")
+    same = attnkit_train(work / "ak-documented-shape", [budget, *DOCUMENTED_SHAPE, *sizes.attnkit], val, work,
+                         "attnkit-documented-shape")
+    return [{"row": "documented", "contender": "nanoGPT", **ng}, {"row": "documented", "contender": "attnkit", **ak},
+            {"row": "documented", "contender": "attnkit, nanoGPT's model and batch", **same}]
+
+
+def row_budget(nanogpt: Path, val: Path, work: Path, minutes: float, sizes: Sizes = FULL) -> list[dict]:
+    """Both for about ``minutes`` of training, each with its best known settings for 15 minutes: nanoGPT's
+    :data:`NANOGPT_BEST_15` for as many iterations as a probe of its iteration time says fit, then attnkit's config
+    for as long as nanoGPT trained (equal wall time)."""
+    probe = nanogpt_train(nanogpt, work / "ng-probe", [*NANOGPT_BEST_15, *sizes.nanogpt, f"--max_iters={sizes.probe}",
+                                                       f"--eval_interval={sizes.probe}"],
                           work, "nanogpt-probe", score=False)
     per_iter = probe["median_iteration_ms"] / 1000  # the second half's median: past the slow first iterations
     iters = max(int(minutes * 60 / per_iter), 1)
     schedule = [f"--max_iters={iters}", f"--lr_decay_iters={iters}", f"--eval_interval={iters}"]
-    ng = nanogpt_train(nanogpt, work / "ng-budget", [*NANOGPT_BEST_15, *schedule], work, "nanogpt-budget")
-    ak = attnkit_train(work / "ak-budget", [f"train.max_minutes={minutes}"], val, work, "attnkit-budget")
+    ng = nanogpt_train(nanogpt, work / "ng-budget", [*NANOGPT_BEST_15, *sizes.nanogpt, *schedule], work,
+                       "nanogpt-budget")
+    ak = attnkit_train(work / "ak-budget", [f"train.max_minutes={ng['train_seconds'] / 60:.3f}", *sizes.attnkit], val,
+                       work, "attnkit-budget")
     return [{"row": "budget", "contender": "nanoGPT", **ng}, {"row": "budget", "contender": "attnkit", **ak}]
 
 
@@ -217,19 +269,27 @@ def row_hour(val: Path, work: Path, threads: int, settings: list[str]) -> list[d
     return [{"row": "hour", "contender": "attnkit", "threads": threads or torch.get_num_threads(), **ak}]
 
 
-def row_throughput(nanogpt: Path, work: Path, device: str = "cpu") -> list[dict]:
-    """Training tokens/s at nanoGPT's train_shakespeare_char shape: nanoGPT's median iteration after warm-up,
-    attnkit's updates between two runs. On a GPU (``device`` cuda) both in bf16 (nanoGPT's ``--dtype``, attnkit's
-    ``precision: auto``), and nanoGPT twice: eager, as attnkit trains, and compiled, its default there."""
-    iters, warmup = (8, 3) if device == "cpu" else (100, 20)  # a GPU update is milliseconds
-    s = THROUGHPUT_SHAPE
+def row_throughput(nanogpt: Path, work: Path, device: str = "cpu", sizes: Sizes = FULL) -> list[dict]:
+    """Training tokens/s at each of ``sizes.shapes``: nanoGPT's median iteration after warm-up, attnkit's updates
+    between two runs. On a GPU (``device`` cuda) both in bf16 (nanoGPT's ``--dtype``, attnkit's ``precision:
+    auto``), and nanoGPT twice: eager, as attnkit trains, and compiled, its default there."""
+    iters, warmup = sizes.iterations if device == "cpu" else (100, 20)  # a GPU update is milliseconds
+    rows = []
+    for shape_name, s in sizes.shapes.items():
+        rows += throughput_at(nanogpt, work, device, shape_name, s, iters, warmup)
+    return rows
+
+
+def throughput_at(nanogpt: Path, work: Path, device: str, shape_name: str, s: dict, iters: int, warmup: int
+                  ) -> list[dict]:
+    """:func:`row_throughput` at one shape ``s``."""
     tokens = s["batch_size"] * s["block_size"]
     rows = []
     for compiled in ([False] if device == "cpu" else [False, True]):
         args = [f"--device={device}", f"--compile={compiled}", "--eval_iters=1", "--eval_interval=1000000",
                 "--log_interval=1", *[f"--{k}={v}" for k, v in s.items()], f"--max_iters={iters + warmup}",
                 "--dropout=0.0", *(["--dtype=bfloat16"] if device == "cuda" else [])]
-        name = "nanogpt-throughput" + ("-compiled" if compiled else "")
+        name = f"nanogpt-throughput-{shape_name}" + ("-compiled" if compiled else "")
         try:
             _, output = run_timed([sys.executable, "train.py", "config/train_shakespeare_char.py",
                                    f"--dataset={DATASET}", f"--out_dir={work / name}", *args], nanogpt,
@@ -237,37 +297,61 @@ def row_throughput(nanogpt: Path, work: Path, device: str = "cpu") -> list[dict]
         except SystemExit as e:  # torch.compile needs a working triton; eager nanoGPT is the row that must run
             if not compiled:
                 raise
-            rows.append({"row": "throughput", "contender": "nanoGPT, compiled", "not_run": str(e), "device": device})
+            rows.append({"row": "throughput", "contender": "nanoGPT, compiled", "not_run": str(e), "device": device,
+                         "shape_name": shape_name})
             continue
         ms = [float(m) for m in re.findall(r"^iter \d+: loss [\d.]+, time ([\d.]+)ms", output, re.M)][warmup:]
         rows.append({"row": "throughput", "contender": "nanoGPT, compiled" if compiled else "nanoGPT",
-                     "tok_s": round(tokens / (float(np.median(ms)) / 1000)), "shape": s, "device": device})
+                     "tok_s": round(tokens / (float(np.median(ms)) / 1000)), "shape": s, "shape_name": shape_name,
+                     "device": device})
     overrides = [f"model.transformer.decoder_layers={s['n_layer']}", f"model.transformer.n_heads={s['n_head']}",
                  f"model.transformer.d_model={s['n_embd']}", f"model.transformer.d_ff={4 * s['n_embd']}",
                  f"data.block_size={s['block_size']}", f"model.transformer.max_len={s['block_size']}",
                  f"train.max_tokens={tokens}", "train.max_minutes=0", "train.valid_every=1000000",
                  "model.transformer.dropout=0.0"]
-    times = []
+    times, precision = [], None
     attnkit_iters = iters if device == "cpu" else 25 * iters  # on a GPU: enough updates to outweigh startup noise
     for n in (warmup, warmup + attnkit_iters):  # the difference of two runs: startup and validation cancel out
-        cmd = [sys.executable, "-m", "attnkit", "train", str(CONFIG), "--run-dir", str(work / f"ak-throughput-{n}"),
-               *overrides, f"train.max_updates={n}"]
-        times.append(run_timed(cmd, ROOT, work / f"attnkit-throughput-{n}.log")[0])
+        run_dir = work / f"ak-throughput-{shape_name}-{n}"
+        cmd = [sys.executable, "-m", "attnkit", "train", str(CONFIG), "--run-dir", str(run_dir), *overrides,
+               f"train.max_updates={n}"]
+        seconds, output = run_timed(cmd, ROOT, work / f"attnkit-throughput-{shape_name}-{n}.log")
+        times.append(seconds)
+        precision = recorded_precision(run_dir)
     ak = tokens * attnkit_iters / (times[1] - times[0])
-    return [*rows, {"row": "throughput", "contender": "attnkit", "tok_s": round(ak), "shape": s, "device": device,
-                    "precision": recorded_precision(work / f"ak-throughput-{warmup + attnkit_iters}")}]
+    return [*rows, {"row": "throughput", "contender": "attnkit", "tok_s": round(ak), "shape": s,
+                    "shape_name": shape_name, "device": device, "precision": precision}]
+
+
+def targets(rows: list[dict]) -> list[dict]:
+    """Issue 55's targets against nanoGPT, on the rows measured: attnkit's validation loss below nanoGPT's at equal
+    wall time (the budget row), and attnkit at >= 1.5x nanoGPT's (eager) tokens/s at each equal shape."""
+    out = []
+    budget = {r["contender"]: r for r in rows if r["row"] == "budget"}
+    if {"attnkit", "nanoGPT"} <= budget.keys():
+        ours, theirs = budget["attnkit"]["valid_loss"], budget["nanoGPT"]["valid_loss"]
+        out.append({"target": "ahead at equal wall time (validation loss, budget row)", "attnkit": ours,
+                    "nanogpt": theirs, "met": ours < theirs})
+    speed = {(r["shape_name"], r["contender"]): r["tok_s"] for r in rows
+             if r["row"] == "throughput" and "tok_s" in r and "shape_name" in r}
+    for shape_name in dict.fromkeys(k[0] for k in speed):
+        if (shape_name, "attnkit") in speed and (shape_name, "nanoGPT") in speed:
+            ratio = speed[shape_name, "attnkit"] / speed[shape_name, "nanoGPT"]
+            out.append({"target": f">= 1.5x nanoGPT's tokens/s at its {shape_name} shape", "ratio": ratio,
+                        "bar": 1.5, "met": ratio >= 1.5})
+    return out
 
 
 @torch.inference_mode()
-def row_sampling(nanogpt: Path, batches: tuple[int, ...] = (1, 32), new_tokens: int = 256) -> list[dict]:
-    """Tokens/s generating ``new_tokens`` after a one-token prompt, batch 1 and 32, random weights of one shape."""
+def row_sampling(nanogpt: Path, batches: tuple[int, ...] = (1, 32), new_tokens: int = 256,
+                 s: dict = THROUGHPUT_SHAPE) -> list[dict]:
+    """Tokens/s generating ``new_tokens`` after a one-token prompt, batch 1 and 32, random weights of shape ``s``."""
     sys.path.insert(0, str(nanogpt))
     from model import GPT, GPTConfig
 
     from attnkit.lm import LanguageModel
     from attnkit.sampling import generate
     from attnkit.transformer import TransformerConfig
-    s = THROUGHPUT_SHAPE
     torch.manual_seed(0)
     ng = GPT(GPTConfig(block_size=512, vocab_size=65, n_layer=s["n_layer"], n_head=s["n_head"], n_embd=s["n_embd"],
                        dropout=0.0, bias=False)).eval()
@@ -292,6 +376,11 @@ def row_sampling(nanogpt: Path, batches: tuple[int, ...] = (1, 32), new_tokens: 
     return rows
 
 
+def shape_words(s: dict) -> str:
+    """``6 layers x 384, block 256, batch 64``."""
+    return f"{s['n_layer']} layers x {s['n_embd']}, block {s['block_size']}, batch {s['batch_size']}"
+
+
 def markdown_table(results: dict) -> str:
     """Every row of every run in ``lm.json``, the measured-at line under each."""
     parts = []
@@ -301,7 +390,7 @@ def markdown_table(results: dict) -> str:
             what = {"documented": "nanoGPT's documented CPU command; attnkit for the same time",
                     "budget": f"{run['minutes']:g} minutes of training each",
                     "hour": f"60 minutes of training, {r.get('threads')} thread(s)",
-                    "throughput": "training tokens/s, 6 layers x 384, block 256, batch 64"
+                    "throughput": f"training tokens/s, {shape_words(r.get('shape', THROUGHPUT_SHAPE))}"
                                   + (" (GPU)" if r.get("device") == "cuda" else ""),
                     "sampling": f"sampling tokens/s, batch {r.get('batch')} (float32)"}[r["row"]]
             if r["row"] in ("documented", "budget", "hour"):
@@ -319,12 +408,18 @@ def markdown_table(results: dict) -> str:
                 value = f"not measured: {r['not_run']}"
             else:
                 value = f"{num(r['tok_s'])} tok/s"
-            rows.append([what, r["contender"], value])
+            chose = f" ({r['precision']})" if r.get("precision") else ""  # what precision: auto chose
+            rows.append([what, r["contender"] + chose, value])
         threads = f"{run['threads']} thread" + ("s" if run["threads"] != 1 else "")
         note = f" {run['note']}" if run.get("note") else ""
         where = f"{run['gpu']} (host CPU {run['cpu']}), torch {run['torch']}" if run.get("gpu") else run["cpu"]
         parts.append(markdown(["row", "contender", "result"], rows) + f"\n\n{where}, {threads}, "
                      f"{run['precision']}; measured {measured(run)} by `{run['command']}`.{note}")
+        if run.get("targets"):
+            parts.append("Targets: " + "; ".join(
+                f"{t['target']}: " + (f"{t['ratio']:.2f}x" if "ratio" in t else
+                                      f"{t['attnkit']:.4f} against {t['nanogpt']:.4f}")
+                + (" (met)" if t["met"] else " (**not met**)") for t in run["targets"]) + ".")
     return "\n\n".join(parts)
 
 
@@ -345,10 +440,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--work", type=Path, default=None, help="where runs and logs go (default: a temporary folder)")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                    help="cuda: the throughput row on the GPU, both in bf16, into results/lm-gpu.json")
+    p.add_argument("--smoke", action="store_true", help="every row at tiny sizes, to see that the script works")
+    p.add_argument("--out", type=Path, help="the results file (default results/lm.json, or lm-gpu.json on a GPU)")
     args = p.parse_args(argv)
     if args.device == "cuda" and (args.rows != ["throughput"] or not torch.cuda.is_available()):
         raise SystemExit("--device cuda runs --rows throughput alone, where torch sees a GPU")
-    out = OUT_GPU if args.device == "cuda" else OUT
+    out = args.out or (OUT_GPU if args.device == "cuda" else OUT)
+    sizes = SMOKE if args.smoke else FULL
     if not (args.nanogpt / "model.py").exists() or not (args.nanogpt / "train.py").exists():
         raise SystemExit(f"{args.nanogpt}: not a nanoGPT checkout (no model.py / train.py)")
     work = args.work or Path(tempfile.mkdtemp(prefix="attnkit-lm-bench-"))
@@ -364,11 +462,12 @@ def main(argv: list[str] | None = None) -> int:
                                         capture_output=True, text=True).stdout.strip() or None
     for name in args.rows:
         print(f"row {name} ...", flush=True)
-        rows += {"documented": lambda: row_documented(args.nanogpt, val, work),
-                 "budget": lambda: row_budget(args.nanogpt, val, work, args.minutes),
+        rows += {"documented": lambda: row_documented(args.nanogpt, val, work, sizes),
+                 "budget": lambda: row_budget(args.nanogpt, val, work, args.minutes, sizes),
                  "hour": lambda: row_hour(val, work, args.threads, args.set),
-                 "throughput": lambda: row_throughput(args.nanogpt, work, args.device),
-                 "sampling": lambda: row_sampling(args.nanogpt, tuple(args.sampling_batches))}[name]()
+                 "throughput": lambda: row_throughput(args.nanogpt, work, args.device, sizes),
+                 "sampling": lambda: row_sampling(args.nanogpt, tuple(args.sampling_batches), sizes.new_tokens,
+                                                  next(iter(sizes.shapes.values())))}[name]()
         print(json.dumps([r for r in rows if r["row"] == name], indent=1), flush=True)
         result = {**stamp(), "cpu": cpu_model(), "threads": torch.get_num_threads(),
                   "precision": "nanoGPT float32 (its CPU path); attnkit "
@@ -383,9 +482,11 @@ def main(argv: list[str] | None = None) -> int:
                       + (["--set", *args.set] if args.set else [])
                       + (["--sampling-batches", *map(str, args.sampling_batches)]
                          if args.sampling_batches != [1, 32] else [])
-                      + (["--device", args.device] if args.device != "cpu" else [])),
+                      + (["--device", args.device] if args.device != "cpu" else [])
+                      + (["--smoke"] if args.smoke else [])),
                   "nanogpt_commit": nanogpt_commit, "minutes": args.minutes,
                   "started": round(started), "run_seconds": round(time.time() - started), "rows": rows,
+                  "targets": targets(rows),
                   **({"note": args.note} if args.note else {})}
         # read again before each write: another run (on another core) may have written its rows meanwhile
         runs = json.loads(out.read_text(encoding="utf-8"))["runs"] if out.exists() else []

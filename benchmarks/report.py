@@ -130,6 +130,7 @@ TABLES: dict[str, Table] = {
     "length-extrapolation": Table(f"{FIGURES}/length-extrapolation.json", "experiments/length_extrapolation.py"),
     "generate-race": Table(f"{RESULTS}/generate-race.json", "benchmarks/generate_race.py"),
     "generate-race-gpu": Table(f"{RESULTS}/generate-race-gpu.json", "benchmarks/generate_race.py"),
+    "generation-race": Table(f"{RESULTS}/generation-race.json", "benchmarks/generation_race.py"),
     "serve-switch-interval": Table(f"{RESULTS}/gil-switch-interval.json", "experiments/serve_switch_interval.py"),
     "serve-breakdown": Table(f"{RESULTS}/lm-serve-breakdown.json", "experiments/serve_breakdown.py"),
     "matvec-probe": Table(f"{RESULTS}/matvec-probe.json", "experiments/matvec_probe.py"),

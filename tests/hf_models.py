@@ -156,11 +156,12 @@ def gpt2_tokenizer(out: Path, texts: list[str]):
     return tk
 
 
-def llama_tokenizer(out: Path, texts: list[str], *, unk: bool = True):
+def llama_tokenizer(out: Path, texts: list[str], *, unk: bool = True, trained: int = 360):
     """Llama's kind of tokenizer, trained here: BPE over ``▁``-prefixed words with byte fallback (a small alphabet,
     so accents and emoji fall back to ``<0xNN>`` pieces), ``<unk> <s> </s>`` at 0..2, ``<s>`` added in front.
     ``unk=False``: as llama2.c's converted tokenizers, the BPE model names no ``unk_token`` (``<unk>`` stays a
-    special piece at 0, which no text encodes to)."""
+    special piece at 0, which no text encodes to). ``trained``: the BPE trainer's vocabulary (specials, alphabet and
+    merges); the tokenizer has 256 pieces more (the bytes), when the texts have that many merges to learn."""
     import tokenizers
     from tokenizers import decoders, pre_tokenizers, processors, trainers
     from tokenizers.models import BPE
@@ -168,8 +169,8 @@ def llama_tokenizer(out: Path, texts: list[str], *, unk: bool = True):
     specials = ["<unk>", "<s>", "</s>"]
     trainee = tokenizers.Tokenizer(BPE(unk_token="<unk>"))
     trainee.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first", split=True)
-    trainee.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=360, special_tokens=specials, limit_alphabet=60,
-                                                           show_progress=False))
+    trainee.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=trained, special_tokens=specials,
+                                                           limit_alphabet=60, show_progress=False))
     model = json.loads(trainee.to_str())["model"]
     learned = sorted((i, p) for p, i in model["vocab"].items() if p not in specials)
     vocab = {p: i for i, p in enumerate(specials + [f"<0x{b:02X}>" for b in range(256)] + [p for _, p in learned])}
@@ -311,3 +312,20 @@ def set_end_ids(directory: Path, ids: list[int]) -> None:
     settings = json.loads(path.read_text(encoding="utf-8"))
     settings["eos_token_id"] = ids
     path.write_text(json.dumps(settings, indent=2), encoding="utf-8")
+
+
+#: ChatML, as Qwen2's and SmolLM2's instruct checkpoints lay out a conversation.
+CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>'"
+          " + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+
+
+def instruct_dir(out: Path) -> Path:
+    """A tiny instruct checkpoint (standing in for a download such as SmolLM2-135M-Instruct): :func:`qwen2_dir` with a
+    ChatML template, and ``<|im_end|>`` listed beside ``<|endoftext|>`` in ``generation_config.json``."""
+    import tokenizers
+
+    qwen2_dir(out)
+    tk = tokenizers.Tokenizer.from_file(str(out / "tokenizer.json"))
+    set_chat_template(out, CHATML)
+    set_end_ids(out, [tk.token_to_id("<|endoftext|>"), tk.token_to_id("<|im_end|>")])
+    return out

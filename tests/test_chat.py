@@ -341,6 +341,20 @@ def test_history_keeps_the_newest_turns_that_fit(instruct):
         chat.prompt("long " * 200)
 
 
+def test_the_default_budget_never_asks_for_more_than_fits(instruct):
+    """Without max_new_tokens an answer gets 256 tokens, or what the model's 128 positions leave after the question
+    (old turns are dropped first, as for a budget asked for); a question that fills them is still an error."""
+    hf, run_dir = instruct
+    run = load_run(run_dir)
+    chat = Chat(run, run_template(run, "run"), system="Be brief.")
+    ids = chat.prompt("what is it")
+    assert chat.max_new_tokens == chat.positions - len(ids) < 256
+    chat.turns = [("an old question " * 10, "an old answer " * 10)]
+    assert chat.prompt("what is it") == ids and chat.dropped == 1 and chat.turns == []
+    with pytest.raises(UserError, match="exceed the model's 128 positions"):
+        chat.prompt("long " * 200)
+
+
 def test_chat_errors_are_one_line(instruct, tmp_path, capsys):
     hf, run_dir = instruct
     shutil.copytree(run_dir, tmp_path / "run")

@@ -23,6 +23,7 @@ expanded by bash itself (``$'\\n\\n'``, ``"$(head -1 reviews.txt)"``), so what r
 from __future__ import annotations
 
 import gzip
+import io
 import os
 import re
 import shutil
@@ -36,7 +37,8 @@ import pytest
 import yaml
 
 from attnkit.cli import main
-from hf_models import bert_dir, gpt2_dir, marian_dir
+from gguf_files import write_gguf
+from hf_models import bert_dir, gpt2_dir, instruct_dir, llama_dir, marian_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
@@ -61,9 +63,19 @@ INPUTS = {"test.de": ("multi30k/test_2016_flickr.de.gz", 6), "test.en": ("multi3
           "big.en.gz": ("multi30k/train.en.gz", 200), "reviews.txt": ("imdb/unsup.tsv.gz", 3),
           "dev.tsv": ("sst2/dev.tsv", 20), "test.tsv": ("imdb/train.tsv.gz", 20),
           "held-out.txt": ("shakespeare/input.txt", 40), "prompts.txt": ("shakespeare/input.txt", 2)}
-#: The Hugging Face directories users download, as tiny random models of the same architecture.
+def gguf_file(out: Path) -> Path:
+    """A GGUF file like a download of a quantized Llama: a tiny one written with the gguf package (Q4_0 blocks)."""
+    from gguf import GGMLQuantizationType
+
+    hf = llama_dir(out.parent / "hf-llama")
+    return write_gguf(hf, out, GGMLQuantizationType.Q4_0)
+
+
+#: What users download, as tiny random models of the same architecture: Hugging Face directories, a GGUF file.
 DOWNLOADS = {"opus-mt-de-en": marian_dir, "bert-base-uncased": lambda out: bert_dir(out, "BertForMaskedLM"),
-             "all-MiniLM-L6-v2": lambda out: bert_dir(out, "BertModel"), "path/to/gpt2-dir": gpt2_dir}
+             "all-MiniLM-L6-v2": lambda out: bert_dir(out, "BertModel"), "path/to/gpt2-dir": gpt2_dir,
+             "SmolLM2-135M-Instruct": instruct_dir, "path/to/model-Q4_K_M.gguf": gguf_file,
+             "model-Q8_0.gguf": gguf_file}
 PRODUCERS = ("import", "prepare", "train", "export")
 
 
@@ -136,6 +148,7 @@ def workspace(tmp: Path) -> Path:
         else:
             head(SHARED / "data" / source, path, rows)
     for name, make in DOWNLOADS.items():
+        (repo / name).parent.mkdir(parents=True, exist_ok=True)
         make(repo / name)
     return repo
 
@@ -215,11 +228,17 @@ def not_run(line: str) -> str | None:
     return next((why for start, why in NOT_RUN.items() if line.startswith(start)), None)
 
 
+def piped(line: str) -> bool:
+    """``... | attnkit ...``: a command that reads another's output (run by bash, as written)."""
+    return "| attnkit " in line
+
+
 def test_every_documented_line_is_run_or_said_why_not() -> None:
-    """A shell line the docs show is an attnkit command, a curl against a server they start, or matched by
-    :data:`NOT_RUN` (a line of another kind would be skipped silently)."""
+    """A shell line the docs show is an attnkit command (maybe reading a pipe), a curl against a server they start,
+    or matched by :data:`NOT_RUN` (a line of another kind would be skipped silently)."""
     for doc, line in documented():
-        assert line.startswith(("attnkit ", "curl ")) or not_run(line), f"{doc}: {line!r} is neither run nor excused"
+        assert line.startswith(("attnkit ", "curl ")) or piped(line) or not_run(line), \
+            f"{doc}: {line!r} is neither run nor excused"
     assert sum(line.startswith("attnkit ") for _, line in documented()) >= 50  # the parser still finds them
 
 
@@ -242,11 +261,19 @@ def test_the_documented_commands_run_as_written(tmp_path: Path, monkeypatch, cap
             if words[1] == "serve":
                 continue  # with the curl lines below
             extra = [*FEW_UPDATES, *shape_of(words[2], repo)] if words[1] == "train" else []
-            if (source := stdin_of(line)) is not None:
-                monkeypatch.setattr(sys, "stdin", open(source, encoding="utf-8"))  # noqa: SIM115 (closed by pytest)
+            source = stdin_of(line)  # what the line redirects to standard input; else an empty input (EOF at once)
+            monkeypatch.setattr(sys, "stdin", open(source, encoding="utf-8") if source is not None  # noqa: SIM115
+                                else io.TextIOWrapper(io.BytesIO(b""), encoding="utf-8"))
             code = main([*words[1:], *extra])
             out, err = capsys.readouterr()
             assert code == 0, f"{doc}: {line}\n{err[-2000:]}"
+        bin_dir = str(Path(sys.executable).parent)  # the attnkit command of this environment
+        for doc, line in lines:  # a pipe into attnkit runs as written, in bash
+            if piped(line):
+                out = subprocess.run(["bash", "-c", f"set -o pipefail; {line}"], cwd=repo, capture_output=True,
+                                     text=True, timeout=600,
+                                     env={**os.environ, "PATH": bin_dir + os.pathsep + os.environ["PATH"]})
+                assert out.returncode == 0, f"{doc}: {line}\n{out.stderr[-2000:]}"
         for doc, line in lines:  # each server with the curl lines after it, in the docs' order
             if line.startswith("attnkit serve"):
                 if server is not None:

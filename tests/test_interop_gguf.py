@@ -186,6 +186,19 @@ def test_named_pre_tokenizers_split_as_the_models_own_tokenizer_json(source, tmp
     assert a.tok.encode_src(texts) == b.tok.encode_src(texts)
 
 
+def test_an_instruct_gguf_keeps_its_template_and_end_of_turn(source, tmp_path):
+    """A GGUF names its end of turn beside its end of text (``tokenizer.ggml.eot_token_id``), and ships its chat
+    template: the run keeps both, as an imported directory does (``attnkit chat`` stops there)."""
+    template = "{% for m in messages %}<|user|>{{ m['content'] }}{% endfor %}"
+    tk = tokenizers.Tokenizer.from_file(str(source("qwen2") / "tokenizer.json"))
+    eot = tk.token_to_id("<|im_end|>")
+    path = write(source, tmp_path, "qwen2", metadata={"tokenizer.ggml.eot_token_id": eot,
+                                                       "tokenizer.chat_template": template})
+    assert main(["import", str(path), "-o", str(tmp_path / "run")]) == 0
+    data = load_run(tmp_path / "run").cfg.data
+    assert data.end_of_turn == ["<|im_end|>"] and data.chat_template == template
+
+
 def test_commands_work_on_a_gguf_import_and_it_exports(source, tmp_path, capsys):
     path = write(source, tmp_path, "llama", Q.Q8_0)
     bare = path.with_name("model.bin")  # no suffix: the file's magic says GGUF

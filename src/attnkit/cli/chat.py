@@ -21,10 +21,11 @@ from collections.abc import Iterator
 import torch
 
 from ..common.errors import UserError
+from ..engine import generation_decoder
 from ..inference.chat import Chat, run_template
-from ..inference.language_model import MAX_NEW_TOKENS, check_sampling
+from ..inference.language_model import DEFAULT_NEW_TOKENS, MAX_NEW_TOKENS, check_sampling
 from ..tasks import load_run, require
-from .options import add_device_option, number, pick_device
+from .options import add_device_option, add_engine_options, add_sampling_options, engine_of, number, pick_device
 
 HELP = "chat with a language model (its chat template), streamed"
 #: What the terminal shows before each question.
@@ -38,28 +39,27 @@ def add(sub: argparse._SubParsersAction) -> None:
                                  "checkpoint inside one")
     p.add_argument("--system", help="the system message: instructions the model reads before the conversation")
     p.add_argument("--once", metavar="QUESTION", help="answer this one question, then exit")
-    p.add_argument("--max-new-tokens", type=number(int), default=256,
-                   help=f"the most tokens of one answer, 1..{MAX_NEW_TOKENS} (default 256)")
-    p.add_argument("--temperature", type=number(float), default=0.8,
-                   help="softmax temperature T = 1/beta; 0 is greedy (default 0.8)")
-    p.add_argument("--top-k", type=number(int), default=0, help="sample among the k most likely tokens (0: all)")
-    p.add_argument("--top-p", type=number(float), default=1.0, help="nucleus: the most likely tokens whose "
-                                                                    "probabilities reach p, in (0, 1] (default 1)")
-    p.add_argument("--seed", type=number(int), default=1, help="random seed (default 1)")
+    p.add_argument("--max-new-tokens", type=number(int),
+                   help=f"the most tokens of one answer, 1..{MAX_NEW_TOKENS} (default {DEFAULT_NEW_TOKENS}, or what "
+                        "the model's positions leave after the question)")
+    add_sampling_options(p)
     add_device_option(p, "the model (the same --seed gives the same answers on the same device)")
+    add_engine_options(p, "eager, and each token through a step compiled ahead of time with a static cache")
 
 
 def run(args: argparse.Namespace) -> None:
     check_sampling(args.temperature, args.top_k, args.top_p)
-    if not 0 < args.max_new_tokens <= MAX_NEW_TOKENS:
+    if args.max_new_tokens is not None and not 0 < args.max_new_tokens <= MAX_NEW_TOKENS:
         raise UserError(f"--max-new-tokens must be in 1..{MAX_NEW_TOKENS}, got {args.max_new_tokens}")
     if args.once is not None and not args.once.strip():
         raise UserError("--once needs a question")
-    lm = require(load_run(args.model, pick_device(args.device)), "generate", args.model)
+    engine = engine_of(args, compiled=True)
+    lm = require(load_run(args.model, pick_device(args.device), engine), "generate", args.model)
     template = run_template(lm, args.model)
     generator = torch.Generator(device=next(lm.model.parameters()).device).manual_seed(args.seed)
     chat = Chat(lm, template, system=args.system, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                top_k=args.top_k, top_p=args.top_p, generator=generator)
+                top_k=args.top_k, top_p=args.top_p, generator=generator,
+                decoder=generation_decoder(lm.model, engine))
     chat.check()
     if args.once is not None:
         _show(chat.answer(args.once))

@@ -44,7 +44,16 @@ from ..inference.language_model import (
     prompt_ids,
 )
 from ..tasks import load_run, require
-from .options import POSITIVE_INT, add_device_option, add_engine_options, engine_of, number, pick_device, read_input
+from .options import (
+    POSITIVE_INT,
+    add_device_option,
+    add_engine_options,
+    add_sampling_options,
+    engine_of,
+    number,
+    pick_device,
+    read_input,
+)
 
 HELP = "continue text with a language model, streamed"
 
@@ -59,12 +68,7 @@ def add(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-new-tokens", type=number(int),
                    help=f"tokens to generate per sample, 1..{MAX_NEW_TOKENS} (default {DEFAULT_NEW_TOKENS}, or "
                         "what fits in the model's context after the prompt)")
-    p.add_argument("--temperature", type=number(float), default=0.8,
-                   help="softmax temperature T = 1/beta; 0 is greedy (default 0.8)")
-    p.add_argument("--top-k", type=number(int), default=0, help="sample among the k most likely tokens (0: all)")
-    p.add_argument("--top-p", type=number(float), default=1.0, help="nucleus: the most likely tokens whose "
-                                                                    "probabilities reach p, in (0, 1] (default 1)")
-    p.add_argument("--seed", type=number(int), default=1, help="random seed (default 1)")
+    add_sampling_options(p)
     p.add_argument("--num-samples", type=POSITIVE_INT, default=1, help="continuations per prompt (default 1)")
     p.add_argument("--beyond-context", action="store_true",
                    help="let prompt and continuation run past the context a rope, alibi or position-free model was "

@@ -59,6 +59,17 @@ def add_engine_options(p: argparse.ArgumentParser, compiled: str) -> None:
                         "eager or compiled")
 
 
+def add_sampling_options(p: argparse.ArgumentParser) -> None:
+    """How a language model chooses its tokens (:func:`attnkit.sampling.choose_next`): ``--temperature``,
+    ``--top-k``, ``--top-p`` and the ``--seed`` of its random numbers."""
+    p.add_argument("--temperature", type=number(float), default=0.8,
+                   help="softmax temperature T = 1/beta; 0 is greedy (default 0.8)")
+    p.add_argument("--top-k", type=number(int), default=0, help="sample among the k most likely tokens (0: all)")
+    p.add_argument("--top-p", type=number(float), default=1.0, help="nucleus: the most likely tokens whose "
+                                                                    "probabilities reach p, in (0, 1] (default 1)")
+    p.add_argument("--seed", type=number(int), default=1, help="random seed (default 1)")
+
+
 def engine_of(args: argparse.Namespace, compiled: bool = False) -> Engine:
     """The :class:`~attnkit.engine.Engine` the options of :func:`add_engine_options` ask for. ``compiled``: the command
     has a compiled path; if not, ``--engine compiled`` runs eager, and a note on standard error says so."""

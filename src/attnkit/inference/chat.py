@@ -7,7 +7,8 @@ question:
    up to the header of the assistant's turn (``add_generation_prompt``), and encoded as transformers'
    ``apply_chat_template`` encodes it: the template writes any start token itself (:func:`encode_rendered`);
 2. while that prompt and the answer's budget (``max_new_tokens``) exceed the model's positions, the oldest turn (a
-   question and its answer) is dropped; the system message stays;
+   question and its answer) is dropped; the system message stays. Without a ``max_new_tokens`` the budget is 256
+   tokens, or what the positions leave after the question alone (a default never asks for more than fits);
 3. the model continues the prompt (:func:`~attnkit.inference.language_model.continue_text`) until it ends its
    turn: ``</s>``, a piece of ``data.end_of_turn`` (``<|im_end|>``), or text of it, or the budget;
 4. the answer's text joins the conversation.
@@ -15,7 +16,7 @@ question:
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import torch
 
@@ -23,7 +24,8 @@ from ..common.errors import UserError
 from ..data.chat_template import ChatTemplate, end_of_turn, special_tokens
 from ..data.tokenizer import Tokenizer
 from ..runs.load import LoadedRun
-from .language_model import check_characters, continue_text
+from ..sampling import StepModel, choose_next
+from .language_model import DEFAULT_NEW_TOKENS, ContextLimit, check_characters, context_limit, continue_text, new_tokens
 
 #: The question :meth:`Chat.check` renders to try the template before the first real one.
 PROBE = "Hello"
@@ -53,25 +55,49 @@ def encode_rendered(tok: Tokenizer, text: str) -> list[int]:
     return ids[len(added):] if added and ids[:len(added)] == added else ids
 
 
+def conversation_ids(tok: Tokenizer, template: ChatTemplate, messages: Sequence[Mapping[str, str]],
+                     limit: ContextLimit | None, max_new_tokens: int | None = None, *, beyond_context: bool = False,
+                     default: int = DEFAULT_NEW_TOKENS) -> tuple[list[int], int]:
+    """The ids the model continues to answer the last message of ``messages`` (rendered up to the assistant's turn,
+    :func:`encode_rendered`), and the tokens to generate (:func:`~attnkit.inference.language_model.new_tokens`): the
+    whole conversation, or an error; what to leave out is the caller's choice (:class:`Chat` drops old turns).
+
+    :raises UserError: the template cannot render it, it renders to nothing, a character is not in a character
+        vocabulary, or it does not fit ``limit`` with the answer's budget.
+    """
+    text = template.render(messages)
+    ids = encode_rendered(tok, text)
+    if not ids:
+        raise UserError(f"{template.where}: the chat template renders this conversation as no text")
+    check_characters(tok, text, ids, "the conversation")
+    return ids, new_tokens(len(ids), limit, max_new_tokens, beyond_context=beyond_context, default=default,
+                           what="the conversation")
+
+
 class Chat:
     """One conversation with a language-model run (module doc).
 
     :param run: a ``task: lm`` run; ``template`` its :func:`run_template`.
     :param system: the system message, if any (kept when old turns are dropped).
-    :param max_new_tokens: the most tokens of one answer (and the room kept for it in the model's positions).
+    :param max_new_tokens: the most tokens of one answer (and the room kept for it in the model's positions); None:
+        :data:`~attnkit.inference.language_model.DEFAULT_NEW_TOKENS`, or less where the positions hold less.
     :param sampling: ``temperature``, ``top_k``, ``top_p`` of :func:`~attnkit.sampling.choose_next`.
+    :param decoder: what generates and how it chooses (:func:`attnkit.engine.generation_decoder`; default: the run's
+        model and :func:`~attnkit.sampling.choose_next`).
     """
 
     def __init__(self, run: LoadedRun, template: ChatTemplate, *, system: str | None = None,
-                 max_new_tokens: int = 256, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
-                 generator: torch.Generator | None = None) -> None:
+                 max_new_tokens: int | None = None, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
+                 generator: torch.Generator | None = None,
+                 decoder: tuple[StepModel, Callable[..., torch.Tensor]] | None = None) -> None:
         self.run, self.template, self.system = run, template, system
-        self.max_new_tokens = max_new_tokens
+        self.decoder, self.choose = decoder or (run.model, choose_next)
+        self.asked = max_new_tokens
+        self.max_new_tokens = max_new_tokens or DEFAULT_NEW_TOKENS  # the budget of the next answer (prompt() sets it)
         self.sampling = {"temperature": temperature, "top_k": top_k, "top_p": top_p}
         self.generator = generator
         self.stop_ids, self.stop = end_of_turn(run.tok, run.cfg.data.end_of_turn)
-        cfg = run.model.cfg
-        self.positions: int = run.model.context or cfg.max_len  # rope: the length it was trained for
+        self.positions: int = context_limit(run).length  # a table's rows, or the context it was trained on
         self.turns: list[tuple[str, str]] = []  # (question, answer), oldest first
         self.dropped = 0  # turns dropped for the last question, to fit the model's positions
 
@@ -97,16 +123,21 @@ class Chat:
 
         :raises UserError: the question alone (with the system message) leaves no room for the answer.
         """
+        budget = self.asked or DEFAULT_NEW_TOKENS
         for start in range(len(self.turns) + 1):
             text = self.template.render(self.messages(self.turns[start:], question))
             ids = encode_rendered(self.run.tok, text)
-            if len(ids) + self.max_new_tokens <= self.positions:
+            room = self.positions - len(ids)
+            if self.asked is None and start == len(self.turns) and 0 < room < budget:
+                budget = room  # the default's budget shrinks to what fits, rather than refusing
+            if len(ids) + budget <= self.positions:
+                self.max_new_tokens = budget
                 check_characters(self.run.tok, text, ids, "the conversation")
                 self.turns, self.dropped = self.turns[start:], start
                 return ids
         system = " with the system message" if self.system is not None else ""
         raise UserError(f"the question ({len(ids)} tokens in the template{system}) and --max-new-tokens "
-                        f"{self.max_new_tokens} exceed the model's {self.positions} positions; ask a shorter "
+                        f"{budget} exceed the model's {self.positions} positions; ask a shorter "
                         f"question or for fewer tokens")
 
     def answer(self, question: str) -> Iterator[str]:
@@ -120,8 +151,9 @@ class Chat:
     def _stream(self, question: str, ids: list[int]) -> Iterator[str]:
         pieces: list[str] = []
         try:
-            for piece in continue_text(self.run.model, self.run.tok, ids, self.max_new_tokens, stop=self.stop,
-                                       stop_ids=self.stop_ids, generator=self.generator, **self.sampling):
+            for piece in continue_text(self.decoder, self.run.tok, ids, self.max_new_tokens, stop=self.stop,
+                                       stop_ids=self.stop_ids, generator=self.generator, choose=self.choose,
+                                       **self.sampling):
                 pieces.append(piece)
                 yield piece
         finally:

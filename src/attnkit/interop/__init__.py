@@ -46,6 +46,7 @@ from ..runs.layout import CONFIG_FILE, find_weights
 from ..tasks import spec
 from .causal_lm import HF_REFUSAL, TOKENIZER_CONFIG_JSON, TOKENIZER_JSON, export_causal_lm, import_causal_lm
 from .families import FAMILIES, family, gguf_family
+from .gguf import END_TOKENS, GENERATION_CONFIG
 from .gguf_file import GGUFFile, is_gguf
 from .gguf_tokenizer import gguf_tokenizer
 from .hf import CONFIG, HFDirectory
@@ -86,9 +87,14 @@ def import_gguf(source: str | Path, out: str | Path, *, force: bool = False) -> 
     config, state = found.gguf_reader(g)
     config = {"model_type": found.model_type, "architectures": [found.architectures[0]], **config}
     tokenizer_json, settings = gguf_tokenizer(g, config["vocab_size"])
+    files = {CONFIG: config, TOKENIZER_CONFIG_JSON: settings}
+    ends = list(dict.fromkeys(g.value(f"tokenizer.ggml.{end}_token_id", int) for end in END_TOKENS
+                              if g.has(f"tokenizer.ggml.{end}_token_id")))
+    if len(ends) > 1:  # an instruct model's end of turn beside its end of text: listed as transformers lists them
+        files[GENERATION_CONFIG] = {"eos_token_id": ends}
     with tempfile.TemporaryDirectory(prefix="attnkit-gguf-") as tmp:
         directory = Path(tmp)
-        for name, value in {CONFIG: config, TOKENIZER_CONFIG_JSON: settings}.items():
+        for name, value in files.items():
             (directory / name).write_text(json.dumps(value, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
         (directory / TOKENIZER_JSON).write_text(tokenizer_json, encoding="utf-8")
         try:

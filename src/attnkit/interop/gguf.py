@@ -62,6 +62,10 @@ LLAMA_LAYER = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layer
 GPT2_LAYER = {"attn_norm": "ln_1", "ffn_norm": "ln_2", "attn_qkv": "attn.c_attn", "attn_output": "attn.c_proj",
               "ffn_up": "mlp.c_fc", "ffn_down": "mlp.c_proj"}
 CONV1D = ("attn_qkv", "attn_output", "ffn_up", "ffn_down")
+#: The ends a GGUF may name (``tokenizer.ggml.{name}_token_id``): of the text, of a turn (an instruct model's
+#: ``<|im_end|>``, ``<|eot_id|>``), of a message; generation stops at each (the first is attnkit's ``</s>``).
+END_TOKENS = ("eos", "eot", "eom")
+GENERATION_CONFIG = "generation_config.json"
 #: Tensors some GGUFs have that say what attnkit's model is not.
 REFUSED_TENSORS = {"rope_freqs.weight": "RoPE frequency factors (Llama 3.1's rope scaling); attnkit's RoPE has "
                                         "no scaling"}
