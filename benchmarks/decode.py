@@ -76,8 +76,8 @@ def worker(args: argparse.Namespace) -> None:
     sys.path.insert(0, str(ROOT / "src"))
     from attnkit.export.ctranslate2 import ExportedTranslator
     from attnkit.inference.translate import translate_texts
-    from attnkit.runs.load import load_run
     from attnkit.search import Uncached
+    from attnkit.tasks import load_run
 
     threads = args.threads[0]  # a worker runs at one thread count
     torch.set_num_threads(threads)

@@ -59,8 +59,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT / "src"))
 
 from attnkit.common.measure import stamp  # noqa: E402
-from attnkit.runs.load import load_run  # noqa: E402
 from attnkit.sampling import generate  # noqa: E402
+from attnkit.tasks import load_run  # noqa: E402
 from attnkit.training.runtime import cpu_has_fast_bf16  # noqa: E402
 from nbsvm import cpu_model  # noqa: E402
 from tables import append_run, markdown, measured  # noqa: E402

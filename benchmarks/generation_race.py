@@ -72,7 +72,7 @@ import llama_cpp_peer  # noqa: E402
 import smollm2_shape  # noqa: E402
 from attnkit.common.measure import stamp  # noqa: E402
 from attnkit.data.tokenizer import Tokenizer  # noqa: E402
-from attnkit.runs.load import load_run  # noqa: E402
+from attnkit.tasks import load_run  # noqa: E402
 from generate_race import Contender, train_model  # noqa: E402
 from tables import append_run, markdown, measured, num  # noqa: E402
 from throughput import cpu_info  # noqa: E402

@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from attnkit.common.measure import stamp  # noqa: E402
 from attnkit.inference.translate import translate_texts  # noqa: E402
-from attnkit.runs.load import load_run  # noqa: E402
+from attnkit.tasks import load_run  # noqa: E402
 from nbsvm import cpu_model  # noqa: E402
 from tables import append_run, markdown, measured  # noqa: E402
 

@@ -32,8 +32,8 @@ from attnkit.config.schema import RunConfig  # noqa: E402
 from attnkit.data.readers import read_parallel  # noqa: E402
 from attnkit.inference.scores import translation_scores  # noqa: E402
 from attnkit.inference.translate import translate_texts  # noqa: E402
-from attnkit.runs.load import load_run  # noqa: E402
 from attnkit.search import LENPEN, Uncached  # noqa: E402
+from attnkit.tasks import load_run  # noqa: E402
 from attnkit.training.trainer import Trainer  # noqa: E402
 from attnkit.transformer import Transformer  # noqa: E402
 from tables import markdown, measured, num  # noqa: E402

@@ -23,7 +23,7 @@ sys.path.insert(0, str(ROOT / "src"))
 from attnkit.common.measure import stamp  # noqa: E402
 from attnkit.data.documents import document_ids, reading_windows  # noqa: E402
 from attnkit.inference.classify import READINGS, evaluate_classifier  # noqa: E402
-from attnkit.runs.load import load_run  # noqa: E402
+from attnkit.tasks import load_run  # noqa: E402
 from attnkit.tasks.classification import read_validation  # noqa: E402
 from tables import append_run, markdown, measured  # noqa: E402
 

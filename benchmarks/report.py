@@ -110,7 +110,6 @@ TABLES: dict[str, Table] = {
                              "markdown_serving"),
     "attention": Table(f"{RESULTS}/attention.json", "benchmarks/attention.py"),
     "ddp": Table(f"{RESULTS}/ddp.json", "benchmarks/ddp.py"),
-    "layout": Table(f"{RESULTS}/layout.json", "benchmarks/layout.py"),
     "hf-decode": Table(f"{RESULTS}/hf-decode.json", "benchmarks/hf_decode.py"),
     "lora": Table(f"{RESULTS}/lora.json", "benchmarks/lora.py"),
     "serve-engines": Table((f"{RESULTS}/serving/*.json",), "benchmarks/serve.py", "markdown_engines"),

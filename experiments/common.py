@@ -40,7 +40,8 @@ from attnkit.data.readers import read_parallel  # noqa: E402
 from attnkit.data.tokenizer import EOS_ID, PAD_ID  # noqa: E402
 from attnkit.inference.scores import translation_scores  # noqa: E402
 from attnkit.inference.translate import translate_texts  # noqa: E402
-from attnkit.runs.load import LoadedRun, load_run  # noqa: E402
+from attnkit.runs.load import LoadedRun  # noqa: E402
+from attnkit.tasks import load_run  # noqa: E402
 from attnkit.training.trainer import Trainer  # noqa: E402
 from attnkit.transformer import Transformer  # noqa: E402
 from attnkit.viz.plot import save_figure  # noqa: E402

@@ -72,7 +72,7 @@ def main() -> None:
 
     from attnkit.common.measure import stamp
     from attnkit.inference.translate import translate_texts
-    from attnkit.runs.load import load_run
+    from attnkit.tasks import load_run
 
     torch.set_num_threads(args.threads)
     with gzip.open(DATA / "test_2016_flickr.de.gz", "rt", encoding="utf-8") as f:

@@ -23,7 +23,7 @@ from pathlib import Path
 from common import CONFIGS, ROOT, Recorder, caption, markdown, parser, start, train_for  # noqa: F401
 
 from attnkit.inference.language_model import document_stream, score_stream, scored_characters
-from attnkit.runs.load import load_run
+from attnkit.tasks import load_run
 from attnkit.tasks.language_model import lm_documents
 
 CONFIG = CONFIGS / "shakespeare-char.yaml"

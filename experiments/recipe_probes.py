@@ -31,7 +31,7 @@ from attnkit.common.measure import stamp  # noqa: E402
 from attnkit.config.loader import load_config  # noqa: E402
 from attnkit.config.schema import RunConfig  # noqa: E402
 from attnkit.inference.classify import evaluate_classifier  # noqa: E402
-from attnkit.runs.load import load_run  # noqa: E402
+from attnkit.tasks import load_run  # noqa: E402
 from attnkit.tasks.classification import read_validation  # noqa: E402
 from nbsvm import cpu_model  # noqa: E402
 from tables import markdown  # noqa: E402

@@ -19,11 +19,10 @@ import torch
 from prometheus_client.parser import text_string_to_metric_families
 
 from attnkit.engine import Engine
-from attnkit.inference.attention_maps import attention_maps
-from attnkit.runs.load import load_run
 from attnkit.serve.app import create_app
 from attnkit.serve.batching import Limits
 from attnkit.serve.servables import RunServable, load_servable
+from attnkit.tasks import attention_maps, load_run
 from attnkit.viz.explorer import explorer_data
 from test_lm_task import cli, corpus, lm_config, train_lm
 

@@ -21,12 +21,12 @@ import torch
 
 from attnkit.data.chat_template import end_of_turn
 from attnkit.inference.chat import encode_rendered, run_template
-from attnkit.runs.load import load_run
 from attnkit.sampling import generate
 from attnkit.serve.app import create_app, listen
 from attnkit.serve.batching import Limits
 from attnkit.serve.connections import BoundedHttp
 from attnkit.serve.servables import RunServable
+from attnkit.tasks import load_run
 from attnkit.vocab import EOS_ID
 from test_lm_task import cli, corpus, lm_config, train_lm
 

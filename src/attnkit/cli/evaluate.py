@@ -41,7 +41,7 @@ def add(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> None:
     translator = open_translator(args.model, engine=engine_of(args))
     run = translator.run
-    if run is not None and spec(run.task).serves == "generate":
+    if run is not None and spec(run.task).generates:
         if not args.data:
             raise UserError("evaluating a language model needs --data FILE (a text file)")
         if run.cfg.data.documents == "chat":  # trained on conversations: their assistant tokens

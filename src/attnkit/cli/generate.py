@@ -43,7 +43,7 @@ from ..inference.language_model import (
     continue_text,
     prompt_ids,
 )
-from ..runs.load import load_run, require
+from ..tasks import load_run, require
 from .options import (
     POSITIVE_INT,
     add_device_option,
@@ -93,8 +93,8 @@ def run(args: argparse.Namespace) -> None:
                         "weights are quantized when exported: attnkit export --quantization); drop them or give a run")
     if exported is not None and args.device != "cpu":
         raise UserError("--device: a CTranslate2 export generates on the CPU here; drop --device or give a run")
-    lm = None if exported is not None else require(load_run(args.model, pick_device(args.device), engine), "lm",
-                                                   args.model)
+    lm = None if exported is not None else require(load_run(args.model, pick_device(args.device), engine),
+                                                   "generate", args.model)
     tok, limit = (exported.tok, exported.limit) if exported is not None else (lm.tok, context_limit(lm))
     prompts = args.prompt if args.prompt is not None else read_input(args.input)
     checked = [prompt_ids(tok, p, limit, args.max_new_tokens, beyond_context=args.beyond_context)

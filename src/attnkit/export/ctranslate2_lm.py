@@ -177,7 +177,7 @@ class ExportedGenerator:
     def __init__(self, path: str | Path, *, threads: int = 0, seed: int | None = None, device: str = "cpu") -> None:
         ctranslate2 = _ctranslate2()
         self.path = Path(path)
-        manifest = read_manifest(self.path, "lm")
+        manifest = read_manifest(self.path, "generate")
         context = manifest.get("context")
         if context is not None and not (isinstance(context, int) and context > 0):
             raise UserError(f"{self.path / MANIFEST}: 'context' must be a positive integer or null, got "

@@ -1,11 +1,13 @@
-"""GGUF files (llama.cpp's format) to ``task: lm`` runs: ``attnkit import model.gguf -o RUN``.
+"""GGUF files (llama.cpp's format) as Hugging Face checkpoints: what ``attnkit import model.gguf -o RUN`` reads.
 
 A GGUF holds what a Hugging Face directory spreads over several files: the architecture as metadata
 (``llama.block_count``, ``llama.rope.freq_base``, ...), the weights, often quantized in blocks, and the tokenizer
 as ``tokenizer.ggml.*`` metadata. The file is read with the `gguf` package (``gguf.GGUFReader``), and turned into
-what the Hugging Face import reads, which then writes the run (:func:`attnkit.interop.causal_lm.import_causal_lm`):
-a ``config.json``, the state dict under Hugging Face's names and a ``tokenizer.json``
-(:mod:`attnkit.interop.gguf_tokenizer`). One importer, two ways in.
+what the Hugging Face import reads, which then writes the run (:func:`attnkit.interop.import_gguf`, through
+:func:`attnkit.interop.causal_lm.import_causal_lm`): a ``config.json`` and the state dict under Hugging Face's names
+(a reader here per layout, :func:`llama_checkpoint` and :func:`gpt2_checkpoint`; each family names its own in
+:data:`attnkit.interop.families.FAMILIES`) and a ``tokenizer.json`` (:mod:`attnkit.interop.gguf_tokenizer`). One
+importer, two ways in.
 
 =======================================  =====================================================================
  GGUF                                    Hugging Face
@@ -47,21 +49,11 @@ architecture does not have, a file split in parts (``split.count``).
 
 from __future__ import annotations
 
-import json
-import tempfile
-from pathlib import Path
-
 import torch
 
 from ..common.errors import UserError
-from .causal_lm import TOKENIZER_CONFIG_JSON, TOKENIZER_JSON, import_causal_lm
 from .gguf_file import GGUFFile
-from .gguf_tokenizer import gguf_tokenizer
-from .hf import CONFIG, HFDirectory
 
-#: ``general.architecture`` -> (Hugging Face ``model_type``, ``architectures``).
-ARCHITECTURES = {"llama": ("llama", "LlamaForCausalLM"), "qwen2": ("qwen2", "Qwen2ForCausalLM"),
-                 "gpt2": ("gpt2", "GPT2LMHeadModel")}
 #: A Llama-family layer's tensors (``blk.N.``) -> Hugging Face's (``model.layers.N.``).
 LLAMA_LAYER = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm", "attn_q": "self_attn.q_proj",
                "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
@@ -121,7 +113,8 @@ def _ids(g: GGUFFile) -> dict[str, int]:
 
 
 def llama_checkpoint(g: GGUFFile) -> tuple[dict, dict[str, torch.Tensor]]:
-    """``(config.json, state dict)`` of a Llama or Qwen2 GGUF, under Hugging Face's names (module doc)."""
+    """``(config.json, state dict)`` of a Llama or Qwen2 GGUF, under Hugging Face's names (module doc); the config
+    without ``model_type`` and ``architectures``, which its family gives."""
     d, ff = g.arch_value("embedding_length", int), g.arch_value("feed_forward_length", int)
     layers = g.arch_value("block_count", int)
     heads, kv, head_dim = _heads(g, d)
@@ -158,8 +151,7 @@ def llama_checkpoint(g: GGUFFile) -> tuple[dict, dict[str, torch.Tensor]]:
             state[f"model.layers.{i}.{LLAMA_LAYER[part]}.{kind}"] = t
         else:
             state[names[name]] = t
-    model_type, architecture = ARCHITECTURES[g.arch]
-    config = {"model_type": model_type, "architectures": [architecture], "vocab_size": vocab, "hidden_size": d,
+    config = {"vocab_size": vocab, "hidden_size": d,
               "intermediate_size": ff, "num_hidden_layers": layers, "num_attention_heads": heads,
               "num_key_value_heads": kv, "head_dim": head_dim, "hidden_act": "silu",
               "max_position_embeddings": g.arch_value("context_length", int),
@@ -172,7 +164,8 @@ def llama_checkpoint(g: GGUFFile) -> tuple[dict, dict[str, torch.Tensor]]:
 
 
 def gpt2_checkpoint(g: GGUFFile) -> tuple[dict, dict[str, torch.Tensor]]:
-    """``(config.json, state dict)`` of a GPT-2 GGUF, under Hugging Face's names (module doc)."""
+    """``(config.json, state dict)`` of a GPT-2 GGUF, under Hugging Face's names (module doc); the config without
+    ``model_type`` and ``architectures``, which its family gives."""
     d, ff = g.arch_value("embedding_length", int), g.arch_value("feed_forward_length", int)
     layers, positions = g.arch_value("block_count", int), g.arch_value("context_length", int)
     heads, _, _ = _heads(g, d)
@@ -202,7 +195,7 @@ def gpt2_checkpoint(g: GGUFFile) -> tuple[dict, dict[str, torch.Tensor]]:
             state[f"transformer.h.{i}.{GPT2_LAYER[part]}.{kind}"] = t
         else:
             state[names[name]] = t
-    config = {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "vocab_size": vocab, "n_embd": d,
+    config = {"vocab_size": vocab, "n_embd": d,
               "n_inner": ff, "n_layer": layers, "n_head": heads, "n_positions": positions,
               "layer_norm_epsilon": g.arch_value("attention.layer_norm_epsilon", float),
               "activation_function": "gelu_new", "tie_word_embeddings": "output.weight" not in g.tensors,
@@ -216,40 +209,3 @@ def unpermute(w: torch.Tensor, n_head: int) -> torch.Tensor:
     rows = w.shape[0]
     half = rows // n_head // 2
     return w.reshape(n_head, half, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape).contiguous()
-
-
-class _Converted(HFDirectory):
-    """The Hugging Face directory a GGUF became: its JSON files on disk, its weights in memory."""
-
-    def __init__(self, path: Path, state: dict[str, torch.Tensor]) -> None:
-        super().__init__(path)
-        self._state = state
-
-    def weights(self) -> dict[str, torch.Tensor]:
-        return self._state
-
-
-def import_gguf(source: str | Path, out: str | Path, *, force: bool = False) -> Path:
-    """Write the ``task: lm`` run of the GGUF file ``source`` into ``out`` (module doc) -> ``out``."""
-    g = GGUFFile(source)
-    if g.arch not in ARCHITECTURES:
-        raise UserError(f"{g.path}: key 'general.architecture' is {g.arch!r}; attnkit imports GGUF files of "
-                        f"{', '.join(ARCHITECTURES)}")
-    config, state = (gpt2_checkpoint if g.arch == "gpt2" else llama_checkpoint)(g)
-    tokenizer_json, settings = gguf_tokenizer(g, config["vocab_size"])
-    files = {CONFIG: config, TOKENIZER_CONFIG_JSON: settings}
-    ends = list(dict.fromkeys(g.value(f"tokenizer.ggml.{end}_token_id", int) for end in END_TOKENS
-                              if g.has(f"tokenizer.ggml.{end}_token_id")))
-    if len(ends) > 1:  # an instruct model's end of turn beside its end of text: listed as transformers lists them
-        files[GENERATION_CONFIG] = {"eos_token_id": ends}
-    with tempfile.TemporaryDirectory(prefix="attnkit-gguf-") as tmp:
-        directory = Path(tmp)
-        for name, value in files.items():
-            (directory / name).write_text(json.dumps(value, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-        (directory / TOKENIZER_JSON).write_text(tokenizer_json, encoding="utf-8")
-        try:
-            return import_causal_lm(_Converted(directory, state), out, force=force, source=g.path)
-        except UserError as e:  # a check of the Hugging Face import names the GGUF, not the passing directory
-            if str(directory) not in str(e):
-                raise
-            raise UserError(f"{g.path}: {str(e).replace(f'{directory}/', 'as Hugging Face ')}") from None

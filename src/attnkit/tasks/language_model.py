@@ -50,6 +50,7 @@ from ..data.prepare import Encoded, flat
 from ..data.readers import ReadStats, read_text
 from ..data.tokenizer import EOS_ID, PAD_ID, TOKENIZER_FILE, Tokenizer, save_characters
 from ..engine import FusedLMLoss
+from ..inference.attention_maps import lm_maps
 from ..inference.conversations import (
     conversation_messages,
     encode_conversation,
@@ -57,6 +58,7 @@ from ..inference.conversations import (
     score_conversations,
 )
 from ..inference.language_model import LMScore, document_stream, score_stream, scored_characters
+from ..lm import LanguageModel
 from ..lora import apply_lora
 from ..positions import ADDITIVE_POSITIONS
 from ..runs.adapters import record_base
@@ -166,6 +168,11 @@ def block_batches(n_tokens: int, block: int, per_batch: int, seed: int, epoch: i
     return Batches(order, bounds, np.minimum(bounds + per_batch, len(order)))
 
 
+def build_language_model(cfg: RunConfig, tok: Tokenizer, classes: list[str] | None = None) -> nn.Module:
+    """The decoder-only :class:`LanguageModel` over the tokenizer's vocabulary (its absent ids never output)."""
+    return LanguageModel(cfg.model.transformer, tok.src_vocab_size, absent_ids=tok.absent_ids)
+
+
 class LanguageModelTask(EpochTask):
     """Next-token prediction over packed blocks; validation loss, perplexity and bits per character."""
 
@@ -195,7 +202,7 @@ class LanguageModelTask(EpochTask):
     def build_model(self) -> nn.Module:
         """The language model, starting from the weights of the run ``model.init_from`` names, if any, with LoRA
         adapters beside them (``model.lora``)."""
-        model = super().build_model()
+        model = build_language_model(self.cfg, self.tok)
         if self.cfg.model.init_from:
             load_pretrained_body(model, self.cfg)
         if self.cfg.model.lora is not None:
@@ -354,4 +361,5 @@ def check(cfg: RunConfig) -> None:
                         "reads them)")
 
 
-SPEC = TaskSpec("lm", make_task, recipe, serves="generate", check=check)
+SPEC = TaskSpec("lm", make_task, recipe, serves="generate", check=check, build_model=build_language_model,
+                hint="use `attnkit generate`", attention_maps=lm_maps, exporters=("ctranslate2", "huggingface"))
