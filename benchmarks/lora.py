@@ -46,8 +46,7 @@ from attnkit.common.measure import peak_rss_gb, stamp  # noqa: E402
 from attnkit.config.loader import load_config  # noqa: E402
 from attnkit.config.schema import RunConfig  # noqa: E402
 from attnkit.interop.peft import MODULES  # noqa: E402
-from attnkit.runs.load import load_run  # noqa: E402
-from attnkit.tasks import make_task  # noqa: E402
+from attnkit.tasks import load_run, make_task  # noqa: E402
 from nbsvm import cpu_model  # noqa: E402
 from smollm2_shape import build, shape  # noqa: E402
 from tables import append_run, markdown, measured, num  # noqa: E402

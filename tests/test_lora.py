@@ -37,8 +37,8 @@ from attnkit.inference.conversations import conversation_messages, encode_conver
 from attnkit.lm import LanguageModel, LMConfig
 from attnkit.lora import LoRAConfig, LoRALinear, apply_lora, lora_state_dict, merge_lora
 from attnkit.runs.checkpoint import load_weights
-from attnkit.runs.load import build_model, load_run
 from attnkit.sampling import generate
+from attnkit.tasks import build_model, load_run
 from attnkit.tasks.objectives import LanguageModelLoss
 from test_lm_task import assert_one_line_error, cli, corpus, lm_config, prepared, train_lm
 from test_train import assert_same_checkpoint

@@ -78,7 +78,7 @@ class Hooks:
     def __call__(self, _module, _inputs, logits: torch.Tensor) -> torch.Tensor | None:
         if self.delay:
             time.sleep(self.delay)
-        if self.poison.is_set() and logits.size(0) == 3 == self.served.stepper.sampler.running:
+        if self.poison.is_set() and logits.size(0) == 3 == self.served.stepper.decoder.running:
             self.poison.clear()
             logits = logits.clone()
             logits[0] = float("nan")
@@ -406,7 +406,7 @@ def test_a_failing_row_ends_its_request_alone(served, client, caplog, stream):
     try:
         with ThreadPoolExecutor(3) as pool:
             bad = pool.submit(failing)
-            wait_until(lambda: play.stepper.sampler.running == 1)
+            wait_until(lambda: play.stepper.decoder.running == 1)
             beside = list(pool.map(lambda b: client.completions.create(model="play", **b), others))
             with pytest.raises(openai.APIError) as error:
                 bad.result()

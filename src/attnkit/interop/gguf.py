@@ -49,6 +49,8 @@ architecture does not have, a file split in parts (``split.count``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from ..common.errors import UserError
@@ -112,6 +114,22 @@ def _ids(g: GGUFFile) -> dict[str, int]:
     return {hf: g.value(f"tokenizer.ggml.{key}", int) for hf, key in keys.items() if g.has(f"tokenizer.ggml.{key}")}
 
 
+def _read(g: GGUFFile, shapes: dict[str, tuple[int, ...]], names: dict[str, str],
+          block: Callable[[str, str, str, torch.Tensor], tuple[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """Each tensor of ``shapes`` read (its shape checked) under its Hugging Face name: ``names[name]`` outside the
+    blocks, ``block(layer, part, kind, tensor) -> (name, tensor)`` for ``blk.{layer}.{part}.{kind}``."""
+    state = {}
+    for name, shape in shapes.items():
+        t = g.tensor(name, shape)
+        if name.startswith("blk."):
+            _, i, part, kind = name.split(".")
+            hf_name, t = block(i, part, kind, t)
+            state[hf_name] = t
+        else:
+            state[names[name]] = t
+    return state
+
+
 def llama_checkpoint(g: GGUFFile) -> tuple[dict, dict[str, torch.Tensor]]:
     """``(config.json, state dict)`` of a Llama or Qwen2 GGUF, under Hugging Face's names (module doc); the config
     without ``model_type`` and ``architectures``, which its family gives."""
@@ -141,16 +159,13 @@ def llama_checkpoint(g: GGUFFile) -> tuple[dict, dict[str, torch.Tensor]]:
     _refuse_extra(g, set(shapes))
     names = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
              "output.weight": "lm_head.weight"}
-    state = {}
-    for name, shape in shapes.items():
-        t = g.tensor(name, shape)
-        if name.startswith("blk."):
-            _, i, part, kind = name.split(".")
-            if g.arch == "llama" and part in ("attn_q", "attn_k"):
-                t = unpermute(t, heads if part == "attn_q" else kv)
-            state[f"model.layers.{i}.{LLAMA_LAYER[part]}.{kind}"] = t
-        else:
-            state[names[name]] = t
+
+    def block(i: str, part: str, kind: str, t: torch.Tensor) -> tuple[str, torch.Tensor]:
+        if g.arch == "llama" and part in ("attn_q", "attn_k"):
+            t = unpermute(t, heads if part == "attn_q" else kv)
+        return f"model.layers.{i}.{LLAMA_LAYER[part]}.{kind}", t
+
+    state = _read(g, shapes, names, block)
     config = {"vocab_size": vocab, "hidden_size": d,
               "intermediate_size": ff, "num_hidden_layers": layers, "num_attention_heads": heads,
               "num_key_value_heads": kv, "head_dim": head_dim, "hidden_act": "silu",
@@ -185,16 +200,13 @@ def gpt2_checkpoint(g: GGUFFile) -> tuple[dict, dict[str, torch.Tensor]]:
     names = {"token_embd.weight": "transformer.wte.weight", "position_embd.weight": "transformer.wpe.weight",
              "output_norm.weight": "transformer.ln_f.weight", "output_norm.bias": "transformer.ln_f.bias",
              "output.weight": "lm_head.weight"}
-    state = {}
-    for name, shape in shapes.items():
-        t = g.tensor(name, shape)
-        if name.startswith("blk."):
-            _, i, part, kind = name.split(".")
-            if part in CONV1D and kind == "weight":  # (out, in) -> Conv1D's (in, out)
-                t = t.t().contiguous()
-            state[f"transformer.h.{i}.{GPT2_LAYER[part]}.{kind}"] = t
-        else:
-            state[names[name]] = t
+
+    def block(i: str, part: str, kind: str, t: torch.Tensor) -> tuple[str, torch.Tensor]:
+        if part in CONV1D and kind == "weight":  # (out, in) -> Conv1D's (in, out)
+            t = t.t().contiguous()
+        return f"transformer.h.{i}.{GPT2_LAYER[part]}.{kind}", t
+
+    state = _read(g, shapes, names, block)
     config = {"vocab_size": vocab, "n_embd": d,
               "n_inner": ff, "n_layer": layers, "n_head": heads, "n_positions": positions,
               "layer_norm_epsilon": g.arch_value("attention.layer_norm_epsilon", float),

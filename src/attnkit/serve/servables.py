@@ -46,7 +46,7 @@ from ..runs.layout import find_weights
 from ..runs.load import LoadedRun, languages
 from ..tasks import attention_maps, load_run, served_by, spec
 from ..vocab import EOS_ID
-from .generation import ContinuousGeneration, Generated, GenerationJob, generate_exported
+from .generation import ContinuousGeneration, ContinuousStepper, Generated, GenerationJob, generate_exported
 
 __all__ = ["ContinuousTranslation", "ExportedGeneration", "ExportedServable", "ModelInfo", "RunServable", "Servable",
            "load_servable"]
@@ -202,7 +202,7 @@ class RunServable:
         return ContinuousGeneration(self.run.model, self.run.tok).run(jobs)
 
 
-class ContinuousTranslation:
+class ContinuousTranslation(ContinuousStepper):
     """A run's greedy translation by continuous batching (:class:`~attnkit.engine.continuous.ContinuousGreedy`):
     the model worker's :class:`~attnkit.serve.batching.Stepper`. Texts are encoded as
     :func:`~attnkit.inference.translate.translate_texts` encodes them (cut to the model's positions; a blank
@@ -214,14 +214,6 @@ class ContinuousTranslation:
         self._handles = count()
         self._ours: dict[int, int] = {}  # the decoder's handle -> ours
         self._ended: list[tuple[int, list[str]]] = []  # texts that ended at start, returned by the next step
-
-    @property
-    def running(self) -> int:
-        return self.decoder.running + len(self._ended)
-
-    @property
-    def width(self) -> int:
-        return self.decoder.width
 
     def start(self, texts: list[str]) -> list[int]:
         run = self.servable.run
