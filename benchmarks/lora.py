@@ -45,7 +45,7 @@ from attnkit.cli import main as attnkit  # noqa: E402
 from attnkit.common.measure import peak_rss_gb, stamp  # noqa: E402
 from attnkit.config.loader import load_config  # noqa: E402
 from attnkit.config.schema import RunConfig  # noqa: E402
-from attnkit.interop.peft import MODULES  # noqa: E402
+from attnkit.interop.families import FAMILIES  # noqa: E402
 from attnkit.tasks import load_run, make_task  # noqa: E402
 from nbsvm import cpu_model  # noqa: E402
 from smollm2_shape import build, shape  # noqa: E402
@@ -136,9 +136,8 @@ def run_peft(args: argparse.Namespace, work: Path, device: torch.device, hf: Pat
     import peft
     import transformers
 
-    family = "gpt2" if model_type == "gpt2" else "llama"
     model = transformers.AutoModelForCausalLM.from_pretrained(str(hf), dtype=torch.float32, attn_implementation="sdpa")
-    targets = sorted({m.split(".")[-1] for m in MODULES[family][1].values()})
+    targets = sorted({m.split(".")[-1] for m in FAMILIES[model_type].peft.modules.values()})
     model = peft.get_peft_model(model.to(device), peft.LoraConfig(
         r=args.rank, lora_alpha=args.alpha, lora_dropout=args.dropout, target_modules=targets, task_type="CAUSAL_LM"))
     model.train()

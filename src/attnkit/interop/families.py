@@ -46,9 +46,30 @@ from .llama import (
 )
 from .marian import import_marian
 
-__all__ = ["FAMILIES", "FamilySpec", "export_family", "family", "gguf_family"]
+__all__ = ["FAMILIES", "FamilySpec", "PeftLayout", "export_family", "family", "gguf_family"]
 
 State = dict[str, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class PeftLayout:
+    """Where a family's layers keep the modules LoRA adapts, as PEFT names them (:mod:`attnkit.interop.peft`).
+
+    :param prefix: layer ``i``'s prefix, ``{i}`` in it.
+    :param modules: each ``model.lora.targets`` name (``q``, ``k``, ``v``, ``o``, ``w1``, ``w3``, ``w2``) -> the
+        module's name in the layer.
+    :param conv1d: its linear layers are ``Conv1D`` s (GPT-2's): weights stored ``(in, out)``, PEFT's
+        ``fan_in_fan_out``.
+    """
+
+    prefix: str
+    modules: dict[str, str]
+    conv1d: bool = False
+
+    @property
+    def fused_qkv(self) -> bool:
+        """One module computes the queries, keys and values (GPT-2's ``c_attn``): their adapters become one."""
+        return self.modules["q"] == self.modules["k"] == self.modules["v"]
 
 
 @dataclass(frozen=True)
@@ -67,6 +88,7 @@ class FamilySpec:
     :param export_state: the run's weights under the family's names ``(state, cfg) -> state``.
     :param gguf: the ``general.architecture`` of its GGUF files, and ``gguf_reader`` what reads one as a Hugging Face
         checkpoint (:mod:`attnkit.interop.gguf`): ``g -> (config.json, weights)``.
+    :param peft: where its LoRA adapters go in a PEFT adapter (``attnkit export --adapters``).
     """
 
     model_type: str
@@ -79,12 +101,20 @@ class FamilySpec:
     export_state: Callable[[State, TransformerConfig], State] | None = None
     gguf: str | None = None
     gguf_reader: Callable[[GGUFFile], tuple[dict, State]] | None = None
+    peft: PeftLayout | None = None
 
 
 _GPT2 = {"config": gpt2_config, "state": gpt2_state, "problem": gpt2_problem, "export_config": gpt2_export_config,
-         "export_state": gpt2_export_state}
+         "export_state": gpt2_export_state,
+         "peft": PeftLayout("transformer.h.{i}.", {"q": "attn.c_attn", "k": "attn.c_attn", "v": "attn.c_attn",
+                                                   "o": "attn.c_proj", "w1": "mlp.c_fc", "w2": "mlp.c_proj"},
+                            conv1d=True)}
 _LLAMA = {"config": llama_config, "state": llama_state, "problem": llama_problem, "export_config": llama_export_config,
-          "export_state": llama_export_state}
+          "export_state": llama_export_state,
+          "peft": PeftLayout("model.layers.{i}.", {"q": "self_attn.q_proj", "k": "self_attn.k_proj",
+                                                   "v": "self_attn.v_proj", "o": "self_attn.o_proj",
+                                                   "w1": "mlp.gate_proj", "w3": "mlp.up_proj",
+                                                   "w2": "mlp.down_proj"})}
 
 #: Every family, by ``config.json``'s ``model_type``.
 FAMILIES: dict[str, FamilySpec] = {f.model_type: f for f in (

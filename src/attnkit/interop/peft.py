@@ -42,7 +42,7 @@ from ..lora import LoRAConfig, apply_lora, lora_state_dict, place_rows
 from ..runs.adapters import checked_base
 from ..runs.checkpoint import check_compatible, load_weights
 from ..runs.layout import CONFIG_FILE, find_run, find_weights
-from .causal_lm import export_family
+from .families import PeftLayout, export_family
 from .hf import write_directory
 
 __all__ = ["ADAPTER_CONFIG", "ADAPTER_WEIGHTS", "export_peft_adapters"]
@@ -51,12 +51,6 @@ ADAPTER_CONFIG, ADAPTER_WEIGHTS = "adapter_config.json", "adapter_model.safetens
 #: Where each target's layer is in attnkit's block.
 PATHS = {"q": "self_attn.in_proj", "k": "self_attn.in_proj", "v": "self_attn.in_proj", "o": "self_attn.out_proj",
          "w1": "ff.w1", "w3": "ff.w3", "w2": "ff.w2"}
-#: ``(prefix of layer i, {target: PEFT's module})`` per family; GPT-2's q, k and v share ``c_attn``.
-MODULES = {"llama": ("model.layers.{i}.", {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj",
-                                           "o": "self_attn.o_proj", "w1": "mlp.gate_proj", "w3": "mlp.up_proj",
-                                           "w2": "mlp.down_proj"}),
-           "gpt2": ("transformer.h.{i}.", {"q": "attn.c_attn", "k": "attn.c_attn", "v": "attn.c_attn",
-                                           "o": "attn.c_proj", "w1": "mlp.c_fc", "w2": "mlp.c_proj"})}
 QKV = ("q", "k", "v")
 
 
@@ -80,26 +74,28 @@ def _fused_qkv(state: dict[str, torch.Tensor], layer: str, targets: list[str]) -
     return torch.cat(A), place_rows(B, [(QKV.index(t) * d, (QKV.index(t) + 1) * d) for t in targets], 3 * d)
 
 
-def peft_state(state: dict[str, torch.Tensor], cfg: RunConfig, family: str) -> tuple[dict[str, torch.Tensor], dict]:
-    """``(PEFT's tensors, the per-module rank and alpha patterns)`` of an adapted run's adapters ``state``."""
+def peft_state(state: dict[str, torch.Tensor], cfg: RunConfig, layout: PeftLayout
+               ) -> tuple[dict[str, torch.Tensor], dict]:
+    """``(PEFT's tensors, the per-module rank and alpha patterns)`` of an adapted run's adapters ``state``, placed
+    as its family's ``layout`` says."""
     lora = cfg.model.lora
     if lora is None:
         raise ValueError("peft_state needs a config with model.lora")
-    prefix, modules = MODULES[family]
+    prefix, modules = layout.prefix, layout.modules
     targets = lora.expanded(gated=cfg.model.transformer.activation == "swiglu")
     out: dict[str, torch.Tensor] = {}
     patterns: dict = {"rank_pattern": {}, "alpha_pattern": {}}
     for i in range(cfg.model.transformer.decoder_layers):
         layer, hf = f"layers.{i}", "base_model.model." + prefix.format(i=i)
         qkv = [t for t in QKV if t in targets]
-        if family == "gpt2" and qkv:
+        if layout.fused_qkv and qkv:
             A, B = _fused_qkv(state, layer, qkv)
             out[f"{hf}attn.c_attn.lora_A.weight"], out[f"{hf}attn.c_attn.lora_B.weight"] = A, B
             if len(qkv) > 1:
                 patterns["rank_pattern"]["c_attn"] = len(qkv) * lora.rank
                 patterns["alpha_pattern"]["c_attn"] = len(qkv) * lora.alpha
         for t in targets:
-            if family == "gpt2" and t in QKV:
+            if layout.fused_qkv and t in QKV:
                 continue
             for m in "AB":
                 out[f"{hf}{modules[t]}.lora_{m}.weight"] = state[f"{layer}.{PATHS[t]}.lora_{m}.{t}"].contiguous()
@@ -111,16 +107,18 @@ def export_peft_adapters(run_path: str | Path, out: str | Path, *, force: bool =
     run_dir, weights = find_weights(Path(run_path))
     cfg = load_config(RunConfig, run_dir / CONFIG_FILE)
     state, lora = _adapters(run_dir, weights, cfg)
-    family = export_family(LMConfig.of(cfg.model.transformer), str(run_path))
-    tensors, patterns = peft_state(state, cfg, family)
+    layout = export_family(LMConfig.of(cfg.model.transformer), str(run_path)).peft
+    if layout is None:
+        raise ValueError("every language-model family has a PEFT layout")
+    tensors, patterns = peft_state(state, cfg, layout)
     base_dir = find_run(checked_base(run_dir))
     imported = load_config(RunConfig, base_dir / CONFIG_FILE).data.imported_from
-    _, modules = MODULES[family]
+    modules = layout.modules
     config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": imported or None,
               "r": lora.rank, "lora_alpha": lora.alpha, "lora_dropout": lora.dropout,
               "target_modules": sorted({modules[t] for t in
                                         lora.expanded(gated=cfg.model.transformer.activation == "swiglu")}),
-              "fan_in_fan_out": family == "gpt2", "bias": "none", "use_rslora": False, "init_lora_weights": True,
+              "fan_in_fan_out": layout.conv1d, "bias": "none", "use_rslora": False, "init_lora_weights": True,
               "modules_to_save": None, "layers_to_transform": None, "inference_mode": True, **patterns}
 
     def write(directory: Path) -> None:
