@@ -179,6 +179,8 @@ TABLES: dict[str, Table] = {
                            race=Race("fastest_attnkit", "attnkit's fastest tok/s at batch 1")),
     "generate-race-gpu": Table(f"{RESULTS}/generate-race-gpu.json", "benchmarks/generate_race.py",
                                race=Race("fastest_attnkit", "attnkit's fastest tok/s at batch 1")),
+    "serve-openai": Table(f"{RESULTS}/serve-openai.json", "benchmarks/serve_openai.py",
+                          race=Race("ratio", "/v1/chat/completions tokens/s over /generate's")),
     "generation-race": Table(f"{RESULTS}/generation-race.json", "benchmarks/generation_race.py",
                              race=Race("fastest_attnkit", "attnkit's fastest tok/s at batch 1", "model_name")),
 }

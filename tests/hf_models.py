@@ -312,3 +312,20 @@ def set_end_ids(directory: Path, ids: list[int]) -> None:
     settings = json.loads(path.read_text(encoding="utf-8"))
     settings["eos_token_id"] = ids
     path.write_text(json.dumps(settings, indent=2), encoding="utf-8")
+
+
+#: ChatML, as Qwen2's and SmolLM2's instruct checkpoints lay out a conversation.
+CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>'"
+          " + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+
+
+def instruct_dir(out: Path) -> Path:
+    """A tiny instruct checkpoint (standing in for a download such as SmolLM2-135M-Instruct): :func:`qwen2_dir` with a
+    ChatML template, and ``<|im_end|>`` listed beside ``<|endoftext|>`` in ``generation_config.json``."""
+    import tokenizers
+
+    qwen2_dir(out)
+    tk = tokenizers.Tokenizer.from_file(str(out / "tokenizer.json"))
+    set_chat_template(out, CHATML)
+    set_end_ids(out, [tk.token_to_id("<|endoftext|>"), tk.token_to_id("<|im_end|>")])
+    return out

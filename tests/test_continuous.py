@@ -113,7 +113,7 @@ def test_padding_columns_are_dropped_as_rows_leave() -> None:
     assert len(ended) == 1 and decoder.running == 1
     assert decoder.width == 3  # the long source's columns went with it
     assert decoder.valid.tolist() == [[True, True]]  # and so did the column only it used
-    assert decoder.caches[0][0].k.size(2) == 2 and decoder.caches[0][1].k.size(2) == 3
+    assert decoder.caches[0].k.size(2) == 2 and decoder.cross[0].k.size(2) == 3
     assert len(decoder.step()) == 1 and decoder.running == 0 and decoder.width == 0
 
 

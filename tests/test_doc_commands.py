@@ -38,8 +38,7 @@ import yaml
 
 from attnkit.cli import main
 from gguf_files import write_gguf
-from hf_models import bert_dir, gpt2_dir, llama_dir, marian_dir, qwen2_dir, set_chat_template, set_end_ids
-from test_chat import CHATML
+from hf_models import bert_dir, gpt2_dir, instruct_dir, llama_dir, marian_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
@@ -64,18 +63,6 @@ INPUTS = {"test.de": ("multi30k/test_2016_flickr.de.gz", 6), "test.en": ("multi3
           "big.en.gz": ("multi30k/train.en.gz", 200), "reviews.txt": ("imdb/unsup.tsv.gz", 3),
           "dev.tsv": ("sst2/dev.tsv", 20), "test.tsv": ("imdb/train.tsv.gz", 20),
           "held-out.txt": ("shakespeare/input.txt", 40), "prompts.txt": ("shakespeare/input.txt", 2)}
-def instruct_dir(out: Path) -> Path:
-    """An instruct checkpoint like SmolLM2-135M-Instruct: a tiny Qwen2 with a ChatML template and ``<|im_end|>``
-    listed as an end of turn."""
-    import transformers
-
-    qwen2_dir(out)
-    set_chat_template(out, CHATML)
-    tok = transformers.AutoTokenizer.from_pretrained(str(out))
-    set_end_ids(out, tok.convert_tokens_to_ids(["<|endoftext|>", "<|im_end|>"]))
-    return out
-
-
 def gguf_file(out: Path) -> Path:
     """A GGUF file like a download of a quantized Llama: a tiny one written with the gguf package (Q4_0 blocks)."""
     from gguf import GGMLQuantizationType

@@ -259,7 +259,7 @@ def test_help_names_the_metrics_route_and_the_token_budget(capsys):
     out = " ".join(capsys.readouterr().out.split())
     assert "GET /metrics" in out and "Prometheus" in out
     assert "--max-batch-tokens N" in out and f"(default: {Limits().max_batch_tokens})" in out
-    assert "/classify, /generate and /metrics" in out  # the API key covers it
+    assert "/classify, /generate, /metrics and /v1/" in out  # the API key covers them
 
 
 def test_max_batch_tokens_must_be_positive(translation_run, capsys):

@@ -117,19 +117,26 @@ class LMConfig:
 
     def validate(self) -> None:
         """:raises ValueError: for sizes no model can have (the config loader reports it with the key)."""
-        if self.n_heads < 1 or self.d_model % self.n_heads:
-            raise ValueError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
-        if self.n_kv_heads < 0 or (self.n_kv_heads and self.n_heads % self.n_kv_heads):
-            raise ValueError(f"n_kv_heads ({self.n_kv_heads}) must divide n_heads ({self.n_heads}), or be 0")
-        if self.window < 0 or not self.rope_theta > 0 or not self.norm_eps > 0:
-            raise ValueError(f"window ({self.window}) must be >= 0, rope_theta ({self.rope_theta}) and norm_eps "
-                             f"({self.norm_eps}) > 0")
-        if self.qkv_bias and self.bias:
-            raise ValueError("qkv_bias: true adds only the query, key and value biases, which bias: true already "
-                             "has; set bias: false with it")
-        if self.positions == "rope" and (self.d_model // self.n_heads) % 2:
-            raise ValueError(f"rope rotates pairs of dimensions: the head size d_model / n_heads "
-                             f"({self.d_model // self.n_heads}) must be even")
+        check_sizes(self)
+
+
+def check_sizes(cfg: Any) -> None:
+    """:raises ValueError: ``cfg`` (an :class:`LMConfig`, or the encoder-decoder's config, which has these fields
+    too) has sizes no model can have: heads that do not divide the width, key/value heads that do not divide the
+    heads, a negative window, a RoPE head of odd size, biases asked for twice."""
+    if cfg.n_heads < 1 or cfg.d_model < 1 or cfg.d_model % cfg.n_heads:
+        raise ValueError(f"d_model ({cfg.d_model}) must be divisible by n_heads ({cfg.n_heads}), both positive")
+    if cfg.n_kv_heads < 0 or (cfg.n_kv_heads and cfg.n_heads % cfg.n_kv_heads):
+        raise ValueError(f"n_kv_heads ({cfg.n_kv_heads}) must divide n_heads ({cfg.n_heads}), or be 0")
+    if cfg.window < 0 or not cfg.rope_theta > 0 or not cfg.norm_eps > 0:
+        raise ValueError(f"window ({cfg.window}) must be >= 0, rope_theta ({cfg.rope_theta}) and norm_eps "
+                         f"({cfg.norm_eps}) > 0")
+    if cfg.qkv_bias and cfg.bias:
+        raise ValueError("qkv_bias: true adds only the query, key and value biases, which bias: true already "
+                         "has; set bias: false with it")
+    if cfg.positions == "rope" and (cfg.d_model // cfg.n_heads) % 2:
+        raise ValueError(f"rope rotates pairs of dimensions: the head size d_model / n_heads "
+                         f"({cfg.d_model // cfg.n_heads}) must be even")
 
 
 def make_norm(kind: NormKind, d_model: int, eps: float = 1e-5) -> nn.Module:

@@ -19,7 +19,7 @@ from torch import Tensor, nn
 
 from .attention import causal_mask, padding_mask
 from .layers import DecoderLayer, EncoderLayer, LayerOptions, input_embedding, xavier_init_
-from .lm import Activation, NormKind, make_norm
+from .lm import Activation, NormKind, check_sizes, make_norm
 from .multihead import KVCache
 from .positions import ADDITIVE_POSITIONS, PositionKind, PositionLayout, TokenEmbedding, make_positions
 from .vocab import BOS_ID, EOS_ID, PAD_ID
@@ -62,22 +62,9 @@ class TransformerConfig:
 
     def validate(self) -> None:
         """:raises ValueError: for dimensions no model can have (the config loader reports it with the key)."""
-        if self.n_heads < 1 or self.d_model < 1:
-            raise ValueError(f"d_model ({self.d_model}) and n_heads ({self.n_heads}) must be positive")
-        if self.d_model % self.n_heads:
-            raise ValueError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
-        if self.token_types < 0 or not self.norm_eps > 0:
-            raise ValueError(f"token_types ({self.token_types}) must be >= 0 and norm_eps ({self.norm_eps}) > 0")
-        if self.n_kv_heads < 0 or (self.n_kv_heads and self.n_heads % self.n_kv_heads):
-            raise ValueError(f"n_kv_heads ({self.n_kv_heads}) must divide n_heads ({self.n_heads}), or be 0")
-        if self.window < 0 or not self.rope_theta > 0:
-            raise ValueError(f"window ({self.window}) must be >= 0 and rope_theta ({self.rope_theta}) > 0")
-        if self.qkv_bias and self.bias:
-            raise ValueError("qkv_bias: true adds only the query, key and value biases, which bias: true already "
-                             "has; set bias: false with it")
-        if self.positions == "rope" and (self.d_model // self.n_heads) % 2:
-            raise ValueError(f"rope rotates pairs of dimensions: the head size d_model / n_heads "
-                             f"({self.d_model // self.n_heads}) must be even")
+        if self.token_types < 0:
+            raise ValueError(f"token_types ({self.token_types}) must be >= 0")
+        check_sizes(self)
 
     def language_model_options(self) -> list[str]:
         """The options set here that only a decoder-only language model has (none for an encoder-decoder)."""

@@ -15,16 +15,20 @@ the running batch (at most --max-batch rows), and each request leaves it when it
                     "stream": true, server-sent events: one per token, data: {"token", "id"}, then
                     one with the counts and finish_reason. The same seed and options give the
                     text `attnkit generate --seed` gives, in float32 whatever else is generated beside it.
+  GET  /v1/models, POST /v1/completions, POST /v1/chat/completions
+                    a language model's OpenAI-compatible API: the openai package, LangChain and
+                    curl scripts for OpenAI work unchanged (base_url http://HOST:PORT/v1); a chat is
+                    laid out by the run's chat template and stops at its end of turn, as `attnkit chat`
   GET  /metrics     Prometheus text format: requests by route and status, latency, queued texts,
                     batch sizes (texts, tokens), queue wait, time per stage; for language models
                     time to first token, tokens generated, tokens/s, active streams
   GET  /docs        the OpenAPI page
 
-Errors are JSON {"error": "..."} with a 4xx status: 422 bad field, 413 too large, 404 unknown model,
-401 API key, 503 queue full or more than --max-connections open (with Retry-After), 429 more than
---max-streams generations in flight, 414/431 a request line or headers too long (8 KiB target, 32 KiB
-head), 408 a head or body slower than --read-timeout; a bug is a 500 for its request alone, and closes
-its connection.
+Errors are JSON {"error": "..."} (under /v1/, OpenAI's {"error": {"message", ...}}) with a 4xx status:
+422 bad field (400 under /v1/), 413 too large, 404 unknown model, 401 API key, 503 queue full or more
+than --max-connections open (with Retry-After), 429 more than --max-streams generations in flight,
+414/431 a request line or headers too long (8 KiB target, 32 KiB head), 408 a head or body slower than
+--read-timeout; a bug is a 500 for its request alone, and closes its connection.
 SIGTERM or Ctrl-C stops taking connections, finishes the requests in flight, prints "attnkit serve:
 stopped (SIGTERM)" on stderr and exits with status 0.
 """
@@ -106,7 +110,7 @@ def add(sub: argparse._SubParsersAction) -> None:
                          "on the CPU)")
     p.add_argument("--api-key", metavar="KEY",
                    help="require the header 'Authorization: Bearer KEY' on /models, /translate, /classify, "
-                        "/generate and /metrics "
+                        "/generate, /metrics and /v1/ (the openai package's api_key) "
                         "(default: the environment variable ATTNKIT_API_KEY if set, else no key; the variable keeps "
                         "the key out of the process list)")
     defaults = Limits()

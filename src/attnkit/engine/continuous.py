@@ -35,7 +35,7 @@ from ..search import MAX_LEN_A, MAX_LEN_B, max_lengths
 from ..transformer import Transformer
 from ..vocab import BOS_ID, EOS_ID, PAD_ID
 
-__all__ = ["ContinuousGreedy", "Finished", "supports_continuous"]
+__all__ = ["ContinuousGreedy", "Finished", "RunningRows", "supports_continuous"]
 
 
 def supports_continuous(model: torch.nn.Module) -> bool:
@@ -69,7 +69,65 @@ def _pad_to(x: Tensor, dim: int, size: int, left: bool = False, value: float = 0
     return F.pad(x, pad, value=value)
 
 
-class ContinuousGreedy:
+class RunningRows:
+    """What a continuous batch keeps of its rows, whatever decodes them (:class:`ContinuousGreedy`,
+    :class:`~attnkit.engine.continuous_lm.ContinuousSampler`): the rows, each layer's self-attention cache with every
+    row's keys right-aligned (``(B, H_kv, t, d)``), ``valid`` ``(B, t)`` (which columns are the row's own), the token
+    each row feeds next (``prev`` ``(B,)``) and its position (``pos`` ``(B,)``). :meth:`_join` appends rows,
+    :meth:`_select` keeps some; a subclass keeps what else it has (an encoder's side) in step with them.
+    ``cache_type`` is the class of the caches kept (the engine's grow in place)."""
+
+    cache_type: type[KVCache] = KVCache
+
+    def _reset(self) -> None:
+        self.rows: list = []
+        self.caches: list[KVCache] = []  # per layer: keys, values (B, H_kv, t, d)
+        self.valid: Tensor | None = None  # (B, t) bool: which cached keys are the row's own
+        self.prev: Tensor | None = None  # (B,) the token each row feeds next
+        self.pos: Tensor | None = None  # (B,) its position
+
+    @property
+    def running(self) -> int:
+        """Rows being decoded."""
+        return len(self.rows)
+
+    def _join(self, caches: list[KVCache], valid: Tensor, prev: Tensor, pos: Tensor, rows: list) -> None:
+        """Append ``rows``, with their caches ``(G, H_kv, L, d)``, ``valid`` ``(G, L)``, ``prev`` and ``pos``
+        ``(G,)``, left-padding the shorter side's keys; all made before any is kept (a failure changes nothing)."""
+        if self.rows:
+            t = max(self.valid.size(1), valid.size(1))
+
+            def joined(own: Tensor, new: Tensor) -> Tensor:
+                return torch.cat([_pad_to(own, 2, t, left=True), _pad_to(new, 2, t, left=True)])  # (B + G, H, t, d)
+
+            caches = [self.cache_type(joined(own.k, new.k), joined(own.v, new.v))
+                      for own, new in zip(self.caches, caches, strict=True)]
+            valid = torch.cat([_pad_to(self.valid, 1, t, left=True, value=False),
+                               _pad_to(valid, 1, t, left=True, value=False)])  # (B + G, t)
+            prev, pos = torch.cat([self.prev, prev]), torch.cat([self.pos, pos])
+        else:
+            caches = [self.cache_type(c.k, c.v) for c in caches]
+        self.caches, self.valid, self.prev, self.pos = caches, valid, prev, pos
+        self.rows.extend(rows)
+
+    def _select(self, keep: list[int]) -> Tensor | None:
+        """Keep only the rows ``keep`` and drop the leading key columns no kept row uses; the index of the kept rows
+        (None when none is kept: the batch is empty)."""
+        self.rows = [self.rows[i] for i in keep]
+        if not keep:
+            self._reset()
+            return None
+        index = torch.tensor(keep, dtype=torch.long, device=self.prev.device)
+        valid = self.valid.index_select(0, index)  # (B', t)
+        drop = int(valid.any(dim=0).long().argmax())  # leading columns that no kept row uses
+        self.valid = valid[:, drop:]
+        self.caches = [self.cache_type(c.k.index_select(0, index)[:, :, drop:], c.v.index_select(0, index)[:, :, drop:])
+                       for c in self.caches]
+        self.prev, self.pos = self.prev.index_select(0, index), self.pos.index_select(0, index)
+        return index
+
+
+class ContinuousGreedy(RunningRows):
     """Greedy decoding of a changing set of sentences (see the module docstring).
 
     ``add(sources)`` -> handles; ``step()`` -> the sentences that ended this step. Not thread-safe: one
@@ -83,21 +141,13 @@ class ContinuousGreedy:
         self.max_len_a, self.max_len_b = max_len_a, max_len_b
         self.limit = model.cfg.max_len  # positions on each side
         self._next_handle = 0
-        self.rows: list[_Row] = []
         self._reset()
 
     def _reset(self) -> None:
+        super()._reset()
         self.memory: Tensor | None = None  # (B, S, d_model)
         self.memory_mask: Tensor | None = None  # (B, 1, 1, S)
-        self.caches: list[tuple[KVCache, KVCache]] = []  # per layer: self (B, H, t, d_k), cross (B, H, S, d_k)
-        self.valid: Tensor | None = None  # (B, t) bool: which cached self-attention keys are the row's own
-        self.prev: Tensor | None = None  # (B,) the token each row feeds next
-        self.pos: Tensor | None = None  # (B,) its position
-
-    @property
-    def running(self) -> int:
-        """Sentences being decoded."""
-        return len(self.rows)
+        self.cross: list[KVCache] = []  # per layer: the cross-attention cache (B, H, S, d_k)
 
     @property
     def width(self) -> int:
@@ -128,33 +178,24 @@ class ContinuousGreedy:
         return handles, self._choose(logits, first=len(self.rows) - len(new_rows))
 
     def _merge(self, state, new_rows: list[_Row]) -> None:
-        """Append the rows of a fresh one-step ``state`` to the running batch, padding either side to fit."""
+        """Append the rows of a fresh one-step ``state`` to the running batch, padding either side to fit (the
+        sources on the right)."""
         R = len(new_rows)
         device = state.memory.device
-        new_valid = torch.ones(R, 1, dtype=torch.bool, device=device)  # (R, 1): <s>'s key
-        new_pos = torch.ones(R, dtype=torch.long, device=device)  # the next token goes to position 1
-        if self.memory is None:
-            self.memory, self.memory_mask = state.memory, state.memory_mask
-            self.caches = list(state.caches)
-            self.valid, self.pos = new_valid, new_pos
-            self.prev = torch.zeros(R, dtype=torch.long, device=device)
-        else:
-            S = max(self.memory.size(1), state.memory.size(1))
-            t = self.valid.size(1)
-            self.memory = torch.cat([_pad_to(self.memory, 1, S), _pad_to(state.memory, 1, S)])
-            self.memory_mask = torch.cat([_pad_to(self.memory_mask, 3, S, value=False),
-                                          _pad_to(state.memory_mask, 3, S, value=False)])
-            caches = []
-            for (own_self, own_cross), (new_self, new_cross) in zip(self.caches, state.caches, strict=True):
-                caches.append((KVCache(torch.cat([own_self.k, _pad_to(new_self.k, 2, t, left=True)]),
-                                       torch.cat([own_self.v, _pad_to(new_self.v, 2, t, left=True)])),
-                               KVCache(torch.cat([_pad_to(own_cross.k, 2, S), _pad_to(new_cross.k, 2, S)]),
-                                       torch.cat([_pad_to(own_cross.v, 2, S), _pad_to(new_cross.v, 2, S)]))))
-            self.caches = caches
-            self.valid = torch.cat([self.valid, _pad_to(new_valid, 1, t, left=True, value=False)])
-            self.pos = torch.cat([self.pos, new_pos])
-            self.prev = torch.cat([self.prev, torch.zeros(R, dtype=torch.long, device=device)])
-        self.rows.extend(new_rows)
+        memory, memory_mask, cross = state.memory, state.memory_mask, [c for _, c in state.caches]
+        if self.memory is not None:
+            S = max(self.memory.size(1), memory.size(1))
+
+            def sources(own: Tensor, new: Tensor, dim: int, value: float = 0.0) -> Tensor:
+                return torch.cat([_pad_to(own, dim, S, value=value), _pad_to(new, dim, S, value=value)])
+
+            memory, memory_mask = sources(self.memory, memory, 1), sources(self.memory_mask, memory_mask, 3, False)
+            cross = [KVCache(sources(own.k, new.k, 2), sources(own.v, new.v, 2))
+                     for own, new in zip(self.cross, cross, strict=True)]
+        self._join([s for s, _ in state.caches], torch.ones(R, 1, dtype=torch.bool, device=device),  # <s>'s key
+                   torch.zeros(R, dtype=torch.long, device=device), torch.ones(R, dtype=torch.long, device=device),
+                   new_rows)  # the next token goes to position 1
+        self.memory, self.memory_mask, self.cross = memory, memory_mask, cross
 
     @torch.inference_mode()
     def step(self) -> list[Finished]:
@@ -168,13 +209,14 @@ class ContinuousGreedy:
         x = model.dropout(input_embedding(x, model.token_type, model.embed_norm))
         ones = torch.ones(B, 1, dtype=torch.bool, device=x.device)
         mask = torch.cat([self.valid, ones], dim=1)[:, None, None, :]  # (B, 1, 1, t + 1): own keys and the new one
-        caches = []
-        for layer, cache in zip(model.layers, self.caches, strict=True):
-            x, _, cache = layer(x, self.memory, mask, self.memory_mask, cache=cache)
-            caches.append(cache)
+        caches, cross = [], []
+        for layer, own, other in zip(model.layers, self.caches, self.cross, strict=True):
+            x, _, (own, other) = layer(x, self.memory, mask, self.memory_mask, cache=(own, other))
+            caches.append(own)
+            cross.append(other)
         hidden = model.final_norm(x) if model.final_norm is not None else x
         logits = model.out_proj(hidden[:, 0])  # (B, V)
-        self.caches, self.valid, self.pos = caches, mask[:, 0, 0, :], self.pos + 1
+        self.caches, self.cross, self.valid, self.pos = caches, cross, mask[:, 0, 0, :], self.pos + 1
         return self._choose(logits, first=0)
 
     def _choose(self, logits: Tensor, first: int) -> list[Finished]:
@@ -198,19 +240,12 @@ class ContinuousGreedy:
 
     def _keep(self, keep: list[int]) -> None:
         """Keep only the rows ``keep``; drop the key and source columns no kept row uses."""
-        self.rows = [self.rows[i] for i in keep]
-        if not keep:
-            self._reset()
+        index = self._select(keep)
+        if index is None:
             return
-        index = torch.tensor(keep, dtype=torch.long, device=self.prev.device)
-        valid = self.valid.index_select(0, index)  # (B', t)
-        drop = int(valid.any(dim=0).long().argmax())  # leading columns that no kept row uses
         real = self.memory_mask.index_select(0, index)[:, 0, 0, :]  # (B', S)
         S = int(real.any(dim=0).nonzero().max()) + 1  # trailing source columns that no kept row uses
-        self.valid = valid[:, drop:]
         self.memory = self.memory.index_select(0, index)[:, :S]
         self.memory_mask = self.memory_mask.index_select(0, index)[..., :S]
-        self.caches = [(KVCache(s.k.index_select(0, index)[:, :, drop:], s.v.index_select(0, index)[:, :, drop:]),
-                        KVCache(c.k.index_select(0, index)[:, :, :S], c.v.index_select(0, index)[:, :, :S]))
-                       for s, c in self.caches]
-        self.prev, self.pos = self.prev.index_select(0, index), self.pos.index_select(0, index)
+        self.cross = [KVCache(c.k.index_select(0, index)[:, :, :S], c.v.index_select(0, index)[:, :, :S])
+                      for c in self.cross]

@@ -41,7 +41,7 @@ from ..multihead import KVCache
 from ..sampling import choose_next
 from ..vocab import EOS_ID, PAD_ID
 from .compiled_decoding import embed_at
-from .continuous import _pad_to
+from .continuous import RunningRows
 
 __all__ = ["ContinuousSampler", "Sampling", "Token"]
 
@@ -82,7 +82,7 @@ class _Row:
     emitted: int = 0  # tokens chosen so far
 
 
-class ContinuousSampler:
+class ContinuousSampler(RunningRows):
     """Sampling of a changing set of prompts (see the module docstring).
 
     ``add(prompt, ...)`` -> the prompt's first :class:`Token` (its ``handle`` names the row; ``add_many`` starts
@@ -101,19 +101,7 @@ class ContinuousSampler:
         self.cache_type = type(model.init_state().caches[0]) if len(model.layers) else KVCache
         self.window = model.cfg.window
         self._next_handle = 0
-        self.rows: list[_Row] = []
         self._reset()
-
-    def _reset(self) -> None:
-        self.caches: list[KVCache] = []  # per layer: keys, values (B, H_kv, t, d_k)
-        self.valid: Tensor | None = None  # (B, t) bool: which cached keys are the row's own
-        self.prev: Tensor | None = None  # (B,) the token each row feeds next
-        self.pos: Tensor | None = None  # (B,) its position
-
-    @property
-    def running(self) -> int:
-        """Rows being continued."""
-        return len(self.rows)
 
     @property
     def width(self) -> int:
@@ -155,32 +143,16 @@ class ContinuousSampler:
         return tokens
 
     def _merge(self, state: LMState, index: list[int], rows: list[_Row], tokens: list[int]) -> None:
-        """Append fresh rows (rows ``index`` of a prefill's cache ``(G, H_kv, L, d_k)``) to the batch, left-padding
-        the shorter side; all or nothing."""
+        """Append fresh rows (rows ``index`` of a prefill's cache ``(G, H_kv, L, d_k)``) to the batch
+        (:meth:`~attnkit.engine.continuous.RunningRows._join`: all or nothing)."""
         L, G = state.length, len(rows)
         device = state.caches[0].k.device
+        caches = state.caches
         if len(index) < state.caches[0].k.size(0):
             keep = torch.tensor(index, device=device)
-            new_caches = [self._cache(c.k.index_select(0, keep), c.v.index_select(0, keep)) for c in state.caches]
-        else:
-            new_caches = [self._cache(c.k, c.v) for c in state.caches]  # the model's type (a prefill's may differ)
-        new_valid = torch.ones(G, L, dtype=torch.bool, device=device)  # (G, L)
-        new_prev = torch.tensor(tokens, device=device)
-        new_pos = torch.full((G,), L, device=device)  # the first new token sits at position L
-        if self.rows:
-            t = max(self.width, L)
-
-            def joined(own: Tensor, new: Tensor) -> Tensor:
-                return torch.cat([_pad_to(own, 2, t, left=True), _pad_to(new, 2, t, left=True)])  # (B + G, H, t, d)
-
-            new_caches = [self._cache(joined(own.k, new.k), joined(own.v, new.v))
-                          for own, new in zip(self.caches, new_caches, strict=True)]
-            new_valid = torch.cat([_pad_to(self.valid, 1, t, left=True, value=False),
-                                   _pad_to(new_valid, 1, t, left=True, value=False)])  # (B + G, t)
-            new_prev, new_pos = torch.cat([self.prev, new_prev]), torch.cat([self.pos, new_pos])
-        # all made before any is kept: a failure above leaves the running batch as it was
-        self.caches, self.valid, self.prev, self.pos = new_caches, new_valid, new_prev, new_pos
-        self.rows.extend(rows)
+            caches = [KVCache(c.k.index_select(0, keep), c.v.index_select(0, keep)) for c in state.caches]
+        self._join(caches, torch.ones(G, L, dtype=torch.bool, device=device), torch.tensor(tokens, device=device),
+                   torch.full((G,), L, device=device), rows)  # the first new token sits at position L
 
     @torch.inference_mode()
     def step(self) -> list[Token]:
@@ -233,12 +205,6 @@ class ContinuousSampler:
             tokens.append(Token(row.handle, token, finish))
         return tokens
 
-    def _cache(self, k: Tensor, v: Tensor) -> KVCache:
-        """The batch's cache of one layer, of the class the model's own states hold: an eager model's grows in place
-        at every step (:class:`~attnkit.engine.decoding.GrowingKVCache`) instead of copying every row's keys and
-        values."""
-        return self.cache_type(k, v)
-
     def drop(self, handles: list[int]) -> None:
         """Take the rows ``handles`` out of the batch (unknown handles are ignored: those rows ended already)."""
         gone = set(handles)
@@ -248,14 +214,4 @@ class ContinuousSampler:
 
     def _keep(self, keep: list[int]) -> None:
         """Keep only the rows ``keep``; drop the leading key columns no kept row uses."""
-        self.rows = [self.rows[i] for i in keep]
-        if not keep:
-            self._reset()
-            return
-        index = torch.tensor(keep, dtype=torch.long, device=self.prev.device)
-        valid = self.valid.index_select(0, index)  # (B', t)
-        drop = int(valid.any(dim=0).long().argmax())  # leading columns that no kept row uses
-        self.valid = valid[:, drop:]
-        self.caches = [self._cache(c.k.index_select(0, index)[:, :, drop:], c.v.index_select(0, index)[:, :, drop:])
-                       for c in self.caches]
-        self.prev, self.pos = self.prev.index_select(0, index), self.pos.index_select(0, index)
+        self._select(keep)

@@ -16,7 +16,7 @@ question:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import torch
 
@@ -25,7 +25,7 @@ from ..data.chat_template import ChatTemplate, end_of_turn, special_tokens
 from ..data.tokenizer import Tokenizer
 from ..runs.load import LoadedRun
 from ..sampling import StepModel, choose_next
-from .language_model import DEFAULT_NEW_TOKENS, check_characters, context_limit, continue_text
+from .language_model import DEFAULT_NEW_TOKENS, ContextLimit, check_characters, context_limit, continue_text, new_tokens
 
 #: The question :meth:`Chat.check` renders to try the template before the first real one.
 PROBE = "Hello"
@@ -53,6 +53,25 @@ def encode_rendered(tok: Tokenizer, text: str) -> list[int]:
     ids = tok.encode_src([text])[0]
     added = tok.encode_src([""])[0]  # what the tokenizer puts around any text: at most a start token (attnkit's)
     return ids[len(added):] if added and ids[:len(added)] == added else ids
+
+
+def conversation_ids(tok: Tokenizer, template: ChatTemplate, messages: Sequence[Mapping[str, str]],
+                     limit: ContextLimit | None, max_new_tokens: int | None = None, *, beyond_context: bool = False,
+                     default: int = DEFAULT_NEW_TOKENS) -> tuple[list[int], int]:
+    """The ids the model continues to answer the last message of ``messages`` (rendered up to the assistant's turn,
+    :func:`encode_rendered`), and the tokens to generate (:func:`~attnkit.inference.language_model.new_tokens`): the
+    whole conversation, or an error; what to leave out is the caller's choice (:class:`Chat` drops old turns).
+
+    :raises UserError: the template cannot render it, it renders to nothing, a character is not in a character
+        vocabulary, or it does not fit ``limit`` with the answer's budget.
+    """
+    text = template.render(messages)
+    ids = encode_rendered(tok, text)
+    if not ids:
+        raise UserError(f"{template.where}: the chat template renders this conversation as no text")
+    check_characters(tok, text, ids, "the conversation")
+    return ids, new_tokens(len(ids), limit, max_new_tokens, beyond_context=beyond_context, default=default,
+                           what="the conversation")
 
 
 class Chat:

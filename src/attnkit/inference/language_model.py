@@ -181,11 +181,10 @@ def context_limit(run: LoadedRun) -> ContextLimit:
 
 def prompt_ids(tok: Tokenizer, prompt: str, limit: ContextLimit | None, max_new_tokens: int | None = None, *,
                beyond_context: bool = False, default: int = DEFAULT_NEW_TOKENS) -> tuple[list[int], int]:
-    """The prompt's ids, checked, and the tokens to generate after it.
+    """The prompt's ids, checked, and the tokens to generate after it (:func:`new_tokens`).
 
     Checked: the prompt has some ids, every character is in a character vocabulary, and prompt plus continuation
-    fit ``limit`` (None: any length; past a trained context only with ``beyond_context``). ``max_new_tokens`` None
-    takes ``default``, at most what fits after the prompt: a default never asks for more than the model reads.
+    fit ``limit``.
 
     :raises UserError: what is wrong, with the numbers.
     """
@@ -195,19 +194,30 @@ def prompt_ids(tok: Tokenizer, prompt: str, limit: ContextLimit | None, max_new_
     if not ids:
         raise UserError("the prompt is empty: give some text to continue")
     check_characters(tok, prompt, ids, "the prompt")
+    return ids, new_tokens(len(ids), limit, max_new_tokens, beyond_context=beyond_context, default=default)
+
+
+def new_tokens(length: int, limit: ContextLimit | None, max_new_tokens: int | None = None, *,
+               beyond_context: bool = False, default: int = DEFAULT_NEW_TOKENS, what: str = "the prompt") -> int:
+    """The tokens to generate after ``what`` (a prompt of ``length`` ids): ``max_new_tokens``, checked to fit with it
+    in ``limit`` (None: any length; past a trained context only with ``beyond_context``); None takes ``default``,
+    at most what fits after the prompt: a default never asks for more than the model reads.
+
+    :raises UserError: they do not fit, with the numbers.
+    """
     if limit is None or (beyond_context and not limit.fixed):
-        return ids, default if max_new_tokens is None else max_new_tokens
-    room = limit.length - len(ids)
+        return default if max_new_tokens is None else max_new_tokens
+    room = limit.length - length
     way = "" if limit.fixed else "; or pass --beyond-context to read past it"
     if room < 1:
-        raise UserError(f"the prompt ({len(ids)} tokens) leaves no room in {limit.describe()}; shorten the "
-                        f"prompt{way}")
+        raise UserError(f"{what} ({length} tokens) leaves no room in {limit.describe()}; shorten {what}"
+                        f"{way}")
     if max_new_tokens is None:
-        return ids, min(default, room)
+        return min(default, room)
     if max_new_tokens > room:
-        raise UserError(f"the prompt ({len(ids)} tokens) and --max-new-tokens {max_new_tokens} exceed "
-                        f"{limit.describe()}; ask for at most {room} tokens or shorten the prompt{way}")
-    return ids, max_new_tokens
+        raise UserError(f"{what} ({length} tokens) and --max-new-tokens {max_new_tokens} exceed "
+                        f"{limit.describe()}; ask for at most {room} tokens or shorten {what}{way}")
+    return max_new_tokens
 
 
 def check_characters(tok: Tokenizer, text: str, ids: list[int], what: str) -> None:

@@ -8,6 +8,11 @@ module                  holds
                         start-up (:func:`~attnkit.serve.app.listen`, :func:`~attnkit.serve.app.serve`)
 ``generate_route.py``   ``POST /generate``: a request checked, turned into a generation job, queued, and
                         answered whole or streamed as server-sent events
+``openai_routes.py``    the OpenAI-compatible API (``/v1/models``, ``/v1/completions``,
+                        ``/v1/chat/completions``): the same jobs, answered in OpenAI's shapes
+``openai_schemas.py``   its requests and responses (OpenAI's fields) and OpenAI's error
+``flights.py``          a language model's generations from the event loop, for both route families: checked,
+                        counted against ``max_streams``, queued, awaited or streamed, cancelled
 ``routing.py``          what the routes share: the app's state (``AppState``), the model a request names, the
                         size checks, a job on the model's worker, attention joined into a response as bytes
 ``schemas.py``          the request and response models, and the JSON errors (``{"error": "..."}``)
@@ -25,7 +30,7 @@ module                  holds
 ``serve.html``          the page at ``GET /`` (the attention explorer's script and style inlined)
 ======================  ===================================================================================
 
-Nothing here imports FastAPI, uvicorn or prometheus_client (only ``app.py`` and the modules it imports,
-``generate_route.py``, ``routing.py`` and ``connections.py``, load them): the CLI reads the limits' defaults from
+Nothing here imports FastAPI, uvicorn or prometheus_client (only ``app.py`` and the modules it imports: the routes,
+``flights.py``, ``routing.py``, the schemas and ``connections.py``, load them): the CLI reads the limits' defaults from
 :mod:`attnkit.serve.batching` for its ``--help`` without loading them.
 """

@@ -16,6 +16,9 @@ endpoint                   what it does
                            "stop": [...], "stream", "attention"}`` -> ``{"text", "tokens", "prompt_tokens",
                            "finish_reason", "seed"}``; with ``stream``, server-sent events: ``data: {"token",
                            "id"}`` per token, then ``data: {"text", "tokens", ..., "finish_reason"}``
+``/v1/models``,            the OpenAI-compatible API of the language models (:mod:`attnkit.serve.openai_routes`):
+``/v1/completions``,       the ``openai`` package and other clients of OpenAI's API work unchanged; errors there
+``/v1/chat/completions``   are OpenAI's ``{"error": {"message", "type", "param", "code"}}`` (422 is its 400)
 ``GET /metrics``           the server's own measurements in the Prometheus text format: requests by
                            route and status, latency, queued texts, batch sizes, queue wait and time
                            per stage (:mod:`attnkit.serve.metrics`)
@@ -49,14 +52,16 @@ leaves the batch at the next step. A request samples with its own seeded generat
 language model runs the requests that arrive together with the same options as one batch.
 
 **Routes.** ``/generate`` is :func:`~attnkit.serve.generate_route.generate_text` (:mod:`attnkit.serve.generate_route`),
-the others are functions of this module; each reads the app's :class:`~attnkit.serve.routing.AppState` from
-``request.app.state.serve``, and what several routes share (the model a request names, the size checks, a job on
-the model's worker, attention joined as bytes) is in :mod:`attnkit.serve.routing`. :func:`create_app` registers
-them. The request and response shapes are in :mod:`attnkit.serve.schemas`.
+the ``/v1/`` routes are :mod:`attnkit.serve.openai_routes`'s (both send their generations through
+:mod:`attnkit.serve.flights`), the others are functions of this module; each reads the app's
+:class:`~attnkit.serve.routing.AppState` from ``request.app.state.serve``, and what several routes share (the model
+a request names, the size checks, a job on the model's worker, attention joined as bytes) is in
+:mod:`attnkit.serve.routing`. :func:`create_app` registers them. The request and response shapes are in
+:mod:`attnkit.serve.schemas` (and :mod:`attnkit.serve.openai_schemas`).
 
-**Errors.** Every error is JSON ``{"error": "..."}`` with a 4xx status: 422 for a request that does
-not fit the schema (naming the field), 413 for too many texts (``max_texts``; ``max_attention_texts``
-when the request asks for attention), a too-long text or a too-large body,
+**Errors.** Every error is JSON ``{"error": "..."}`` (under ``/v1/``, OpenAI's shape) with a 4xx status: 422
+for a request that does not fit the schema (naming the field), 413 for too many texts (``max_texts``;
+``max_attention_texts`` when the request asks for attention), a too-long text or a too-large body,
 404 for an unknown model, 401 for a missing or wrong API key, 503 with ``Retry-After`` when the
 model's queue is full, 429 with ``Retry-After`` when a language model has ``max_streams`` generations in
 flight; a ``/generate`` option out of range (or a prompt too long for the model's positions) is 422, a
@@ -98,6 +103,8 @@ from .batching import Limits, ModelWorker
 from .connections import REFUSED, BoundedHttp
 from .generate_route import generate_text
 from .metrics import CONTENT_TYPE, Measured
+from .openai_routes import register as register_openai
+from .openai_schemas import OPENAI_PREFIX, error_answer, validation_answer
 from .routing import (
     AppState,
     app_state,
@@ -115,15 +122,13 @@ from .schemas import (
     Prediction,
     TranslateRequest,
     TranslateResponse,
-    error_response,
-    validation_error,
 )
 from .servables import Servable, load_servable
 
 __all__ = ["AppState", "create_app", "listen", "serve"]
 
 #: Paths that need the API key when one is set; the page, /health and the OpenAPI page do not.
-PROTECTED = ("/models", "/translate", "/classify", "/generate", "/metrics")
+PROTECTED = ("/models", "/translate", "/classify", "/generate", "/metrics", OPENAI_PREFIX)
 #: The page's Content-Security-Policy: it loads nothing from anywhere but this server.
 PAGE_POLICY = "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'"
 
@@ -161,27 +166,28 @@ class _Gate:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        path = scope["path"]
         if (refused := scope.get(REFUSED)) is not None:
-            await error_response(*refused, CLOSE)(scope, receive, send)
+            await error_answer(path, *refused, CLOSE)(scope, receive, send)
             return
         headers = Headers(scope=scope)
         length = headers.get("content-length", "0")  # none: a chunked body, counted as it comes
         unread = CLOSE if length != "0" or "transfer-encoding" in headers else None  # a body follows
-        if self.api_key is not None and scope["path"].startswith(PROTECTED):
+        if self.api_key is not None and path.startswith(PROTECTED):
             given = headers.get("authorization", "")
             token = given[7:] if given[:7].lower() == "bearer " else ""  # header bytes, decoded as latin-1
             if not hmac.compare_digest(token.encode("latin-1"), self.api_key.encode("utf-8")):
                 reason = "missing" if not given else "wrong"
-                await error_response(401, f"API key {reason}: send the header Authorization: Bearer KEY",
-                                     {"WWW-Authenticate": "Bearer", **(unread or {})})(scope, receive, send)
+                await error_answer(path, 401, f"API key {reason}: send the header Authorization: Bearer KEY",
+                                   {"WWW-Authenticate": "Bearer", **(unread or {})})(scope, receive, send)
                 return
         if not length.isdigit():
-            await error_response(400, f"Content-Length {length!r} is not a number", CLOSE)(scope, receive, send)
+            await error_answer(path, 400, f"Content-Length {length!r} is not a number", CLOSE)(scope, receive, send)
             return
         max_body = self.limits.max_body
         if int(length) > max_body:
-            await error_response(413, f"request body of {length} bytes is more than the limit {max_body} "
-                                      "(--max-body)", CLOSE)(scope, receive, send)
+            await error_answer(path, 413, f"request body of {length} bytes is more than the limit {max_body} "
+                                          "(--max-body)", CLOSE)(scope, receive, send)
             return
         body = await self._body(scope, receive, send)
         if body is None:
@@ -189,8 +195,8 @@ class _Gate:
         try:
             body.decode("utf-8")  # JSON is UTF-8 (RFC 8259); say where it is not, rather than "cannot parse"
         except UnicodeDecodeError as e:
-            await error_response(400, f"body: not valid UTF-8 (byte 0x{body[e.start]:02x} at position {e.start}); "
-                                      "send UTF-8 text")(scope, receive, send)
+            await error_answer(path, 400, f"body: not valid UTF-8 (byte 0x{body[e.start]:02x} at position "
+                                          f"{e.start}); send UTF-8 text")(scope, receive, send)
             return
         replayed = False
 
@@ -213,16 +219,16 @@ class _Gate:
             try:
                 message = await asyncio.wait_for(receive(), max(deadline - loop.time(), 0))
             except asyncio.TimeoutError:
-                await error_response(408, f"request body: not received within {self.limits.read_timeout:g} s "
-                                          "(--read-timeout)", CLOSE)(scope, receive, send)
+                await error_answer(scope["path"], 408, f"request body: not received within "
+                                   f"{self.limits.read_timeout:g} s (--read-timeout)", CLOSE)(scope, receive, send)
                 return None
             if message["type"] == "http.disconnect":
                 return None
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > self.limits.max_body:
-                await error_response(413, f"request body is more than the limit {self.limits.max_body} bytes "
-                                          "(--max-body)", CLOSE)(scope, receive, send)
+                await error_answer(scope["path"], 413, f"request body is more than the limit "
+                                   f"{self.limits.max_body} bytes (--max-body)", CLOSE)(scope, receive, send)
                 return None
             chunks.append(chunk)
             if not message.get("more_body", False):
@@ -242,7 +248,7 @@ class _Gate:
         except Exception as e:
             log_internal_error(f"{scope['method']} {scope['path']}", e)
             if not started:
-                await _internal_error(None, e)(scope, receive, send)  # type: ignore[arg-type]
+                await _bug(scope["path"], e)(scope, receive, send)
 
 
 async def _lifespan(app: FastAPI):
@@ -254,12 +260,16 @@ async def _lifespan(app: FastAPI):
 
 
 def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
-    return error_response(exc.status_code, str(exc.detail), getattr(exc, "headers", None))
+    return error_answer(request.url.path, exc.status_code, str(exc.detail), getattr(exc, "headers", None), exc)
 
 
 def _internal_error(request: Request, exc: Exception) -> JSONResponse:
+    return _bug(request.url.path, exc)
+
+
+def _bug(path: str, exc: Exception) -> JSONResponse:
     # a bug still answers in JSON, and ends the connection (its state is unknown); the gate logs it (_Gate._run)
-    return error_response(500, f"internal error ({type(exc).__name__})", CLOSE)
+    return error_answer(path, 500, f"internal error ({type(exc).__name__})", CLOSE)
 
 
 async def index(request: Request) -> HTMLResponse:
@@ -335,11 +345,12 @@ def create_app(servables: list[Servable], limits: Limits | None = None, api_key:
         raise UserError(f"two models are named {twice[0]!r} (a model is served under its run directory's name); "
                         "rename or link one of the directories")
     app = FastAPI(title="attnkit serve", version="1", lifespan=_lifespan,
-                  description="Translation and classification with attnkit models, with their attention. "
-                              "Errors are JSON {\"error\": \"...\"} with a 4xx status.")
+                  description="Translation, classification and generation with attnkit models, with their "
+                              "attention; an OpenAI-compatible API under /v1/. Errors are JSON {\"error\": \"...\"} "
+                              "with a 4xx status (under /v1/, OpenAI's {\"error\": {\"message\", ...}}).")
     page = fill_page(files(__package__).joinpath("serve.html"), {"__ATTNKIT_LIMITS__": script_json(asdict(limits))})
     app.state.serve = AppState(models, limits, api_key, page, threads)
-    app.add_exception_handler(RequestValidationError, validation_error)
+    app.add_exception_handler(RequestValidationError, validation_answer)
     app.add_exception_handler(HTTPException, _http_error)
     app.add_exception_handler(Exception, _internal_error)
     app.get("/", response_class=HTMLResponse, include_in_schema=False)(index)
@@ -348,6 +359,7 @@ def create_app(servables: list[Servable], limits: Limits | None = None, api_key:
     app.post("/translate", response_model=TranslateResponse, response_model_exclude_none=True)(translate)
     app.post("/classify", response_model=ClassifyResponse, response_model_exclude_none=True)(classify)
     app.post("/generate", response_model=GenerateResponse, response_model_exclude_none=True)(generate_text)
+    register_openai(app)
     app.get("/metrics", response_class=Response, include_in_schema=False)(metrics)
     return Measured(_Gate(app, api_key, limits), app.state.serve.metrics)
 

@@ -1,7 +1,8 @@
 """Serving a language model: ``POST /generate``'s requests as the model worker sees them, and what runs them.
 
-A request becomes a :class:`GenerationJob`: its prompt's ids, how to sample, its stop strings, and ``emit``, where
-its tokens go as they come. The model's :class:`~attnkit.serve.batching.ModelWorker` (one thread, the only one
+A request becomes a :class:`GenerationJob` (``/generate``'s, or each choice of an OpenAI-compatible one): its
+prompt's ids, how to sample, its stop strings and stop ids (a chat's end of turn), and ``emit``, where its tokens go
+as they come. The model's :class:`~attnkit.serve.batching.ModelWorker` (one thread, the only one
 that touches the model) runs it:
 
 ==============================  ============================================================================
@@ -18,10 +19,10 @@ runs it                         how
 Each job's text is decoded as :func:`attnkit.inference.language_model.continue_text` decodes it (a
 :class:`~attnkit.inference.language_model.TextStream`), and a run's job samples with its own
 ``torch.Generator`` seeded with its seed: its text is ``attnkit generate``'s for that seed, alone or batched.
-``emit`` hears ``{"token": piece, "id": id}`` for every token chosen (``</s>`` included; ``piece`` is the text it
-lets show, maybe ``""``: the characters that may begin a stop string are held back), so the pieces add up to the
-text. A job whose client went away (:meth:`GenerationJob.cancel`, from the event loop) leaves the batch at the next
-step, its cache rows freed.
+``emit`` hears ``{"token": piece, "id": id}`` for every token chosen (``</s>`` and stop ids included; ``piece`` is
+the text it lets show, maybe ``""``: the characters that may begin a stop string are held back), so the pieces add
+up to the text. A job whose client went away (:meth:`GenerationJob.cancel`, from the event loop) leaves the batch at
+the next step, its cache rows freed.
 
 What fails for one job ends that job alone, with the exception as its result: its token could not be chosen, its
 text could not be decoded or searched for its stop strings, its ``emit`` raised, or the prefill of its prompt
@@ -47,16 +48,18 @@ from ..lm import LanguageModel, LMState
 
 __all__ = ["ContinuousGeneration", "Generated", "GenerationJob", "generate_exported"]
 
-#: Why a continuation ended: ``</s>``, ``max_new_tokens``, a stop string, or its client went away.
+#: Why a continuation ended: ``</s>`` (or one of the job's ``stop_ids``), ``max_new_tokens``, a stop string, or its
+#: client went away.
 FinishReason = Literal["eos", "length", "stop", "cancelled"]
 
 
 @dataclass
 class GenerationJob:
-    """One ``/generate`` request, as the worker runs it.
+    """One generation (a ``/generate`` request, a choice of ``/v1/completions``), as the worker runs it.
 
-    ``seed`` None: a run draws one (and records it here); an export takes none (it has one generator).
-    ``emit`` is called from the worker thread (it must hand the event to the event loop thread-safely).
+    ``stop_ids``: ids that end it as ``</s>`` does (a chat's end of turn: ``<|im_end|>``), not shown. ``seed``
+    None: a run draws one (and records it here); an export takes none (it has one generator). ``emit`` is called
+    from the worker thread (it must hand the event to the event loop thread-safely).
     The worker fills in the clock readings (``time.perf_counter``) for the metrics.
     """
 
@@ -65,6 +68,7 @@ class GenerationJob:
     sampling: Sampling
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    stop_ids: frozenset[int] = frozenset()
     emit: Callable[[dict], None] | None = None
     cancelled: bool = False  # set by the event loop, read by the worker (one attribute store: no lock needed)
     started: float | None = None  # its prompt began to run
@@ -103,7 +107,7 @@ class _Progress:
         now = time.perf_counter()
         self.job.first_token = self.job.first_token or now
         self.tokens += 1
-        if token == EOS_ID:
+        if token == EOS_ID or token in self.job.stop_ids:
             piece, reason = self.text.flush(), "eos"
         else:
             piece = self.text.add(token)
@@ -209,8 +213,8 @@ class ContinuousGeneration:
         return ended
 
     def _take(self, handle: int, progress: _Progress, token: Token) -> None:
-        """A job's new token: it goes on, or it ended (a stop string, or a failure of its own: its row is taken out
-        of the batch)."""
+        """A job's new token: it goes on, or it ended (a stop string or stop id, or a failure of its own: its row is
+        taken out of the batch)."""
         error = token.error
         if error is None:
             try:
@@ -220,7 +224,7 @@ class ContinuousGeneration:
         if error is None and reason is None:
             self._rows[token.handle] = (handle, progress)
             return
-        if token.finish is None:  # the engine would go on: a stop string or a failure ended it
+        if token.finish is None:  # the engine would go on: a stop string, a stop id or a failure ended it
             self.sampler.drop([token.handle])
         self._ended.append((handle, error if error is not None else progress.result(reason)))
 

@@ -21,15 +21,16 @@ metric                                 labels               what
                                                             continuous batching: per decoding step)
 ``attnkit_serve_batch_tokens``         ``model``            padded source tokens per batch: texts x longest
 ``attnkit_serve_queued_texts``         ``model``            texts waiting now (read when scraped)
-``attnkit_serve_time_to_first_token``  ``model``            ``/generate``: request in -> its first token
-``_seconds``                                                chosen (queue and prompt included)
-``attnkit_serve_generated_tokens``     ``model``            ``/generate``: tokens generated (a counter:
+``attnkit_serve_time_to_first_token``  ``model``            a generation (``/generate``, a ``/v1/`` choice):
+``_seconds``                                                request in -> its first token chosen (queue and
+                                                            prompt included)
+``attnkit_serve_generated_tokens``     ``model``            generations: tokens generated (a counter:
 ``_total``                                                  ``rate()`` of it is the model's tokens/s)
-``attnkit_serve_generation_tokens``    ``model``            ``/generate``, per request of two tokens or more:
+``attnkit_serve_generation_tokens``    ``model``            per generation of two tokens or more:
 ``_per_second``                                             ``(tokens - 1) / (last token - first token)``,
                                                             the pace of its decoding steps
-``attnkit_serve_active_streams``       ``model``            ``/generate``: generations in flight now, streamed
-                                                            or not (read when scraped; ``--max-streams``)
+``attnkit_serve_active_streams``       ``model``            generations in flight now, streamed or not
+                                                            (read when scraped; ``--max-streams``)
 =====================================  ===================  ================================================
 
 Every app has its own :class:`~prometheus_client.CollectorRegistry` (:class:`ServeMetrics`), so that
@@ -56,7 +57,9 @@ __all__ = ["CONTENT_TYPE", "GONE", "ROUTES", "TIMING", "Measured", "RequestTimin
 
 #: The app's routes: the values the ``route`` label takes (else ``other``).
 ROUTES = frozenset({"/", "/health", "/models", "/translate", "/classify", "/generate", "/metrics", "/docs",
-                    "/openapi.json"})
+                    "/openapi.json", "/v1/models", "/v1/completions", "/v1/chat/completions"})
+#: Routes with a path parameter: the prefix of their paths -> their label.
+ROUTE_PREFIXES = {"/v1/models/": "/v1/models/{model_id}"}
 #: The ASGI scope key under which :class:`Measured` leaves a request's :class:`RequestTiming` for the routes.
 TIMING = "attnkit.timing"
 CONTENT_TYPE = CONTENT_TYPE_LATEST
@@ -159,7 +162,8 @@ class ServeMetrics:
 
     def finished(self, path: str, status: int, timing: RequestTiming) -> None:
         """The last byte of a request's answer is about to be sent."""
-        route = path if path in ROUTES else "other"
+        route = path if path in ROUTES else next(
+            (label for prefix, label in ROUTE_PREFIXES.items() if path.startswith(prefix)), "other")
         now = time.perf_counter()
         self.requests.labels(route, str(status)).inc()
         self.latency.labels(route).observe(now - timing.start)

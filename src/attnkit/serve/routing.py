@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -53,6 +54,7 @@ class AppState:
     api_key: str | None
     page: str
     threads: int | None = None  # torch's intra-op threads on each model's worker thread (None: as they are)
+    loaded: float = field(default_factory=time.time)  # when the models were loaded (Unix seconds)
     workers: dict[str, ModelWorker] = field(default_factory=dict)
     metrics: ServeMetrics = field(init=False)
     routes: dict[str, dict[str, Servable]] = field(init=False)

@@ -17,7 +17,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_core import PydanticCustomError
 
 __all__ = ["MAX_BEAM", "ClassifyRequest", "ClassifyResponse", "GenerateRequest", "GenerateResponse", "Prediction",
-           "TranslateRequest", "TranslateResponse", "error_response", "validation_error"]
+           "Strict", "TranslateRequest", "TranslateResponse", "check_stops", "error_response", "valid_unicode",
+           "validation_error", "validation_problems"]
 
 #: Largest beam a request may ask for (the search keeps beam x texts hypotheses in memory).
 MAX_BEAM = 16
@@ -25,7 +26,7 @@ MAX_BEAM = 16
 MAX_STOPS, MAX_STOP_CHARS = 8, 100
 
 
-class _Strict(BaseModel):
+class Strict(BaseModel):
     # JSON types as given (no "4" for 4, no 2.0 for 2) and no unknown fields: a misspelt field is an error
     model_config = ConfigDict(strict=True, extra="forbid")
 
@@ -45,7 +46,7 @@ def _check_unicode(texts: list[str]) -> list[str]:
     return texts
 
 
-def _valid_unicode(text: str, where: str) -> str:
+def valid_unicode(text: str, where: str) -> str:
     """``text``, when it can be sent as UTF-8 (see :func:`_check_unicode`)."""
     try:
         text.encode("utf-8")
@@ -55,7 +56,17 @@ def _valid_unicode(text: str, where: str) -> str:
     return text
 
 
-class TranslateRequest(_Strict):
+def check_stops(stop: list[str]) -> list[str]:
+    """``stop``, when each string is 1..:data:`MAX_STOP_CHARS` characters of valid Unicode."""
+    for i, s in enumerate(stop):
+        if not 0 < len(s) <= MAX_STOP_CHARS:
+            raise PydanticCustomError("stop_length", "stop[{index}] must be 1..{most} characters long",
+                                      {"index": i, "most": MAX_STOP_CHARS})
+        valid_unicode(s, f"stop[{i}]")
+    return stop
+
+
+class TranslateRequest(Strict):
     model: str | None = Field(None, description="the model's name (GET /models); optional when one "
                                                 "translation model is served")
     texts: list[str] = _texts_field()
@@ -68,7 +79,7 @@ class TranslateRequest(_Strict):
     _unicode = field_validator("texts")(_check_unicode)
 
 
-class ClassifyRequest(_Strict):
+class ClassifyRequest(Strict):
     model: str | None = Field(None, description="the model's name (GET /models); optional when one "
                                                 "classification model is served")
     texts: list[str] = _texts_field()
@@ -77,7 +88,7 @@ class ClassifyRequest(_Strict):
     _unicode = field_validator("texts")(_check_unicode)
 
 
-class GenerateRequest(_Strict):
+class GenerateRequest(Strict):
     """``POST /generate``: continue ``prompt``. The numbers' ranges are checked as ``attnkit generate`` checks its
     options (:func:`attnkit.inference.language_model.check_sampling`, ``prompt_ids``), with the same messages."""
 
@@ -105,17 +116,9 @@ class GenerateRequest(_Strict):
     @field_validator("prompt")
     @classmethod
     def _prompt_unicode(cls, prompt: str) -> str:
-        return _valid_unicode(prompt, "prompt")
+        return valid_unicode(prompt, "prompt")
 
-    @field_validator("stop")
-    @classmethod
-    def _stops(cls, stop: list[str]) -> list[str]:
-        for i, s in enumerate(stop):
-            if not 0 < len(s) <= MAX_STOP_CHARS:
-                raise PydanticCustomError("stop_length", "stop[{index}] must be 1..{most} characters long",
-                                          {"index": i, "most": MAX_STOP_CHARS})
-            _valid_unicode(s, f"stop[{i}]")
-        return stop
+    _stops = field_validator("stop")(check_stops)
 
 
 class GenerateResponse(BaseModel):
@@ -165,6 +168,12 @@ def _where(loc: tuple) -> str:
 
 def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
     """422 for a request that does not fit its schema, naming each field (the app's exception handler)."""
+    message, detail = validation_problems(request, exc)
+    return error_response(422, message, detail=detail)
+
+
+def validation_problems(request: Request, exc: RequestValidationError) -> tuple[str, list[dict]]:
+    """What does not fit the schema: every problem in one line, and each as ``{"field", "message", "type"}``."""
     errors = exc.errors()
     problems = []
     for e in errors:
@@ -178,4 +187,4 @@ def validation_error(request: Request, exc: RequestValidationError) -> JSONRespo
         problems.append(problem)
     detail = [{"field": "body" if e.get("type") == "json_invalid" else _where(tuple(e["loc"])), "message": e["msg"],
                "type": e["type"]} for e in errors]
-    return error_response(422, "; ".join(problems), detail=detail)
+    return "; ".join(problems), detail

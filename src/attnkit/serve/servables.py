@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from itertools import count
 from pathlib import Path
@@ -30,6 +30,7 @@ from typing import Literal, Protocol
 import torch
 
 from ..common.errors import UserError
+from ..data.chat_template import ChatTemplate, end_of_turn
 from ..engine import Engine
 from ..engine.compiled_decoding import CompiledDecoder
 from ..engine.continuous import ContinuousGreedy, Finished, supports_continuous
@@ -37,6 +38,7 @@ from ..export import is_exported
 from ..export.ctranslate2 import MANIFEST, ExportedTranslator
 from ..export.ctranslate2_lm import ExportedGenerator
 from ..inference.attention_maps import AttentionMaps, attention_maps
+from ..inference.chat import conversation_ids, run_template
 from ..inference.classify import predict
 from ..inference.language_model import context_limit, prompt_ids
 from ..inference.translate import encode_sources, source_limit, translate_texts
@@ -82,13 +84,16 @@ class Servable(Protocol):
     (:class:`~attnkit.serve.generation.ContinuousGeneration`). A language model's ``prompt_ids`` are a prompt's
     ids, checked (from the event loop: cheap, no model), and ``generate`` runs jobs as one batch; its
     ``attention`` shows ``target``, the continuation, after the prompt ``text``; ``seeded``: a request may give
-    its own seed (a run; not a CTranslate2 export, which samples from one generator). ``warm_up`` runs on the
+    its own seed (a run; not a CTranslate2 export, which samples from one generator). ``chat_ids`` are the ids
+    that answer a conversation (``messages``) laid out by the model's chat template, checked like ``prompt_ids``,
+    and ``end_of_turn`` the ids and strings its answer stops at (``data.end_of_turn``). ``warm_up`` runs on the
     worker's thread before its first job (``attnkit serve --compile`` compiles there).
     """
 
     info: ModelInfo
     seeded: bool
     stepper: ContinuousTranslation | ContinuousGeneration | None
+    end_of_turn: tuple[frozenset[int], tuple[str, ...]]
 
     def lengths(self, texts: list[str]) -> list[int]: ...
     def warm_up(self) -> None: ...
@@ -97,7 +102,13 @@ class Servable(Protocol):
     def attention(self, text: str, *, beam: int, lenpen: float, target: str | None = None) -> AttentionMaps: ...
     def prompt_ids(self, prompt: str, max_new_tokens: int | None, default: int, beyond_context: bool
                    ) -> tuple[list[int], int]: ...
+    def chat_ids(self, messages: Sequence[Mapping[str, str]], max_new_tokens: int | None, default: int,
+                 beyond_context: bool) -> tuple[list[int], int]: ...
     def generate(self, jobs: list[GenerationJob]) -> list[Generated]: ...
+
+
+#: A servable's ``end_of_turn`` when it has no chat template.
+NO_TURNS: tuple[frozenset[int], tuple[str, ...]] = (frozenset(), ())
 
 
 def _translation_info(run: LoadedRun, name: str, parameters: int) -> ModelInfo:
@@ -148,8 +159,14 @@ class RunServable:
         self.stepper = stepper(self) if stepper is not None else None
         compiled = run.engine.mode == "compiled" and serves == "generate"
         self.compiled = CompiledDecoder(run.model) if compiled else None
+        self.template: ChatTemplate | None = None
+        self.end_of_turn = NO_TURNS
         if serves == "generate":
             self.stepper = ContinuousGeneration(run.model, run.tok, self.compiled.prefill if self.compiled else None)
+            if run.cfg.data.chat_template:
+                self.template = run_template(run, name)
+                ids, texts = end_of_turn(run.tok, run.cfg.data.end_of_turn)
+                self.end_of_turn = (frozenset(ids), tuple(texts))
 
     def warm_up(self) -> None:
         """(The model's worker thread, before its first job.) Compile the prompt pass, or load it from the cache of
@@ -178,6 +195,14 @@ class RunServable:
                    ) -> tuple[list[int], int]:
         return prompt_ids(self.run.tok, prompt, context_limit(self.run), max_new_tokens, default=default,
                           beyond_context=beyond_context)
+
+    def chat_ids(self, messages: Sequence[Mapping[str, str]], max_new_tokens: int | None, default: int,
+                 beyond_context: bool) -> tuple[list[int], int]:
+        if self.template is None:
+            raise UserError(f"model {self.info.name!r} has no chat template (data.chat_template in its config.yaml; "
+                            "an imported checkpoint brings its own): /v1/completions continues plain text")
+        return conversation_ids(self.run.tok, self.template, messages, context_limit(self.run), max_new_tokens,
+                                beyond_context=beyond_context, default=default)
 
     def generate(self, jobs: list[GenerationJob]) -> list[Generated]:
         return ContinuousGeneration(self.run.model, self.run.tok).run(jobs)
@@ -240,6 +265,7 @@ class ExportedServable:
 
     stepper = None  # CTranslate2 decodes whole batches
     seeded = False  # CTranslate2 samples from one generator per process
+    end_of_turn = NO_TURNS
 
     def __init__(self, path: Path, threads: int = 0) -> None:
         self.translator = ExportedTranslator(path, threads=threads)
@@ -272,6 +298,11 @@ class ExportedServable:
     def prompt_ids(self, prompt: str, max_new_tokens: int | None, default: int, beyond_context: bool
                    ) -> tuple[list[int], int]:
         raise UserError(f"{self.info.name} is a translation model")
+
+    def chat_ids(self, messages: Sequence[Mapping[str, str]], max_new_tokens: int | None, default: int,
+                 beyond_context: bool) -> tuple[list[int], int]:
+        raise UserError(f"model {self.info.name!r} is a CTranslate2 export, which keeps no chat template: serve the "
+                        "run directory it was exported from to chat, or use /v1/completions")
 
     def generate(self, jobs: list[GenerationJob]) -> list[Generated]:
         raise UserError(f"{self.info.name} is a translation model")
