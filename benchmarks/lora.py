@@ -19,7 +19,7 @@ in the same precision, with AdamW and the gradient clipped to 1:
 One contender at a time, each in a fresh process (so its peak memory is its own: the resident set on a CPU,
 ``torch.cuda.max_memory_allocated`` on a GPU), alternating, ``--repeats`` times; ``--warmup`` updates untimed, then
 ``--steps`` timed. Tokens/s counts the tokens predicted (batch x block per update). Every run is appended to
-``results/lora.json``; the table in ``docs/language-models.md`` shows the latest run per host.
+``results/lora.json``; the table in ``docs/lm-results.md`` shows the latest run per host kind.
 """
 
 from __future__ import annotations
@@ -222,25 +222,27 @@ def summary(run: dict) -> dict[str, tuple[float, float, float, list[float]]]:
     return out
 
 
-def markdown_table(results: dict) -> str:
-    """docs/language-models.md: the latest run per host, each contender's median tokens/s and peak memory, and
-    attnkit's ratio to transformers + PEFT; a line with the number of runs and passes."""
-    latest: dict[str, dict] = {}
-    for run in results["runs"]:
-        latest[f"{run['device']}: {run['host']}"] = run
+def attnkit_over_peft(run: dict) -> float:
+    """The headline: attnkit's median tokens/s over transformers + PEFT's."""
+    s = summary(run)
+    return s["attnkit"][0] / s["transformers + PEFT"][0]
+
+
+def markdown_table(runs: list[dict]) -> str:
+    """docs/lm-results.md: each of ``runs`` (``report.py`` gives the latest of each host kind), each contender's
+    median tokens/s and peak memory, and its ratio to transformers + PEFT's."""
     rows = []
-    for host, run in latest.items():
+    for run in runs:
         s = summary(run)
         peft_rate, peft_memory = s["transformers + PEFT"][:2]
+        host = f"{run['device']}: {run['host']}"
         for name, (rate, memory, spread, rates) in s.items():
             rows.append([name, host, run["model"], f"r {run['rank']}, {run['batch']} x {run['block']}, "
                          f"{run['precision']}", num(rate), f"{rate / peft_rate:.2f}x", f"{memory:.2f}",
                          f"{memory / peft_memory:.2f}x", f"{len(rates)}, {spread:.0%}", measured(run)])
     table = markdown(["contender", "host", "model", "LoRA, batch, precision", "tokens/s", "vs PEFT", "peak GB",
                       "vs PEFT", "passes, spread", "measured"], rows, "llllrrrrrl")
-    note = (f"{len(results['runs'])} run(s) in `benchmarks/results/lora.json`; each row is the median of its "
-            f"passes, the spread (max / min - 1) of their tokens/s beside it.")
-    return f"{table}\n\n{note}\n"
+    return f"{table}\n\nEach row is the median of its passes, the spread (max / min - 1) of their tokens/s beside it.\n"
 
 
 def arguments(argv: list[str] | None = None) -> argparse.Namespace:
@@ -279,7 +281,7 @@ def main() -> None:
         return
     result = measure(args)
     append_run(args.out, result)
-    print(markdown_table({"runs": [result]}))
+    print(markdown_table([result]))
     print(f"wrote {args.out}")
 
 

@@ -50,5 +50,6 @@ def test_both_contenders_train_the_same_model_on_the_same_batches(bench, tmp_pat
             for name, s in zip(bench.CONTENDERS, (attnkit_seconds, peft_seconds), strict=True)]
     run = {"date": "2026-01-01T00:00:00", "commit": "abc1234", "device": "cpu", "host": "test", "rank": 8,
            "batch": 2, "block": 16, "precision": "float32", **setting, "measurements": rows}
-    table = bench.markdown_table({"runs": [run]})
+    table = bench.markdown_table([run])
     assert table.count("\n| ") == 3 and "transformers + PEFT" in table and "1.00x" in table
+    assert bench.attnkit_over_peft(run) == pytest.approx(peft_seconds / attnkit_seconds)

@@ -16,7 +16,7 @@ Greedy decoding gives the same text; samples come from CTranslate2's own random 
 
 --engine compiled decodes through the engine's compiled prompt pass and step (compiled ahead of time by
 torch.export and AOTInductor, a static key/value cache): the same logits up to float rounding, faster per token
-once compiled, after seconds of compiling per batch size (benchmarks/generate_race.py). The compiled code (no
+once compiled, after seconds of compiling per batch size (docs/engine.md). The compiled code (no
 weights) is kept in $ATTNKIT_CACHE/compiled-steps (else attnkit/compiled-steps under $XDG_CACHE_HOME or ~/.cache;
 ATTNKIT_CACHE=off: nowhere), so the next run of a model of the same architecture skips the compiling. --quantize
 int8 decodes through a copy of the model whose linear layers hold int8 weights, one scale per output row

@@ -187,7 +187,7 @@ class TrainConfig:
     seed: int = 1
     max_tokens: int = 4096  # padded tokens per batch (max of source and target side)
     # pad batch lengths to a multiple of this. Coarser means fewer distinct shapes (oneDNN builds
-    # and keeps a kernel per bf16 matmul shape); finer means less padding (benchmarks/README.md)
+    # and keeps a kernel per bf16 matmul shape); finer means less padding
     pad_multiple: int = 4
     accumulate: int = 1  # batches per update and worker
     tokens_per_update: int = 0  # if set: accumulate = this / (max_tokens x workers), constant over worker counts

@@ -42,7 +42,7 @@ CHUNK_ROWS = 1024
 GPU_CHUNK_LOGITS = 1 << 26
 #: The last chunk is padded to a multiple of this many rows. The number of scored tokens changes
 #: every batch, and oneDNN (bf16 matmuls on the CPU) builds and keeps a kernel per matrix shape:
-#: unpadded, every batch would add three (benchmarks/README.md, "Memory").
+#: unpadded, every batch would add three, and the process's memory would grow with them.
 ROW_MULTIPLE = 128
 #: Below this a target's probability has lost precision (float32 / bfloat16 subnormals start at
 #: 1.2e-38), and its row's log-sum-exp is computed directly instead.
