@@ -25,12 +25,13 @@ WORKER = os.environ.get("PYTEST_XDIST_WORKER")
 
 
 def pytest_configure(config) -> None:
-    """Under pytest-xdist each worker computes with one thread: the workers share the machine's cores between them
-    (torch's default of a thread per core would make each wait for the others at every parallel region)."""
+    """Under pytest-xdist the workers share the machine's cores: each computes with its share of them (torch's
+    default of a thread per core would make each wait for the others at every parallel region)."""
     if WORKER is not None:
         import torch
 
-        torch.set_num_threads(1)
+        workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
 
 
 @pytest.fixture(autouse=True, scope="session")
