@@ -2,7 +2,7 @@
 
 Run from the repository root (2 cores are shared: run nothing else timed at the same time)::
 
-    python benchmarks/attention.py            # full run, writes benchmarks/results/attention.json
+    python benchmarks/attention.py            # full run, appended to benchmarks/results/attention.json
     python benchmarks/attention.py --quick    # smoke test: T in {64, 256}, few repetitions
 
 Contenders, all with B=16, d_model=512, h=8 (d_k=64), dropout 0, modules in training mode:
@@ -57,7 +57,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from tables import markdown, measured
+from tables import append_run, markdown, measured
 
 try:
     from attnkit import MultiHeadAttention
@@ -263,10 +263,15 @@ def format_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def markdown_table(results: dict) -> str:
-    """README: attnkit's time over torch.nn.MultiheadAttention's per (T, precision), unmasked and padded."""
+def longest_fp32(run: dict) -> float:
+    """attnkit's time over torch's at the longest T in float32, unmasked: the headline."""
+    return max((t for t in run["targets"] if t["precision"] == "fp32"), key=lambda t: t["T"])["attnkit_ratio_no_mask"]
+
+
+def markdown_table(runs: list[dict]) -> str:
+    """attnkit's time over torch.nn.MultiheadAttention's per (T, precision), unmasked and padded, per run."""
     rows = [[str(t["T"]), t["precision"], f"{t['attnkit_ratio_no_mask']:.2f}x", f"{t['attnkit_ratio_padding']:.2f}x",
-             f"<= {t['target_ratio']:.2f}x", measured(results)] for t in results["targets"]]
+             f"<= {t['target_ratio']:.2f}x", measured(results)] for results in runs for t in results["targets"]]
     return markdown(["T", "precision", "time / torch's, no mask", "with padding", "target", "measured"], rows,
                     "rlrrll")
 
@@ -360,8 +365,7 @@ def main(argv: list[str] | None = None) -> None:
         "elapsed_s": round(elapsed, 1),
         "table": table,
     }
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    out_path.write_text(json.dumps(report, indent=2) + "\n")
+    append_run(out_path, report)
     print(f"wrote {out_path}")
 
 

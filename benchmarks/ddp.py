@@ -14,7 +14,7 @@ Honest expectation: on a 2-core machine the processes split the same two cores, 
 arithmetic is the same and DDP adds the gradient all-reduce and one process's memory
 traffic more. This measures that *overhead*; a speed-up needs more cores, GPUs or machines.
 
-Writes ``benchmarks/results/ddp.json``.
+Appends the run to ``benchmarks/results/ddp.json`` (every run kept).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from tables import markdown, measured, num
+from tables import append_run, cpu_info, markdown, measured, num
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data" / "multi30k"
@@ -86,10 +86,16 @@ def run_contender(processes: int, args: argparse.Namespace, overrides: list[str]
     return json.loads(lines[-1][7:])
 
 
-def markdown_table(results: dict) -> str:
-    """README: target tokens/s of each process layout at the same tokens per update."""
+def two_processes(run: dict) -> float:
+    """The last layout's tokens/s over the first's, the headline."""
+    return run["rows"][-1]["ratio_to_first"]
+
+
+def markdown_table(runs: list[dict]) -> str:
+    """Target tokens/s of each process layout at the same tokens per update, per run."""
     rows = [[f"{r['processes']} x {r['threads_per_process']}", str(r["accumulate"]), num(r["tokens_per_update"]),
-             num(r["tgt_tok_per_s"]), f"**{r['ratio_to_first']:.2f}x**", measured(results)] for r in results["rows"]]
+             num(r["tgt_tok_per_s"]), f"**{r['ratio_to_first']:.2f}x**", measured(results)]
+            for results in runs for r in results["rows"]]
     return markdown(["processes x threads", "accumulate", "tokens per update", "target tok/s", "x the first",
                      "measured"], rows, "lrrrrl")
 
@@ -145,14 +151,13 @@ def main() -> None:
     print(note)
     import torch
 
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     from attnkit.common.measure import stamp
 
-    Path(args.out).write_text(json.dumps({
-        **stamp(), "torch": torch.__version__, "cpus": cpus,
+    append_run(Path(args.out), {
+        **stamp(), "torch": torch.__version__, "cpus": cpus, "cpu": cpu_info(),
         "config": os.path.relpath(args.config, ROOT), "overrides": args.set, "measured_seconds": args.time,
         "warmup_updates": args.warmup_updates, "rows": rows, "note": note,
-        "command": " ".join(["python", "benchmarks/ddp.py", *sys.argv[1:]])}, indent=2) + "\n")
+        "command": " ".join(["python", "benchmarks/ddp.py", *sys.argv[1:]])})
     print(f"wrote {args.out}")
 
 

@@ -20,7 +20,7 @@ included, for both engines). Target tokens are the SentencePiece pieces of the o
 untimed workers decode greedily in float32 with attnkit and with CTranslate2 for the agreement
 rate. BLEU is sacreBLEU (cased, 13a) via ``attnkit.inference.scores``.
 
-Writes ``benchmarks/results/decode.json``; :func:`markdown_table` renders the README table.
+Appends the race to ``benchmarks/results/decode.json`` (every race kept); :func:`markdown_table` renders it.
 """
 
 from __future__ import annotations
@@ -35,6 +35,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from tables import append_run, cpu_info  # noqa: E402
+
 DATA = ROOT.parent / "shared" / "data" / "multi30k"
 RESULTS = ROOT / "benchmarks" / "results" / "decode.json"
 TEST = "test_2016_flickr"
@@ -76,8 +79,8 @@ def worker(args: argparse.Namespace) -> None:
     sys.path.insert(0, str(ROOT / "src"))
     from attnkit.export.ctranslate2 import ExportedTranslator
     from attnkit.inference.translate import translate_texts
-    from attnkit.runs.load import load_run
     from attnkit.search import Uncached
+    from attnkit.tasks import load_run
 
     threads = args.threads[0]  # a worker runs at one thread count
     torch.set_num_threads(threads)
@@ -153,9 +156,8 @@ def race(args: argparse.Namespace) -> dict:
     from attnkit.common.measure import stamp
     from attnkit.data.tokenizer import Tokenizer
     from attnkit.export.ctranslate2 import export_ctranslate2
-    from nbsvm import cpu_model  # benchmarks/ is on sys.path when this script runs
 
-    results: dict = {**stamp(), "cpu": cpu_model(),
+    results: dict = {**stamp(), "cpu": cpu_info(),
                      "load_average_1min_at_start": round(os.getloadavg()[0], 2),
                      "test": TEST, "sentences": args.sentences, "beam": args.beam, "batch_size": args.batch_size,
                      "threads": args.threads, "command": " ".join(["python", "benchmarks/decode.py", *sys.argv[1:]]),
@@ -216,17 +218,14 @@ def _threads(r: dict) -> str:
     return " and ".join(str(t) for t in counts) + (" thread" if counts == [1] else " threads")
 
 
-def markdown_table(runs: dict[str, dict]) -> str:
-    """The README table of the newest race (``results/decode.json``), then one line per earlier race
-    (``results/earlier/decode.*.json``): each measurement is reported, not only the best."""
-    ordered = sorted(runs.values(), key=lambda r: r["date"], reverse=True)
-    text = _race_table(ordered[0])
-    for r in ordered[1:]:
-        ratio = r["attnkit_over_ct2_int8_tokens"]
-        text += (f"\nEarlier race, {r['date'][:10]} at commit {r['commit']}, {_threads(r)}: attnkit "
-                 f"{ratio['attnkit-fp32']:.2f}x (float32) / {ratio['attnkit-bf16']:.2f}x (bf16) of CTranslate2 int8's "
-                 f"tokens/s (`benchmarks/results/earlier/`).\n")
-    return text
+def bf16_over_int8(run: dict) -> float:
+    """attnkit bf16's tokens/s over CTranslate2 int8's, the headline."""
+    return run["attnkit_over_ct2_int8_tokens"]["attnkit-bf16"]
+
+
+def markdown_table(runs: list[dict]) -> str:
+    """Each race, newest first: every contender at each thread count."""
+    return "\n".join(_race_table(r) for r in sorted(runs, key=lambda r: r["date"], reverse=True))
 
 
 def _race_table(results: dict) -> str:
@@ -243,15 +242,15 @@ def _race_table(results: dict) -> str:
              f"commit {results['commit']}{shared})"
              + ("; in bold each contender's best thread count, which the ratios use:" if len(by_threads) > 1 else ":"),
              "",
-             "| decoder | threads | target tokens/s | sentences/s | BLEU | peak RSS |",
-             "|---|---:|---:|---:|---:|---:|"]
+             "| decoder | " + " | ".join(f"target tokens/s, {t} thread{'s' if t != '1' else ''}" for t in by_threads)
+             + " | sentences/s (best) | BLEU | peak RSS |",
+             "|---|" + "---:|" * (len(by_threads) + 3)]
     for name, label in LABELS.items():
-        for threads, by in by_threads.items():
-            r = by[name]
-            best = len(by_threads) > 1 and r == c[name]
-            speed = f"**{r['tokens_per_s']:,.0f}**" if best else f"{r['tokens_per_s']:,.0f}"
-            lines.append(f"| {label} | {threads} | {speed} | {r['sentences_per_s']:.1f} | {r['bleu']:.2f} | "
-                         f"{_gb(r['peak_rss_gb'])} |")
+        best = c[name]
+        speeds = [f"**{by[name]['tokens_per_s']:,.0f}**" if len(by_threads) > 1 and by[name] == best
+                  else f"{by[name]['tokens_per_s']:,.0f}" for by in by_threads.values()]
+        lines.append(f"| {label} | {' | '.join(speeds)} | {best['sentences_per_s']:.1f} | {best['bleu']:.2f} | "
+                     f"{_gb(best['peak_rss_gb'])} |")
     ratio = results["attnkit_over_ct2_int8_tokens"]
     lines += ["",
               f"attnkit's beam search reaches {ratio['attnkit-fp32']:.2f}x (float32) and {ratio['attnkit-bf16']:.2f}x "
@@ -295,7 +294,7 @@ def main() -> None:
         worker(args)
         return
     if args.table:
-        print(markdown_table({str(RESULTS): json.loads(RESULTS.read_text(encoding="utf-8"))}), end="")
+        print(markdown_table(json.loads(RESULTS.read_text(encoding="utf-8"))["runs"][-1:]), end="")
         return
     if not DATA.exists():
         sys.exit(f"{DATA} is missing: this benchmark needs ../shared/data/multi30k beside the repository")
@@ -303,8 +302,8 @@ def main() -> None:
         sys.exit("give the trained de->en run: --de-en RUN_DIR")
     results = race(args)
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
-    print(markdown_table({str(RESULTS): results}))
+    append_run(RESULTS, results)
+    print(markdown_table([results]))
     print(f"wrote {RESULTS.relative_to(ROOT)}")
 
 

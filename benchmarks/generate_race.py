@@ -59,8 +59,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT / "src"))
 
 from attnkit.common.measure import stamp  # noqa: E402
-from attnkit.runs.load import load_run  # noqa: E402
 from attnkit.sampling import generate  # noqa: E402
+from attnkit.tasks import load_run  # noqa: E402
 from attnkit.training.runtime import cpu_has_fast_bf16  # noqa: E402
 from nbsvm import cpu_model  # noqa: E402
 from tables import append_run, markdown, measured  # noqa: E402
@@ -149,8 +149,8 @@ def contender_process(conn, build, args: tuple, threads: int) -> None:
     why)``) until it receives ``None``.
 
     A process each, because a library's thread pool slows the others' in a shared process: CTranslate2 brings
-    its own OpenMP runtime, and after its two-thread contenders ran, every two-thread torch call in that process
-    took several times longer (``generate-race.json``, the note of the run of 2026-11-26 at ``e3dc2ab``)."""
+    its own OpenMP runtime, and after its two-thread contenders have run, every two-thread torch call in the same
+    process is slowed."""
     torch.set_num_threads(threads)
     try:
         contender = build(*args)
@@ -417,10 +417,17 @@ def best(rows: list[dict], name: str, batch: int) -> tuple[float, list[float], i
     return sorted(passes)[len(passes) // 2], passes, t
 
 
-def markdown_table(runs: dict) -> str:
-    """docs/language-models.md: tokens/s of each contender (best thread count, every pass), ratios, served."""
+def fastest_attnkit(run: dict) -> float | None:
+    """The fastest attnkit contender's tokens/s at batch 1 (its best thread count), the headline."""
+    rates = [best(run["offline"], n, 1)[0] for n in {r["contender"] for r in run["offline"]
+                                                     if r["contender"].startswith("attnkit") and r["batch"] == 1}]
+    return max(rates) if rates else None
+
+
+def markdown_table(runs: list[dict]) -> str:
+    """Tokens/s of each contender (best thread count, every pass), ratios, served; one table per run."""
     out = []
-    for run in runs["runs"]:
+    for run in runs:
         rows, names = run["offline"], list(dict.fromkeys(r["contender"] for r in run["offline"]))
         # the columns of ratios: attnkit float32, and the compiled contenders of runs that have them
         yardsticks = ["attnkit float32"] + [n for n in ("attnkit compiled float32", "attnkit compiled int8")
@@ -470,8 +477,7 @@ def markdown_table(runs: dict) -> str:
         not_run = "".join(f" {name} did not run there ({why})." for name, why in run.get("not_run", {}).items())
         out.append(f"Model: {m['layers']} layers x {m['d_model']}, {m['heads']} heads, {m['parameters']:,} "
                    f"parameters; greedy, {run['new_tokens']} new tokens. {where}"
-                   f"{'yes' if run['bf16'] else 'no, so attnkit bf16 is not a contender'}).{not_run} {measured(run)}"
-                   + (f". Note: {run['note']}." if run.get("note") else ""))
+                   f"{'yes' if run['bf16'] else 'no, so attnkit bf16 is not a contender'}).{not_run} {measured(run)}.")
     return "\n\n".join(out)
 
 
@@ -491,7 +497,7 @@ def main() -> None:
     result = measure(args)
     out = OUT_GPU if args.device == "cuda" else OUT
     append_run(out, result, args.note)
-    print(markdown_table({"runs": [result]}))
+    print(markdown_table([result]))
     print(f"wrote {out}")
 
 

@@ -45,8 +45,8 @@ contender's weight format, bounds its tokens/s; each batch-1 row gives its share
 run: at batch 1, attnkit >= llama.cpp and >= CTranslate2 at the same weight precision, >= 2x transformers, int8 at
 >= 0.8 of the bandwidth limit; at batch 32, >= CTranslate2 float32.
 
-Writes every run to ``benchmarks/results/generation-race.json`` (``--out``); :func:`markdown_table` renders the
-latest run of each model on each host kind, with a line on how many runs there were and their spread.
+Writes every run to ``benchmarks/results/generation-race.json`` (``--out``); :func:`markdown_table` renders runs, and
+``benchmarks/report.py`` shows the latest of each model on each host kind with the count and spread of the runs.
 """
 
 from __future__ import annotations
@@ -72,10 +72,9 @@ import llama_cpp_peer  # noqa: E402
 import smollm2_shape  # noqa: E402
 from attnkit.common.measure import stamp  # noqa: E402
 from attnkit.data.tokenizer import Tokenizer  # noqa: E402
-from attnkit.runs.load import load_run  # noqa: E402
+from attnkit.tasks import load_run  # noqa: E402
 from generate_race import Contender, train_model  # noqa: E402
-from tables import append_run, markdown, measured, num  # noqa: E402
-from throughput import cpu_info  # noqa: E402
+from tables import append_run, cpu_info, host_kind, markdown, measured, num  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "results" / "generation-race.json"
 TEXT = ROOT.parent / "shared" / "data" / "shakespeare" / "input.txt"
@@ -438,32 +437,23 @@ def measure_model(model: RaceModel, work: Path, cache: Path, args: argparse.Name
 # -- the docs' table --------------------------------------------------------------------------------------------
 
 
-def host_kind(run: dict) -> str:
-    """The CPU model and its bf16 units: results carry over between hosts of one kind only."""
-    cpu = run["cpu"]
-    units = "AMX" if cpu.get("amx_bf16") else "AVX512-BF16, no AMX" if cpu.get("avx512_bf16") else "no bf16 units"
-    return f"{cpu.get('model')} ({units})"
+def model_name(run: dict) -> list[tuple[str, dict]]:
+    """The race of each model (``smollm2``, ``race``)."""
+    return [(f"**{run['model']['name']}**", run)]
 
 
-def spread(runs: list[dict], batch: int) -> str:
-    """``12 to 15 tok/s``: the range, over ``runs``, of the fastest attnkit mode's median tok/s at ``batch``."""
-    rates = []
-    for run in runs:
-        names = {r["contender"] for r in run["offline"] if r["contender"].startswith("attnkit ")}
-        found = [b[0] for n in names if (b := best(run["offline"], n, batch))]
-        rates += [max(found)] if found else []
-    return f"{min(rates):,.1f} to {max(rates):,.1f} tok/s" if rates else "none"
+def fastest_attnkit(run: dict) -> float | None:
+    """The fastest attnkit mode's median tokens/s at batch 1 (best thread count), the headline."""
+    names = {r["contender"] for r in run["offline"] if r["contender"].startswith("attnkit ")}
+    found = [b[0] for n in names if (b := best(run["offline"], n, 1))]
+    return max(found) if found else None
 
 
-def markdown_table(results: dict) -> str:
-    """The latest run of each model on each host kind: tokens/s of every contender (best thread count, every
-    pass), its share of the bandwidth limit at batch 1, its agreement; the targets; the count and spread of runs."""
-    latest: dict[tuple[str, str], list[dict]] = {}
-    for run in results["runs"]:
-        latest.setdefault((run["model"]["name"], host_kind(run)), []).append(run)
+def markdown_table(runs: list[dict]) -> str:
+    """Each run: tokens/s of every contender (best thread count, every pass), its share of the bandwidth limit at
+    batch 1, its agreement; the targets."""
     out = []
-    for (_, host), runs in latest.items():
-        run = runs[-1]
+    for run in runs:
         rows, limit = run["offline"], run["limits"]
         table = []
         for b in sorted({r["batch"] for r in rows}):
@@ -481,7 +471,7 @@ def markdown_table(results: dict) -> str:
         m = run["model"]
         out.append(f"**{m['name']}**: {m['source']}; {m['layers']} layers x {m['d_model']}, {m['heads']} heads "
                    f"({m['kv_heads']} key/value), {m['parameters']:,} parameters; greedy, {run['new_tokens']} new "
-                   f"tokens after {run['prompt_tokens']}. {host}.")
+                   f"tokens after {run['prompt_tokens']}. {host_kind(run)}.")
         out.append(markdown(["batch", "contender", "threads", "tok/s (median)", "every pass", "of the limit",
                              f"same rows / tokens as {run['yardstick']}"], table, "rlrrrrr"))
         bw = ", ".join(f"{b['read_gb_s']:.1f} GB/s at {b['threads']} thread{'s' if b['threads'] > 1 else ''}"
@@ -495,11 +485,7 @@ def markdown_table(results: dict) -> str:
                                   f"{t['bar']:g}", f"not judged: {t['why']}" if t["met"] is None else
                                   "yes" if t["met"] else "**no**"] for t in run["targets"]], "llrrl"))
         not_run = "".join(f" {name}: {why}." for name, why in run["not_run"].items())
-        out.append((f"Not run:{not_run} " if not_run else "") + f"Measured {measured(run)} by `{run['command']}`"
-                   + (f". Note: {run['note']}." if run.get("note") else ".")
-                   + f" {len(runs)} run{'s' if len(runs) > 1 else ''} of this race on this host kind "
-                   f"({runs[0]['date'][:10]} to {run['date'][:10]}): attnkit's fastest mode "
-                   + ", ".join(f"at batch {b} {spread(runs, b)}" for b in sorted({r["batch"] for r in rows})) + ".")
+        out.append((f"Not run:{not_run} " if not_run else "") + f"Measured {measured(run)} by `{run['command']}`.")
     return "\n\n".join(out)
 
 
@@ -541,7 +527,7 @@ def main(argv: list[str] | None = None) -> None:
             if not args.keep:
                 shutil.rmtree(work, ignore_errors=True)
         append_run(args.out, result, args.note)
-        print(markdown_table({"runs": [result]}), flush=True)
+        print(markdown_table([result]), flush=True)
     print(f"wrote {args.out}")
 
 

@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from attnkit.common.measure import stamp  # noqa: E402
 from attnkit.inference.translate import translate_texts  # noqa: E402
-from attnkit.runs.load import load_run  # noqa: E402
+from attnkit.tasks import load_run  # noqa: E402
 from nbsvm import cpu_model  # noqa: E402
 from tables import append_run, markdown, measured  # noqa: E402
 
@@ -113,10 +113,22 @@ def measure(run: Path, n: int, threads: list[int], repeats: int) -> dict:
             "measurements": rows, "bleu": bleu, "identical_share": sum(x == y for x, y in zip(a, b, strict=True)) / n}
 
 
-def markdown_table(runs: dict) -> str:
-    """docs/results.md: sentences/s of each contender at each thread count, every pass, every run."""
+def attnkit_over_transformers(run: dict) -> float:
+    """attnkit's best median sentences/s over transformers', the headline."""
+    by: dict[str, list[float]] = {}
+    for m in run["measurements"]:
+        by.setdefault((m["contender"], m["threads"]), []).append(m["sentences_per_s"])
+    best = {}
+    for (name, _), rates in by.items():
+        best[name] = max(best.get(name, 0.0), sorted(rates)[len(rates) // 2])
+    ours = next(v for k, v in best.items() if k.startswith("attnkit"))
+    return ours / next(v for k, v in best.items() if not k.startswith("attnkit"))
+
+
+def markdown_table(runs: list[dict]) -> str:
+    """Sentences/s of each contender at each thread count, every pass, per run."""
     rows = []
-    for run in runs["runs"]:
+    for run in runs:
         by = {}
         for m in run["measurements"]:
             by.setdefault((m["contender"], m["threads"]), []).append(m["sentences_per_s"])
@@ -136,7 +148,7 @@ def main() -> None:
     args = p.parse_args()
     result = measure(args.run, args.sentences, args.threads, args.repeats)
     append_run(OUT, result)
-    print(markdown_table({"runs": [result]}))
+    print(markdown_table([result]))
     print(f"wrote {OUT}")
 
 

@@ -34,7 +34,7 @@ from attnkit.common.measure import stamp  # noqa: E402
 from attnkit.config.loader import load_config  # noqa: E402
 from attnkit.config.schema import RunConfig  # noqa: E402
 from attnkit.inference.classify import evaluate_classifier  # noqa: E402
-from attnkit.runs.load import load_run  # noqa: E402
+from attnkit.tasks import load_run  # noqa: E402
 from attnkit.tasks.classification import read_validation  # noqa: E402
 from tables import markdown, num  # noqa: E402
 
@@ -217,7 +217,7 @@ def markdown_brief(results: dict) -> str:
 
 
 def markdown_trials(trials: dict) -> str:
-    """README: every run of every config in ``imdb-trials.json``, the reported one marked, with its settings.
+    """Every run of every config in ``imdb-trials.json`` (``--trials``), the reported one marked, with its settings.
 
     The reported run of a config is its last one, unless that says ``"reported": false`` (a run stopped early)."""
     rows = []
@@ -347,7 +347,9 @@ def markdown_probes(results: dict) -> str:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("configs", nargs="+", help="config files, and KEY=VALUE overrides for all of them")
+    p.add_argument("configs", nargs="*", help="config files, and KEY=VALUE overrides for all of them")
+    p.add_argument("--trials", action="store_true",
+                   help="print every recorded run of each config (results/imdb-trials.json), with its settings")
     p.add_argument("--record-only", action="store_true", help="score runs/<name> as it is, without training")
     p.add_argument("--out", default=str(RESULTS / "imdb.json"))
     p.add_argument("--record-probe", metavar="RUN_DIR", help="append the pretraining run RUN_DIR (trained by hand, "
@@ -359,6 +361,11 @@ def main() -> None:
                    help="with --trial: a run that does not stand for its config (stopped early); imdb.json "
                         "is left as it was")
     args = p.parse_args()
+    if args.trials:
+        print(markdown_trials(json.loads((RESULTS / "imdb-trials.json").read_text(encoding="utf-8"))))
+        return
+    if not args.configs:
+        p.error("give a config to train (or --trials)")
     if args.record_probe:
         print(json.dumps(record_probe(Path(args.record_probe), " ".join(args.configs), RESULTS / "mlm-probes.json",
                                       args.probe_commit),

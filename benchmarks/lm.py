@@ -381,46 +381,64 @@ def shape_words(s: dict) -> str:
     return f"{s['n_layer']} layers x {s['n_embd']}, block {s['block_size']}, batch {s['batch_size']}"
 
 
-def markdown_table(results: dict) -> str:
-    """Every row of every run in ``lm.json``, the measured-at line under each."""
-    parts = []
-    for run in results["runs"]:
-        rows = []
+def _what(run: dict, r: dict) -> str:
+    """A row's measurement in words."""
+    return {"documented": "nanoGPT's documented CPU command; attnkit for the same time",
+            "budget": f"{run['minutes']:g} minutes of training each",
+            "hour": f"60 minutes of training, {r.get('threads')} thread(s)",
+            "throughput": f"training tokens/s, {shape_words(r.get('shape', THROUGHPUT_SHAPE))}"
+                          + (" (GPU)" if r.get("device") == "cuda" else ""),
+            "sampling": f"sampling tokens/s, batch {r.get('batch')} (float32)"}[r["row"]]
+
+
+def row(run: dict) -> list[tuple[str, dict]]:
+    """The races in one run, one per measurement (:func:`_what`): each with the run's rows of it alone."""
+    parts: dict[str, list[dict]] = {}
+    for r in run["rows"]:
+        parts.setdefault(_what(run, r), []).append(r)
+    return [(what, {**run, "rows": rows, "targets": [t for t in run.get("targets") or [] if {
+        "budget": "ahead", "throughput": ">="}.get(rows[0]["row"]) == t["target"].split()[0]]})
+        for what, rows in parts.items()]
+
+
+def attnkit_figure(run: dict) -> tuple[str, float | None]:
+    """The headline: attnkit's validation loss (training rows) or its tokens/s over nanoGPT's (speed rows)."""
+    ours = next((r for r in run["rows"] if r["contender"] == "attnkit"), None)
+    theirs = next((r for r in run["rows"] if r["contender"] == "nanoGPT"), None)
+    if ours is not None and "valid_loss" in ours:
+        return "attnkit's validation loss", ours["valid_loss"]
+    fast = ours is not None and theirs is not None and "tok_s" in ours and "tok_s" in theirs
+    return "attnkit's tokens/s over nanoGPT's", ours["tok_s"] / theirs["tok_s"] if fast else None
+
+
+def markdown_table(runs: list[dict]) -> str:
+    """Every row of ``runs`` (each run's rows of one measurement, :func:`row`), with where and when it ran; then
+    issue 55's targets as judged in those runs."""
+    rows, judged = [], []
+    for run in runs:
+        threads = f"{run['threads']} thread" + ("s" if run["threads"] != 1 else "")
+        where = f"{run['gpu']}, torch {run['torch']}" if run.get("gpu") else f"{run['cpu']}, {threads}"
         for r in run["rows"]:
-            what = {"documented": "nanoGPT's documented CPU command; attnkit for the same time",
-                    "budget": f"{run['minutes']:g} minutes of training each",
-                    "hour": f"60 minutes of training, {r.get('threads')} thread(s)",
-                    "throughput": f"training tokens/s, {shape_words(r.get('shape', THROUGHPUT_SHAPE))}"
-                                  + (" (GPU)" if r.get("device") == "cuda" else ""),
-                    "sampling": f"sampling tokens/s, batch {r.get('batch')} (float32)"}[r["row"]]
             if r["row"] in ("documented", "budget", "hour"):
                 steps = r.get("iterations") or r.get("updates")
                 value = f"valid loss **{r['valid_loss']:.4f}** ({steps:,} updates, {r['train_seconds'] / 60:.1f} min)"
                 if r.get("validations"):  # where the best checkpoint came from, and how the last validation ended
                     best = min(r["validations"], key=lambda v: v[2])
-                    last = r["validations"][-1]
-                    value += (f", lowest validation during training at update {best[0]:,} ({best[1]:.0f} min), "
-                              f"{last[2]:.4f} at the end")
-                if r["contender"] != "nanoGPT":  # its command without the run directory, so the row can be rerun
-                    words = r["command"].split(" ")
-                    value += f"; `{' '.join(words[:3] + words[5:])}`"
+                    value += f", lowest validation at update {best[0]:,} ({best[1]:.0f} min)"
             elif "not_run" in r:
                 value = f"not measured: {r['not_run']}"
             else:
                 value = f"{num(r['tok_s'])} tok/s"
-            chose = f" ({r['precision']})" if r.get("precision") else ""  # what precision: auto chose
-            rows.append([what, r["contender"] + chose, value])
-        threads = f"{run['threads']} thread" + ("s" if run["threads"] != 1 else "")
-        note = f" {run['note']}" if run.get("note") else ""
-        where = f"{run['gpu']} (host CPU {run['cpu']}), torch {run['torch']}" if run.get("gpu") else run["cpu"]
-        parts.append(markdown(["row", "contender", "result"], rows) + f"\n\n{where}, {threads}, "
-                     f"{run['precision']}; measured {measured(run)} by `{run['command']}`.{note}")
-        if run.get("targets"):
-            parts.append("Targets: " + "; ".join(
-                f"{t['target']}: " + (f"{t['ratio']:.2f}x" if "ratio" in t else
-                                      f"{t['attnkit']:.4f} against {t['nanogpt']:.4f}")
-                + (" (met)" if t["met"] else " (**not met**)") for t in run["targets"]) + ".")
-    return "\n\n".join(parts)
+            chose = f" ({r['precision']['precision']})" if r.get("precision") else ""  # what precision: auto chose
+            rows.append([_what(run, r), r["contender"] + chose, value, where, measured(run)])
+        judged += run.get("targets") or []
+    out = markdown(["measurement", "contender", "result", "host", "measured"], rows)
+    if judged:
+        out += "\n\nTargets: " + "; ".join(
+            f"{t['target']}: " + (f"{t['ratio']:.2f}x" if "ratio" in t else
+                                  f"{t['attnkit']:.4f} against {t['nanogpt']:.4f}")
+            + (" (met)" if t["met"] else " (**not met**)") for t in judged) + "."
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -493,7 +511,7 @@ def main(argv: list[str] | None = None) -> int:
         runs = [r for r in runs if r.get("started") != result["started"]]
         out.write_text(json.dumps({**{k: result[k] for k in ("date", "commit")}, "runs": [*runs, result]}, indent=2)
                        + "\n", encoding="utf-8")  # after every row: a failure later loses nothing measured
-    print(markdown_table({"runs": [result]}))
+    print(markdown_table([result]))
     return 0 if all(math.isfinite(r.get("valid_loss", 0.0)) for r in rows) else 1
 
 

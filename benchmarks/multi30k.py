@@ -6,9 +6,10 @@
     python benchmarks/multi30k.py --config configs/multi30k-de-en-rnn-noattn.yaml
     python benchmarks/multi30k.py --skip-train --run-dir runs/multi30k-de-en   # re-decode a trained run
 
-Writes ``benchmarks/results/<name>.json`` (BLEU cased/lowercased, chrF, signature, training
+Appends the run to ``benchmarks/results/<name>.json`` (BLEU cased/lowercased, chrF, signature, training
 minutes, validation BLEU against training minutes, decoding speed with and without the
-key/value cache) and ``benchmarks/results/<name>.test-hyp.txt`` (the detokenized hypotheses).
+key/value cache; every run kept) and writes ``benchmarks/results/<name>.test-hyp.txt`` (the latest run's
+detokenized hypotheses).
 Reads ``../shared/data/multi30k``; trains for the config's ``train.max_minutes`` (60).
 """
 
@@ -16,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import sys
 import time
 from pathlib import Path
@@ -32,11 +32,11 @@ from attnkit.config.schema import RunConfig  # noqa: E402
 from attnkit.data.readers import read_parallel  # noqa: E402
 from attnkit.inference.scores import translation_scores  # noqa: E402
 from attnkit.inference.translate import translate_texts  # noqa: E402
-from attnkit.runs.load import load_run  # noqa: E402
 from attnkit.search import LENPEN, Uncached  # noqa: E402
+from attnkit.tasks import load_run  # noqa: E402
 from attnkit.training.trainer import Trainer  # noqa: E402
 from attnkit.transformer import Transformer  # noqa: E402
-from tables import markdown, measured, num  # noqa: E402
+from tables import append_run, cpu_info, markdown, measured, num  # noqa: E402
 
 DATA = ROOT.parent / "shared" / "data" / "multi30k"
 
@@ -52,28 +52,46 @@ TARGETS = {"multi30k-de-en": ">= 40 in <= 60 min", "multi30k-en-de": ">= 38 in <
            "multi30k-de-en-rnn-bahdanau": ">= 30", "multi30k-de-en-rnn-noattn": "report it (the tutorial: 13.8)"}
 
 
-def _runs(results: dict[str, dict]) -> list[tuple[str, dict]]:
-    """``(label, result)`` per run: by configuration as in :data:`TARGETS`, the newest run of each first."""
+def config(run: dict) -> list[tuple[str, dict]]:
+    """The race of each configuration: the run under its config's name."""
+    return [(f"`{run['config']}`", run)]
+
+
+def bleu(run: dict) -> float:
+    return run["bleu"]
+
+
+def cached(run: dict) -> list[tuple[str, dict]]:
+    """The race of each configuration's decoding with and without the cache, in the runs that timed both."""
+    return config(run) if "cache_speedup" in run["decoding"] else []
+
+
+def cache_speedup(run: dict) -> float:
+    return run["decoding"]["cache_speedup"]
+
+
+def _runs(runs: list[dict]) -> list[tuple[str, dict]]:
+    """``(label, result)`` per run, by configuration as in :data:`TARGETS`, then newest first."""
     order = list(TARGETS)
-    runs = sorted(results.values(), key=lambda r: r["date"], reverse=True)
+    runs = sorted(runs, key=lambda r: r["date"], reverse=True)
     runs.sort(key=lambda r: (order.index(r["name"]) if r["name"] in order else len(order), r["name"]))
     return [(f"`{r['config']}` ({r['direction']}, {r['machine']['threads']} "
              f"thread{'s' if r['machine']['threads'] > 1 else ''})", r) for r in runs]
 
 
-def markdown_table(results: dict[str, dict]) -> str:
-    """README: test BLEU of every run in ``benchmarks/results/`` (``{path: result JSON}``), newest run first."""
+def markdown_table(runs: list[dict]) -> str:
+    """Test BLEU of each run, by configuration."""
     rows = [[label, f"**{r['bleu']:.2f}**", f"{r['bleu_lowercase']:.2f}", f"{r['chrf']:.2f}",
              f"{r['train_minutes']:.1f}", num(r["updates"]), measured(r), TARGETS.get(r["name"], "")]
-            for label, r in _runs(results)]
+            for label, r in _runs(runs)]
     return markdown(["run", "BLEU", "lowercased", "chrF", "training min", "updates", "measured", "target"], rows,
                     "lrrrrrll")
 
 
-def markdown_decoding(results: dict[str, dict]) -> str:
-    """README: decoding speed of test_2016_flickr with and without the key/value cache, where it was measured."""
+def markdown_decoding(runs: list[dict]) -> str:
+    """Decoding speed of test_2016_flickr with and without the key/value cache, where it was measured."""
     rows = []
-    for label, r in _runs(results):
+    for label, r in _runs(runs):
         d = r["decoding"]
         if "cache_speedup" in d:
             rows.append([label, f"{d['beam']}", f"{d['cached_sent_per_s']:.1f}", f"{d['uncached_sent_per_s']:.1f}",
@@ -135,13 +153,12 @@ def main() -> None:
         "updates": metrics[-1]["step"] if metrics else None,
         "valid_curve": [{k: m[k] for k in ("step", "minutes", "valid_bleu", "valid_loss") if k in m} for m in metrics],
         "decoding": decoding,
-        "machine": {"torch": torch.__version__, "threads": torch.get_num_threads(), "cpu": platform.processor()
-                    or platform.machine()},
+        "machine": {"torch": torch.__version__, "threads": torch.get_num_threads()}, "cpu": cpu_info(),
         "command": " ".join(["python", "benchmarks/multi30k.py", *sys.argv[1:]]),
     }
     out = ROOT / "benchmarks" / "results"
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    append_run(out / f"{name}.json", result)
     (out / f"{name}.test-hyp.txt").write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
     print(f"\n{name} ({src_lang}->{tgt_lang}) test_2016_flickr, beam {args.beam}:\n{scores}")
     print(f"validation BLEU (greedy, first {cfg.train.valid_bleu_sentences} dev sentences) against training minutes:")

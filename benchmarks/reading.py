@@ -23,9 +23,9 @@ sys.path.insert(0, str(ROOT / "src"))
 from attnkit.common.measure import stamp  # noqa: E402
 from attnkit.data.documents import document_ids, reading_windows  # noqa: E402
 from attnkit.inference.classify import READINGS, evaluate_classifier  # noqa: E402
-from attnkit.runs.load import load_run  # noqa: E402
+from attnkit.tasks import load_run  # noqa: E402
 from attnkit.tasks.classification import read_validation  # noqa: E402
-from tables import append_run, markdown, measured  # noqa: E402
+from tables import append_run, cpu_info, markdown, measured  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "results" / "reading.json"
 
@@ -43,17 +43,27 @@ def measure(run_path: str, threads: int) -> dict:
         start = time.perf_counter()
         scores, _ = evaluate_classifier(run, valid, reading=reading)
         readings[reading] = {"accuracy": round(scores.accuracy, 2), "seconds": round(time.perf_counter() - start, 1)}
-    return {**stamp(), "command": f"python benchmarks/reading.py {run_path} --threads {threads}",
+    return {**stamp(), "cpu": cpu_info(), "command": f"python benchmarks/reading.py {run_path} --threads {threads}",
             "run": run_path, "config": run.cfg.data.train, "weights": run.weights_path.name,
             "trained_with": run.cfg.data.truncate, "max_len": max_len, "reviews": len(ids),
             "longer_than_max_len": sum(len(x) > max_len for x in ids),
             "windows": sum(len(reading_windows(x, max_len)) for x in ids), "threads": threads, "readings": readings}
 
 
-def markdown_table(results: dict) -> str:
-    """docs/results.md: held-out accuracy of one model under each reading, every run."""
+def model(run: dict) -> list[tuple[str, dict]]:
+    """The race of each model read."""
+    return [(f"`{run['run']}`", run)]
+
+
+def whole(run: dict) -> float:
+    """The whole review's accuracy, the headline."""
+    return run["readings"]["whole"]["accuracy"]
+
+
+def markdown_table(runs: list[dict]) -> str:
+    """Held-out accuracy of one model under each reading, per run."""
     rows = []
-    for r in results["runs"]:
+    for r in runs:
         for reading in READINGS:
             got = r["readings"][reading]
             rows.append([f"`{r['run']}` (trained on {r['trained_with']}, {r['max_len']} subwords)", f"`{reading}`",
@@ -71,7 +81,7 @@ def main() -> None:
     args = p.parse_args()
     result = measure(args.run, args.threads)
     append_run(OUT, result)
-    print(markdown_table({"runs": [result]}), end="")
+    print(markdown_table([result]), end="")
     print(f"wrote {OUT}")
 
 

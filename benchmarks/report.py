@@ -1,15 +1,19 @@
 """Write every table of results in the docs from the JSON files the benchmarks and experiments wrote.
 
-    python benchmarks/report.py           # rewrite the generated sections
-    python benchmarks/report.py --check   # rewrite nothing; exit 1 naming each file that differs
+    python benchmarks/report.py                     # rewrite the generated sections
+    python benchmarks/report.py --check             # rewrite nothing; exit 1 naming each file that differs
+    python benchmarks/report.py --history RACE      # print every run of a race (the pages show the latest)
 
 A generated section is the text between ``<!-- generated: NAME -->`` and ``<!-- /generated: NAME -->``
 in one of the :data:`PAGES`. :data:`TABLES` maps each NAME to the JSON it reads and the function that
-turns it into markdown (``markdown_table(results) -> str`` in the script that writes that JSON); a new
-table is one line there plus its markers in a page. One NAME may have markers in several pages (the
-README shows a few headline tables that docs/results.md also shows): each gets the same table. A
-section whose JSON does not exist yet is left empty. ``tests/test_report.py`` fails when a page
-differs from what this script writes.
+turns it into markdown (in the script that writes that JSON); a new table is one line there plus its
+markers in a page. One NAME may have markers in several pages (the README shows a few headline tables
+that docs/results.md also shows): each gets the same table. A section whose JSON does not exist yet is
+left empty. ``tests/test_report.py`` fails when a page differs from what this script writes.
+
+A race (a benchmark run again and again, every run kept in its JSON) shows the latest run of each host kind
+(CPU model, GPU) and one line per host kind with how many runs there were and the spread of its headline
+figure (:class:`Race`); ``--history`` prints the table of every run instead.
 """
 
 from __future__ import annotations
@@ -24,9 +28,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import tables  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = (ROOT / "README.md", ROOT / "benchmarks" / "README.md", ROOT / "docs" / "experiments.md",
-         ROOT / "docs" / "results.md", ROOT / "docs" / "language-models.md", ROOT / "docs" / "sentiment.md")
+         ROOT / "docs" / "results.md", ROOT / "docs" / "language-models.md", ROOT / "docs" / "lm-results.md",
+         ROOT / "docs" / "sentiment.md")
 SECTION = re.compile(r"(<!-- generated: (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /generated: (?P=name) -->)", re.S)
 
 
@@ -44,17 +52,36 @@ def script(path: str) -> ModuleType:
 
 
 @dataclass(frozen=True)
+class Race:
+    """What makes a :class:`Table` a race's: its function gets the latest run of each part and host kind (a list,
+    in :func:`tables.races`' order), and a line per host kind follows with the count and spread of ``headline``.
+
+    :param headline: the name of ``headline(run) -> float | None`` in the script: the figure whose spread is told
+        (or ``-> (label, float | None)``, where parts of one race have figures of different kinds).
+    :param label: what that figure is, in words (``test BLEU``).
+    :param part: the name of ``part(run) -> list[tuple[str, dict]]`` in the script, where one JSON holds several
+        races (one per config, say): each part of a run with its name. Default: the whole run, unnamed.
+    """
+
+    headline: str
+    label: str
+    part: str | None = None
+
+
+@dataclass(frozen=True)
 class Table:
     """A generated section: ``render(results)`` over ``source``.
 
     :param source: a JSON path relative to the repository root (``render`` gets its contents), or
         glob patterns (``render`` gets ``{relative path: contents}`` of every match, sorted).
     :param script: the file holding ``function``.
+    :param race: set for a race: ``function`` then gets a list of runs (see :class:`Race`).
     """
 
     source: str | tuple[str, ...]
     script: str
     function: str = "markdown_table"
+    race: Race | None = None
 
     def results(self) -> dict | None:
         if isinstance(self.source, str):
@@ -63,59 +90,75 @@ class Table:
         paths = sorted({p for pattern in self.source for p in ROOT.glob(pattern)})
         return {str(p.relative_to(ROOT)): json.loads(p.read_text(encoding="utf-8")) for p in paths} or None
 
-    def render(self) -> str:
+    def races(self, module: ModuleType, results: dict) -> list[tables.Race]:
+        """The runs of ``results``, by part and host kind (a race's)."""
+        part = getattr(module, self.race.part) if self.race.part else lambda run: [("", run)]
+        return tables.races([pair for run in tables.runs_of(results) for pair in part(run)])
+
+    def render(self, name: str = "") -> str:
         results = self.results()
         if results is None:
             return ""
-        render: Callable[[dict], str] = getattr(script(self.script), self.function)
-        return render(results).rstrip("\n") + "\n"
+        module = script(self.script)
+        render: Callable = getattr(module, self.function)
+        if self.race is None:
+            return render(results).rstrip("\n") + "\n"
+        groups = self.races(module, results)
+        headline = getattr(module, self.race.headline)
+        lines = "\n".join(f"- {tables.history_line(group, headline, self.race.label)}" for group in groups)
+        latest = render([group.runs[-1] for group in groups]).rstrip()
+        return (f"{latest}\n\nThe latest run on each kind of host; every run (`python benchmarks/report.py --history "
+                f"{name}` prints their tables):\n{lines}\n")
+
+    def history(self) -> str:
+        """Every run's table, by part and host kind, oldest first."""
+        results = self.results()
+        if results is None or self.race is None:
+            return ""
+        module = script(self.script)
+        render: Callable = getattr(module, self.function)
+        return "\n\n".join(f"## {g.host}{', ' + g.part if g.part else ''}: {len(g.runs)} run"
+                             f"{'s' if len(g.runs) > 1 else ''}\n\n{render(g.runs).rstrip()}"
+                             for g in self.races(module, results)) + "\n"
 
 
 RESULTS = "benchmarks/results"
 FIGURES = "docs/figures"
-MULTI30K = (f"{RESULTS}/multi30k-*.json", f"{RESULTS}/earlier/multi30k-*.json")
-EVERY_RESULT = (f"{RESULTS}/*.json", f"{RESULTS}/earlier/*.json")
+MULTI30K = (f"{RESULTS}/multi30k-*.json",)
+EVERY_RESULT = (f"{RESULTS}/**/*.json",)
 
 TABLES: dict[str, Table] = {
-    "translation": Table(MULTI30K, "benchmarks/multi30k.py"),
-    "decoding": Table(MULTI30K, "benchmarks/multi30k.py", "markdown_decoding"),
-    "throughput": Table((f"{RESULTS}/throughput.json", f"{RESULTS}/throughput-base.json",
-                         f"{RESULTS}/earlier/throughput.*.json"), "benchmarks/throughput.py"),
-    "profile": Table(f"{RESULTS}/profile.json", "experiments/profile_update.py"),
-    "ceiling": Table((f"{RESULTS}/throughput.json", f"{RESULTS}/profile.json"), "benchmarks/throughput.py",
-                     "markdown_ceiling"),
+    "translation": Table(MULTI30K, "benchmarks/multi30k.py", race=Race("bleu", "test BLEU", "config")),
+    "decoding": Table(MULTI30K, "benchmarks/multi30k.py", "markdown_decoding",
+                      Race("cache_speedup", "speed-up of the cache", "cached")),
+    "throughput": Table((f"{RESULTS}/throughput.json", f"{RESULTS}/throughput-base.json"), "benchmarks/throughput.py",
+                        race=Race("attnkit_bf16", "attnkit bf16 target tok/s", "model")),
     "sst2": Table((f"{RESULTS}/sst2.json", f"{RESULTS}/earlier/sst2.*.json"), "benchmarks/sst2.py"),
     "imdb": Table(f"{RESULTS}/imdb.json", "benchmarks/imdb.py"),
     "imdb-brief": Table(f"{RESULTS}/imdb.json", "benchmarks/imdb.py", "markdown_brief"),
     "imdb-outside": Table(f"{RESULTS}/imdb.json", "benchmarks/imdb.py", "markdown_outside"),
-    "nbsvm": Table(f"{RESULTS}/nbsvm.json", "benchmarks/nbsvm.py"),
-    "reading": Table(f"{RESULTS}/reading.json", "benchmarks/reading.py"),
-    "imdb-trials": Table(f"{RESULTS}/imdb-trials.json", "benchmarks/imdb.py", "markdown_trials"),
+    "nbsvm": Table(f"{RESULTS}/nbsvm.json", "benchmarks/nbsvm.py",
+                   race=Race("nbsvm_accuracy", "NBSVM-bi held-out accuracy", "split")),
+    "reading": Table(f"{RESULTS}/reading.json", "benchmarks/reading.py",
+                     race=Race("whole", "accuracy read whole", "model")),
     "imdb-variance": Table(f"{RESULTS}/imdb-trials.json", "benchmarks/imdb.py", "markdown_variance"),
     "imdb-ngram-seeds": Table(f"{RESULTS}/imdb-trials.json", "benchmarks/imdb.py", "markdown_ngram_seeds"),
     "mlm-probes": Table(f"{RESULTS}/mlm-probes.json", "benchmarks/imdb.py", "markdown_probes"),
-    "recipe-probes": Table(f"{RESULTS}/recipe-probes.json", "experiments/recipe_probes.py"),
-    "electra-diagnosis": Table((f"{RESULTS}/electra-diagnosis*.json",), "experiments/electra_diagnosis.py",
-                               "markdown_runs"),
-    "electra-chain": Table(f"{RESULTS}/electra-chain.json", "experiments/electra_chain.py"),
-    "demo": Table((f"{RESULTS}/demo.json", f"{RESULTS}/earlier/demo.*.json"), "benchmarks/demo.py"),
-    "decode": Table((f"{RESULTS}/decode.json", f"{RESULTS}/earlier/decode.*.json"), "benchmarks/decode.py"),
-    "decode-probes": Table(f"{RESULTS}/decode-probes.json", "experiments/decode_probes.py"),
-    "serve": Table((f"{RESULTS}/serve.json", f"{RESULTS}/serve-*.json", f"{RESULTS}/earlier/serve*.json"),
-                   "benchmarks/serve.py"),
-    "scale": Table(f"{RESULTS}/scale.json", "benchmarks/scale.py"),
-    "scale-earlier": Table((f"{RESULTS}/earlier/scale.*.json",), "benchmarks/scale.py", "markdown_earlier"),
-    "compare": Table((f"{RESULTS}/compare-*.json",), "experiments/compare_commits.py"),
-    "compare-serving": Table((f"{RESULTS}/compare-serving/*.json",), "experiments/compare_commits.py",
-                             "markdown_serving"),
-    "attention": Table(f"{RESULTS}/attention.json", "benchmarks/attention.py"),
-    "ddp": Table(f"{RESULTS}/ddp.json", "benchmarks/ddp.py"),
-    "layout": Table(f"{RESULTS}/layout.json", "benchmarks/layout.py"),
-    "hf-decode": Table(f"{RESULTS}/hf-decode.json", "benchmarks/hf_decode.py"),
-    "serve-engines": Table((f"{RESULTS}/serving/*.json",), "benchmarks/serve.py", "markdown_engines"),
+    "demo": Table(f"{RESULTS}/demo.json", "benchmarks/demo.py", race=Race("exact_match", "exact match (%)")),
+    "decode": Table(f"{RESULTS}/decode.json", "benchmarks/decode.py",
+                    race=Race("bf16_over_int8", "attnkit bf16 / CTranslate2 int8 tokens/s")),
+    "scale": Table(f"{RESULTS}/scale.json", "benchmarks/scale.py",
+                   race=Race("size_ratio", "tok/s at the largest corpus / the smallest")),
+    "attention": Table(f"{RESULTS}/attention.json", "benchmarks/attention.py",
+                       race=Race("longest_fp32", "time / torch's at the longest T, fp32")),
+    "ddp": Table(f"{RESULTS}/ddp.json", "benchmarks/ddp.py", race=Race("two_processes", "2 processes / 1, tok/s")),
+    "hf-decode": Table(f"{RESULTS}/hf-decode.json", "benchmarks/hf_decode.py",
+                       race=Race("attnkit_over_transformers", "attnkit / transformers sentences/s")),
+    "serve-engines": Table((f"{RESULTS}/serving/*.json",), "benchmarks/serve.py", "markdown_engines",
+                           Race("share_of_offline", "32 clients' share of offline", "configuration")),
     "serve-stages": Table((f"{RESULTS}/serving/*.json",), "benchmarks/serve.py", "markdown_stages"),
-    "serve-batching": Table((f"{RESULTS}/batching.json", f"{RESULTS}/earlier/batching.*.json"),
-                            "benchmarks/serve_batching.py"),
+    "serve-batching": Table(f"{RESULTS}/batching.json", "benchmarks/serve_batching.py",
+                            race=Race("length_aware_over_first_come", "length-aware / first come sentences/s")),
     "measured-at": Table(EVERY_RESULT, "benchmarks/tables.py", "markdown_commits"),
     "bottleneck": Table(f"{FIGURES}/bottleneck.json", "experiments/bottleneck.py"),
     "scaling-random": Table(f"{FIGURES}/scaling.json", "experiments/scaling.py"),
@@ -126,16 +169,21 @@ TABLES: dict[str, Table] = {
     "parallelism-layers": Table(f"{FIGURES}/parallelism.json", "experiments/parallelism.py", "markdown_layers"),
     "hard-soft": Table(f"{FIGURES}/hard_soft.json", "experiments/hard_soft.py"),
     "no-projection": Table(f"{FIGURES}/no_projection.json", "experiments/no_projection.py"),
-    "lm": Table(f"{RESULTS}/lm.json", "benchmarks/lm.py"),
-    "lm-gpu": Table(f"{RESULTS}/lm-gpu.json", "benchmarks/lm.py"),
+    "lm": Table(f"{RESULTS}/lm.json", "benchmarks/lm.py",
+                race=Race("attnkit_figure", "", "row")),
+    "lm-gpu": Table(f"{RESULTS}/lm-gpu.json", "benchmarks/lm.py",
+                    race=Race("attnkit_figure", "", "row")),
     "length-extrapolation": Table(f"{FIGURES}/length-extrapolation.json", "experiments/length_extrapolation.py"),
-    "generate-race": Table(f"{RESULTS}/generate-race.json", "benchmarks/generate_race.py"),
-    "generate-race-gpu": Table(f"{RESULTS}/generate-race-gpu.json", "benchmarks/generate_race.py"),
-    "generation-race": Table(f"{RESULTS}/generation-race.json", "benchmarks/generation_race.py"),
-    "serve-switch-interval": Table(f"{RESULTS}/gil-switch-interval.json", "experiments/serve_switch_interval.py"),
-    "serve-breakdown": Table(f"{RESULTS}/lm-serve-breakdown.json", "experiments/serve_breakdown.py"),
-    "matvec-probe": Table(f"{RESULTS}/matvec-probe.json", "experiments/matvec_probe.py"),
-    "openmp-pools": Table(f"{RESULTS}/openmp-pools.json", "experiments/openmp_pools.py"),
+    "generate-race": Table(f"{RESULTS}/generate-race.json", "benchmarks/generate_race.py",
+                           race=Race("fastest_attnkit", "attnkit's fastest tok/s at batch 1")),
+    "generate-race-gpu": Table(f"{RESULTS}/generate-race-gpu.json", "benchmarks/generate_race.py",
+                               race=Race("fastest_attnkit", "attnkit's fastest tok/s at batch 1")),
+    "lora": Table(f"{RESULTS}/lora.json", "benchmarks/lora.py",
+                  race=Race("attnkit_over_peft", "attnkit's LoRA tokens/s over transformers + PEFT's")),
+    "serve-openai": Table(f"{RESULTS}/serve-openai.json", "benchmarks/serve_openai.py",
+                          race=Race("ratio", "/v1/chat/completions tokens/s over /generate's")),
+    "generation-race": Table(f"{RESULTS}/generation-race.json", "benchmarks/generation_race.py",
+                             race=Race("fastest_attnkit", "attnkit's fastest tok/s at batch 1", "model_name")),
 }
 
 
@@ -146,7 +194,7 @@ def regenerate(text: str, page: Path, rendered: dict[str, str]) -> str:
         if name not in TABLES:
             raise SystemExit(f"{page.relative_to(ROOT)}: no table named {name!r} in benchmarks/report.py TABLES")
         if name not in rendered:
-            rendered[name] = TABLES[name].render()
+            rendered[name] = TABLES[name].render(name)
         return match[1] + rendered[name] + match[4]
 
     return SECTION.sub(body, text)
@@ -155,7 +203,12 @@ def regenerate(text: str, page: Path, rendered: dict[str, str]) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--check", action="store_true", help="write nothing; exit 1 if a page differs")
+    p.add_argument("--history", metavar="RACE", choices=sorted(n for n, t in TABLES.items() if t.race),
+                   help="print every run of this race (the pages show the latest run of each host kind)")
     args = p.parse_args(argv)
+    if args.history:
+        print(TABLES[args.history].history(), end="")
+        return 0
     rendered: dict[str, str] = {}
     stale = []
     for page in PAGES:

@@ -2,7 +2,7 @@
 
     python benchmarks/scale.py generate                      # the corpora, into --work-dir (not timed)
     flock /tmp/attnkit-bench.lock python benchmarks/scale.py measure [--updates 300] [--sizes 29000 ...]
-    python benchmarks/scale.py table                         # the README table from the committed JSON
+    python benchmarks/scale.py table                         # the latest run's table
 
 The corpora recombine Multi30k's training pairs: each line joins 1-3 pairs drawn at random (both
 sides alike), seeded by the corpus size, so every size is a deterministic corpus of Multi30k-like
@@ -11,8 +11,9 @@ text. They are written to ``--work-dir`` (default ``/tmp/attnkit-scale``), never
 ``measure`` runs, one size at a time and each in its own process: ``prepare`` from scratch (time,
 pairs/s, peak RSS of the main process and of its encoding workers, disk size of ``data/``), then
 training with the prepared data (``configs/multi30k-de-en.yaml``: time from process start to the end
-of the first update, peak RSS and target tokens/s over the first ``--updates`` updates). It writes
-``benchmarks/results/scale.json`` (after each size) and ``docs/figures/scale.png``.
+of the first update, peak RSS and target tokens/s over the first ``--updates`` updates). It adds the run to
+``benchmarks/results/scale.json`` (updated after each size; every run kept; ``--keep`` and ``--train-only`` measure
+the latest run again) and draws ``docs/figures/scale.png``.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import random
 import resource
 import shutil
@@ -30,7 +30,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from tables import markdown, num
+from tables import cpu_info, write_runs
 
 START = time.perf_counter()  # process start, for the time to the first update (before torch is imported)
 
@@ -237,24 +237,19 @@ def commit() -> str:
                           cwd=ROOT).stdout.strip()
 
 
-def markdown_earlier(runs: dict[str, dict]) -> str:
-    """benchmarks/README.md: the headline figures of every earlier run (``results/earlier/scale.*.json``)."""
-    rows = []
-    for run in sorted(runs.values(), key=lambda r: r["date"]):
-        sizes = {r["pairs"]: r for r in run["sizes"]}
-        small, large = sizes[min(sizes)], sizes[max(sizes)]
-        speed = large["train"]["tgt_tok_per_s"] / small["train"]["tgt_tok_per_s"]
-        rows.append([f"{run['date'][:10]}, `{run['commit']}`", num(large["pairs"]),
-                     num(large["prepare"]["pairs_per_s"]), run["updates"],
-                     f"{num(small['train']['tgt_tok_per_s'])} / {num(large['train']['tgt_tok_per_s'])} = {speed:.2f}",
-                     f"{large['train']['peak_rss_gb'] - small['train']['peak_rss_gb']:+.2f}",
-                     run.get("train_note") or run.get("note", "")])
-    return markdown(["prepared", "largest corpus", "prepare pairs/s", "updates", "tok/s smallest / largest",
-                     "train RSS GB, largest - smallest", "what ran beside it"], rows, "lrrrrrl")
+def size_ratio(run: dict) -> float:
+    """Target tokens/s at the largest corpus over the smallest, the headline."""
+    sizes = {r["pairs"]: r["train"]["tgt_tok_per_s"] for r in run["sizes"]}
+    return sizes[max(sizes)] / sizes[min(sizes)]
 
 
-def markdown_table(results: dict) -> str:
-    """The README table: one row per corpus size."""
+def markdown_table(runs: list[dict]) -> str:
+    """Each run, newest first: one row per corpus size, the cost per million pairs, the targets."""
+    return "\n".join(_run_table(r) for r in sorted(runs, key=lambda r: r["date"], reverse=True))
+
+
+def _run_table(results: dict) -> str:
+    """One run: a row per corpus size."""
     rows = ["| pairs | prepare (CPU) | pairs/s (all / encoding) | prepare peak RSS (main / all processes) | "
             "disk (data/) | train peak RSS | target tok/s | first update |",
             "|---:|---:|---:|---:|---:|---:|---:|---:|"]
@@ -293,8 +288,7 @@ def markdown_table(results: dict) -> str:
                  f"- time to the first update at {large['pairs']:,} pairs (data prepared): "
                  f"{lt['first_update_seconds']:.1f} s; target <= 30 s: {met(lt['first_update_seconds'] <= 30)}",
                  "", f"Prepare measured {results['date'][:10]} at {results['commit']}; training over the first "
-                     f"{results['updates']} updates at {train_at}. {results.get('note', '')}"
-                 + (f". Training: {results['train_note']}." if results.get("train_note") else "")]
+                     f"{results['updates']} updates at {train_at}."]
     return "\n".join(rows) + "\n"
 
 
@@ -326,8 +320,9 @@ def scale_figure(results: dict):
 
 def measure(args: argparse.Namespace) -> None:
     work = Path(args.work_dir)
-    keep = (args.keep or args.train_only) and RESULTS.exists()
-    results = json.loads(RESULTS.read_text()) if keep else {"sizes": []}
+    history = json.loads(RESULTS.read_text())["runs"] if RESULTS.exists() else []
+    keep = (args.keep or args.train_only) and history
+    results = history.pop() if keep else {"sizes": []}  # a run measured again replaces its earlier self
     if args.train_only:  # training again on the prepared data of the last full run
         for entry in results["sizes"]:
             if entry["pairs"] in args.sizes:
@@ -337,7 +332,7 @@ def measure(args: argparse.Namespace) -> None:
                              train_commit=commit())
                 print(f"{entry['pairs']:>9,} pairs: train {entry['train']}", flush=True)
         results.update(updates=args.updates, train_note=args.note)
-        RESULTS.write_text(json.dumps(results, indent=2) + "\n")
+        write_runs(RESULTS, [*history, results])
         args.sizes = []
     for size in args.sizes:
         generate(work, size)
@@ -351,16 +346,15 @@ def measure(args: argparse.Namespace) -> None:
                  "commit": commit(), "prepare": prep, "train": train}
         results["sizes"] = sorted([r for r in results["sizes"] if r["pairs"] != size] + [entry],
                                   key=lambda r: r["pairs"])
-        results.update(date=entry["date"], commit=entry["commit"], machine=platform.processor() or platform.machine(),
-                       cpus=os.cpu_count(), config=str(CONFIG.relative_to(ROOT)), train_overrides=TRAIN_OVERRIDES,
+        results.update(date=entry["date"], commit=entry["commit"], cpu=cpu_info(), cpus=os.cpu_count(),
+                       config=str(CONFIG.relative_to(ROOT)), train_overrides=TRAIN_OVERRIDES,
                        updates=args.updates, note=args.note)
-        RESULTS.parent.mkdir(parents=True, exist_ok=True)
-        RESULTS.write_text(json.dumps(results, indent=2) + "\n")
+        write_runs(RESULTS, [*history, results])
     sys.path.insert(0, str(ROOT / "src"))
     from attnkit.viz.plot import save_figure
 
     save_figure(scale_figure(results), FIGURE)
-    print(markdown_table(results))
+    print(markdown_table([results]))
 
 
 def main() -> None:
@@ -385,7 +379,7 @@ def main() -> None:
     elif args.command == "measure":
         measure(args)
     elif args.command == "table":
-        print(markdown_table(json.loads(RESULTS.read_text())), end="")
+        print(markdown_table(json.loads(RESULTS.read_text())["runs"][-1:]), end="")
     elif args.command == "_prepare":
         print("RESULT " + json.dumps(prepare_child(Path(args.work_dir), args.size)), flush=True)
     else:

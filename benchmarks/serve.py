@@ -21,8 +21,9 @@
    every bad one must get a 4xx JSON error, every good one a 200; the server's resident memory (RSS)
    before and after, sent ``--mixes`` times (RSS read at each mix's end and again ``SETTLE_S`` later).
 
-Writes ``benchmarks/results/serve.json`` (with the date and commit); :func:`markdown_table` renders
-it for the README. Every loop is bounded; everything stays on the loopback interface.
+Appends the run to ``--out`` (default ``benchmarks/results/serving/<run>-t<threads>.json``; one file per engine and
+server configuration, every run kept); :func:`markdown_engines` and :func:`markdown_stages` render them. Every loop
+is bounded; everything stays on the loopback interface.
 """
 
 from __future__ import annotations
@@ -56,10 +57,10 @@ from attnkit.serve.batching import TRIM_EVERY_S, Limits  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from nbsvm import cpu_model  # noqa: E402
-from tables import markdown  # noqa: E402
+from tables import append_run, markdown, races, runs_of  # noqa: E402
 
 DATA = ROOT.parent / "shared" / "data" / "multi30k"
-RESULTS = ROOT / "benchmarks" / "results" / "serve.json"
+RESULTS = ROOT / "benchmarks" / "results" / "serving"
 #: Issue 27's targets: 32 clients >= 80% of the same engine's offline throughput; one client's p50 <= 40 ms
 #: (attnkit's engine) or 25 ms (CTranslate2); the RSS after the hostile mix within 10% of before.
 GOAL_RATIO, GOAL_RSS_RATIO = 0.80, 1.10
@@ -330,7 +331,7 @@ def main() -> None:
     p.add_argument("--max-wait-ms", type=float, default=5.0, help="the server's --max-wait-ms")
     p.add_argument("--batching", choices=["whole", "continuous"], default="whole",
                    help="the server's --batching for a run's greedy translations (an export always batches whole)")
-    p.add_argument("--out", default=str(RESULTS))
+    p.add_argument("--out", help=f"the results file (default {RESULTS}/<run>-t<threads>.json)")
     args = p.parse_args()
     source = DATA / "test_2016_flickr.de.gz"
     if not source.exists():
@@ -452,9 +453,10 @@ def main() -> None:
         "machine": {"torch": torch.__version__, "cpu": cpu_model() or platform.processor() or platform.machine(),
                     "cores": os.cpu_count()},
     }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(results, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    print(markdown_table({args.out: results}))
+    out = Path(args.out or RESULTS / f"{Path(args.run).name}-t{args.threads}.json")
+    append_run(out, results)
+    print(markdown_engines([results]))
+    print(f"wrote {out}")
 
 
 def _batching(r: dict) -> str:
@@ -462,53 +464,20 @@ def _batching(r: dict) -> str:
     return r["server"].get("batching", "whole")
 
 
-def markdown_table(runs: dict[str, dict]) -> str:
-    """The README table of the newest run (``results/serve.json``), then one line per other run
-    (``results/serve-*.json``, ``results/earlier/serve*.json``): each measurement is reported."""
-    ordered = sorted(runs.values(), key=lambda r: r["date"], reverse=True)
-    text = _run_table(ordered[0])
-    others = []
-    for r in ordered[1:]:
-        by, m = {c["clients"]: c for c in r["clients"]}, r["malformed"]
-        shares = ", ".join(f"{n} client{'s' if n != 1 else ''} {c['vs_offline']:.2f}" for n, c in sorted(by.items()))
-        p50 = f"; one client's p50 {by[1]['p50_ms']:.1f} ms" if 1 in by else ""
-        others.append(f"- {r['date'][:10]} at {r['commit']}, {r['threads']} thread{'s' if r['threads'] != 1 else ''}, "
-                      f"`--max-batch {r['server']['max_batch']}` `--max-wait-ms {r['server']['max_wait_ms']:g}`: "
-                      f"share of offline throughput {shares}{p50}; {m['bad_4xx_json']:,} of {m['bad']:,} malformed "
-                      f"requests got a 4xx JSON error, {m['good_200']:,} of {m['good']:,} good ones a 200")
-    if others:
-        text += "\n\nOther runs:\n\n" + "\n".join(others)
-    return text
+def configuration(run: dict) -> list[tuple[str, dict]]:
+    """The race of each engine and server configuration: engine, threads, batching, wait."""
+    return [(f"{run['engine']}, {run['threads']} thread{'s' if run['threads'] != 1 else ''}, {_batching(run)} "
+             f"batches, wait {run['server']['max_wait_ms']:g} ms", run)]
 
 
-def _run_table(results: dict) -> str:
-    """One run: latency and throughput per client level against offline decoding, then the malformed requests."""
-    offline = results["offline"]
-    rows = ["| clients (one sentence per request, greedy) | p50 ms | p95 ms | p99 ms | sentences/s | "
-            "vs offline batched | mean batch | same output as offline |",
-            "|---|---|---|---|---|---|---|---|",
-            f"| offline `translate_texts`, batches of {offline['batch_size']} (before / after the clients) | | | | "
-            + " / ".join(f"{r['sent_per_s']:,.1f}" for r in offline["runs"]) + " | 1.00 (their mean) | | |"]
-    for c in results["clients"]:
-        rows.append(f"| {c['clients']} | {c['p50_ms']:.1f} | {c['p95_ms']:.1f} | {c['p99_ms']:.1f} | "
-                    f"{c['sent_per_s']:,.1f} | {c['vs_offline']:.2f} | {c['mean_batch']:.1f} | "
-                    f"{c['identical_to_offline']:,} / {c['requests']:,} |")
-    m = results["malformed"]
-    rows.append("")
-    rows.append(f"{m['requests']:,} requests from {m['clients']} clients, malformed ones mixed with good ones: "
-                f"{m['bad_4xx_json']:,} of {m['bad']:,} malformed got a 4xx JSON error, {m['good_200']:,} of "
-                f"{m['good']:,} good ones a 200; server RSS {m['rss_start_mb']:,.0f} MB before, "
-                f"{m['rss_end_mb']:,.0f} MB after ({m['rss_ratio']:.2f}x). Model `{results['model']}`, "
-                f"{results['threads']} thread{'s' if results['threads'] != 1 else ''}, "
-                f"`--max-batch {results['server']['max_batch']}` `--batching {_batching(results)}` "
-                f"`--max-wait-ms {results['server']['max_wait_ms']:g}`; measured {results['date'][:10]} at "
-                f"{results['commit']}.")
-    return "\n".join(rows)
+def share_of_offline(run: dict) -> float | None:
+    """32 clients' sentences/s over offline's, the headline."""
+    return next((c["vs_offline"] for c in run["clients"] if c["clients"] == 32), None)
 
 
-def _engine_rows(runs: dict[str, dict]) -> list[dict]:
-    """The runs of ``results/serving/*.json``, by engine, then threads."""
-    return sorted(runs.values(), key=lambda r: (r.get("engine", ""), r["threads"], _batching(r), r["date"]))
+def _engine_rows(runs: list[dict]) -> list[dict]:
+    """Runs by engine, then threads."""
+    return sorted(runs, key=lambda r: (r.get("engine", ""), r["threads"], _batching(r), r["date"]))
 
 
 def _served_cell(level: dict) -> str:
@@ -520,8 +489,8 @@ def _served_cell(level: dict) -> str:
     return f"{level['sent_per_s']:,.1f} ({'; '.join(ratios)})"
 
 
-def markdown_engines(runs: dict[str, dict]) -> str:
-    """docs/results.md: each engine offline and served (1, 8, 32 clients), at each thread count."""
+def markdown_engines(runs: list[dict]) -> str:
+    """Each engine offline and served (1, 8, 32 clients), at each thread count."""
     rows = []
     for r in _engine_rows(runs):
         by, m, off = {c["clients"]: c for c in r["clients"]}, r["malformed"], r["offline"]
@@ -546,11 +515,13 @@ def markdown_engines(runs: dict[str, dict]) -> str:
                      "it again (x after the first)", "measured"], rows, "lrlrrrrrrrrl")
 
 
-def markdown_stages(runs: dict[str, dict]) -> str:
-    """docs/results.md: where a request's time goes, by the server's own measure, per engine and client level."""
+def markdown_stages(results: dict[str, dict], clients: int = 32) -> str:
+    """Where a request's time goes at ``clients`` concurrent clients, by the server's own measure, per engine: the
+    latest run of each configuration and host kind (``{path: contents}`` of the results files)."""
+    latest = [race.runs[-1] for race in races([pair for run in runs_of(results) for pair in configuration(run)])]
     rows = []
-    for r in _engine_rows(runs):
-        for c in r["clients"]:
+    for r in _engine_rows(latest):
+        for c in (c for c in r["clients"] if c["clients"] == clients):
             stages = c.get("stage_ms") or {}
             rows.append([r["engine"], r["threads"], _batching(r), f"{r['server']['max_wait_ms']:g}", c["clients"],
                          *(f"{stages.get(s, 0):.2f}" for s in STAGES),

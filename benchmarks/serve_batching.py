@@ -23,7 +23,7 @@ Each rule drains the burst ``--repeats`` times, alternating, one at a time (this
 noisy: the rules are compared side by side, every repeat reported). Reported: seconds, sentences/s,
 batches, padding (the share of padded source positions), and the latency of short and of long requests
 (from the burst to the answer: p50 / p90). Every output is checked equal between the rules.
-Writes ``benchmarks/results/batching.json``; :func:`markdown_table` renders it.
+Appends the run to ``benchmarks/results/batching.json`` (every run kept); :func:`markdown_table` renders it.
 """
 
 from __future__ import annotations
@@ -48,10 +48,10 @@ from attnkit.serve.batching import BatchRecord, Limits, ModelWorker, _Job  # noq
 from attnkit.serve.servables import load_servable  # noqa: E402
 from nbsvm import cpu_model  # noqa: E402
 from serve import long_texts  # noqa: E402
-from tables import markdown  # noqa: E402
+from tables import append_run, markdown  # noqa: E402
 
 DATA = ROOT.parent / "shared" / "data" / "multi30k"
-RESULTS = ROOT / "benchmarks" / "results" / "batching.json"  # not serve-*.json: the serve table reads those
+RESULTS = ROOT / "benchmarks" / "results" / "batching.json"
 
 
 class FirstCome(ModelWorker):
@@ -143,16 +143,23 @@ def main() -> None:
         "long_requests": sum(n >= 40 for n in lengths), "mean_length": round(sum(lengths) / len(lengths), 1),
         "max_batch": args.max_batch, "max_batch_tokens": args.max_batch_tokens,
         "same_outputs": outputs["first come"] == outputs["length-aware"] == outputs["continuous"],
-        "cpu": cpu_model(), "torch": torch.__version__, "runs": measured,
+        "cpu": cpu_model(), "torch": torch.__version__, "drains": measured,
     }
-    Path(args.out).write_text(json.dumps(results, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    print(markdown_table({args.out: results}))
+    append_run(Path(args.out), results)
+    print(markdown_table([results]))
 
 
-def markdown_table(runs: dict[str, dict]) -> str:
-    """Each measurement (``results/batching.json``, ``results/earlier/batching.*.json``), newest first."""
-    ordered = sorted(runs.values(), key=lambda r: r["date"], reverse=True)
-    return "\n\n".join(_drains_table(r) for r in ordered)
+def length_aware_over_first_come(run: dict) -> float:
+    """The length-aware rule's best sentences/s over first come's, the headline."""
+    best = {}
+    for d in run["drains"]:
+        best[d["rule"]] = max(best.get(d["rule"], 0.0), d["sent_per_s"])
+    return best["length-aware"] / best["first come"]
+
+
+def markdown_table(runs: list[dict]) -> str:
+    """Each run, newest first: every drain."""
+    return "\n\n".join(_drains_table(r) for r in sorted(runs, key=lambda r: r["date"], reverse=True))
 
 
 def _drains_table(results: dict) -> str:
@@ -160,7 +167,7 @@ def _drains_table(results: dict) -> str:
     rows = [[r["rule"], r["repeat"], f"{r['seconds']:.2f}", f"{r['sent_per_s']:.1f}", r["batches"],
              "" if r["padding"] is None else f"{100 * r['padding']:.0f}%",
              f"{r['short_p50_ms']:.0f} / {r['short_p90_ms']:.0f}",
-             f"{r['long_p50_ms']:.0f} / {r['long_p90_ms']:.0f}"] for r in results["runs"]]
+             f"{r['long_p50_ms']:.0f} / {r['long_p90_ms']:.0f}"] for r in results["drains"]]
     table = markdown(["rule", "repeat", "seconds", "sentences/s", "batches", "padding", "short requests p50 / p90 ms",
                       "long requests p50 / p90 ms"], rows, "lrrrrrrr")
     return (f"{table}\n\nA burst of {results['requests']:,} requests of one text each ({results['long_requests']} of "

@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from attnkit.common.measure import stamp  # noqa: E402
 from attnkit.inference.chat import run_template  # noqa: E402
-from attnkit.runs.load import load_run  # noqa: E402
+from attnkit.tasks import load_run  # noqa: E402
 from generate_race import prompts, serving, train_model  # noqa: E402
 from nbsvm import cpu_model  # noqa: E402
 from tables import append_run, markdown, measured  # noqa: E402
@@ -133,19 +133,28 @@ def measure(args: argparse.Namespace) -> dict:
             "same": texts["/generate"] == texts["/v1/chat/completions"]}
 
 
-def markdown_table(results: dict) -> str:
-    """The latest run: each contender's median tokens/s and time to first token, and the ratio."""
-    run = results["runs"][-1]
-    rows = []
-    for path in CONTENDERS:
-        rounds = run["rounds"][path]
-        rows.append([f"`{path}`", f"{run['median_tok_s'][path]:,.0f}",
-                     f"{statistics.median(r['ttft_s_median'] for r in rounds) * 1000:.1f}",
-                     ", ".join(f"{r['tok_s']:,.0f}" for r in rounds)])
-    table = markdown(["route", "tokens/s (median round)", "first token, ms (median)", "every round"], rows, "lrrl")
-    return (f"{table}\n\n{run['streams']} streams of {run['new_tokens']} greedy tokens, {run['threads']} thread(s); "
-            f"ratio {run['ratio']:.3f} (target >= {run['goal_ratio']}), same texts: {run['same']}; "
-            f"{len(results['runs'])} run(s) recorded. {measured(run)}")
+def ratio(run: dict) -> float:
+    """The headline: the chat route's median tokens/s over ``/generate``'s."""
+    return run["ratio"]
+
+
+def markdown_table(runs: list[dict]) -> str:
+    """Each run of ``runs`` (``report.py`` gives the latest of each host kind): each contender's median tokens/s and
+    time to the first token, every round, the ratio and whether it met the target."""
+    parts = []
+    for run in runs:
+        rows = []
+        for path in CONTENDERS:
+            rounds = run["rounds"][path]
+            rows.append([f"`{path}`", f"{run['median_tok_s'][path]:,.0f}",
+                         f"{statistics.median(r['ttft_s_median'] for r in rounds) * 1000:.1f}",
+                         ", ".join(f"{r['tok_s']:,.0f}" for r in rounds)])
+        table = markdown(["route", "tokens/s (median round)", "first token, ms (median)", "every round"], rows, "lrrl")
+        met = "met" if run["ratio"] >= run["goal_ratio"] else "**not met**"
+        parts.append(f"{table}\n\n{run['streams']} streams of {run['new_tokens']} greedy tokens, {run['threads']} "
+                     f"thread(s), {run['cpu']}; ratio {run['ratio']:.3f} (target >= {run['goal_ratio']}: {met}), "
+                     f"same texts: {run['same']}. {measured(run)}")
+    return "\n\n".join(parts)
 
 
 def main() -> None:
@@ -162,7 +171,7 @@ def main() -> None:
     args = p.parse_args()
     result = measure(args)
     append_run(args.out, result, args.note)
-    print(markdown_table({"runs": [result]}))
+    print(markdown_table([result]))
     print(f"wrote {args.out}")
 
 

@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from attnkit.data.labelled import read_labelled  # noqa: E402
 from attnkit.inference.classify import evaluate_classifier  # noqa: E402
-from attnkit.runs.load import load_run  # noqa: E402
+from attnkit.tasks import load_run  # noqa: E402
 from imdb import RESULTS, held_out_text, measure  # noqa: E402
 from tables import markdown, num  # noqa: E402
 

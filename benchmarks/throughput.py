@@ -40,7 +40,7 @@ peers train their own 8k unigram model on it and sample their batches from the w
 so this is their mean update up to tokenizer differences). attnkit's ``gflops_executed`` also
 counts its padded positions (its output layer scores real positions only).
 
-Writes ``benchmarks/results/throughput.json`` (``throughput-base.json`` for ``--model base``).
+Appends the run to ``benchmarks/results/throughput.json`` (``throughput-base.json`` for ``--model base``).
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from tables import markdown, measured, num
+from tables import append_run, cpu_info, markdown, measured, num
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
@@ -251,19 +251,6 @@ def peak_worker(sizes: list[int], repeats: int) -> None:
                 best[name] = max(best.get(name, 0.0), 2 * n**3 / secs / 1e9)
     print("RESULT " + json.dumps({"gflops": {k: round(v, 1) for k, v in best.items()},
                                   "threads": torch.get_num_threads(), "sizes": sizes}), flush=True)
-
-
-def cpu_info() -> dict:
-    """The CPU's model name and whether it has the bf16 matrix instructions that set the bf16 peak."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return {}
-    model = re.search(r"^model name\s*:\s*(.+)$", text, re.M)
-    found = re.search(r"^flags\s*:\s*(.+)$", text, re.M)
-    flags = set(found[1].split()) if found else set()
-    return {"model": model[1].strip() if model else None, "amx_bf16": "amx_bf16" in flags,
-            "avx512_bf16": "avx512_bf16" in flags}
 
 
 def run_child(cmd: list[str]) -> tuple[dict, float, str]:
@@ -465,7 +452,7 @@ def main() -> None:
     name = "throughput.json" if args.model == "small" else f"throughput-{args.model}.json"
     out = Path(args.out or ROOT / "benchmarks" / "results" / name)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({
+    append_run(out, {
         **stamped, "torch": torch.__version__, "threads": torch.get_num_threads(), "cpu": cpu_info(),
         "model": args.model,
         "dims": asdict(dims), "measured_seconds": args.time, "max_tokens": args.max_tokens,
@@ -474,7 +461,7 @@ def main() -> None:
         "corpus_per_target": asdict(corpus) if corpus else None,
         "best_peer": f"{best['contender']} {best['precision']}" if best else None, "rows": rows,
         "command": " ".join(["python", "benchmarks/throughput.py", *sys.argv[1:]]),
-        "targets": TARGETS[args.model]}, indent=2) + "\n")
+        "targets": TARGETS[args.model]})
     print(f"wrote {out}")
 
 
@@ -507,15 +494,26 @@ def cpu_text(cpu: dict | None) -> str:
     return f"{cpu.get('model')}, {bf16}"
 
 
-def markdown_table(results: dict[str, dict]) -> str:
-    """README: every run in ``benchmarks/results/`` (``{path: result JSON}``), newest first, one row per contender,
-    then a line per run that measured the matmul peak: the peak, the CPU and why a contender was skipped.
+def model(run: dict) -> list[tuple[str, dict]]:
+    """The race of each model size (``small``, ``base``)."""
+    return [(f"`{run.get('model', 'small')}`", run)]
+
+
+def attnkit_bf16(run: dict) -> float | None:
+    """attnkit's bf16 target tokens/s, the headline."""
+    return next((r["tgt_tok_per_s"] for r in run["rows"] if r["contender"] == "attnkit" and r["precision"] == "bf16"
+                 and "tgt_tok_per_s" in r), None)
+
+
+def markdown_table(runs: list[dict]) -> str:
+    """Each run newest first, one row per contender, then a line per run that measured the matmul peak: the peak,
+    the CPU and why a contender was skipped.
 
     Older runs lack the matmul peak (blank GFLOP/s) and the model (`small`), and give the ratio to the
     reference loop's fp32 speed that their targets were set in.
     """
     rows, notes = [], []
-    for run in sorted(results.values(), key=lambda r: r["date"], reverse=True):
+    for run in sorted(runs, key=lambda r: r["date"], reverse=True):
         best = best_peer(run["rows"])  # as score() found it
         peak = run.get("matmul_peak_gflops")
         if peak:
@@ -545,48 +543,6 @@ def markdown_table(results: dict[str, dict]) -> str:
                       "GFLOP/s", "of the matmul peak (GFLOP/s)", "timed, threads, target tokens per update",
                       "target"], rows, "llllrrrrrll")
     return table + ("\n\n" + "\n".join(notes) if notes else "")
-
-
-#: The profiler's names of the matrix products in an update.
-MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm")
-
-
-def markdown_ceiling(results: dict[str, dict]) -> str:
-    """README: what the CPU allows `small` in bf16, from ``throughput.json`` and ``profile.json``.
-
-    Two upper bounds on attnkit's target tokens/s, each divided by the peers' tokens/s of the same
-    throughput run: (1) only the update's matrix products, at the speed they ran under the profiler,
-    everything else free; (2) only the useful matmul FLOPs (real tokens, no padding) at the measured
-    bf16 ``torch.mm`` peak. The profile and the throughput run are separate runs at the same thread count.
-    """
-    runs = [r for r in results.values() if "rows" in r and r.get("matmul_peak_gflops") and r.get("model", "small")
-            == "small"]
-    profiles = [r for r in results.values() if "ops" in r]
-    if not runs or not profiles:
-        return ""
-    run, profile = max(runs, key=lambda r: r["date"]), max(profiles, key=lambda r: r["date"])
-    ours = next(r for r in run["rows"] if r["contender"] == "attnkit" and r["precision"] == "bf16")
-    peers = [r for r in run["rows"] if r["contender"] != "attnkit" and r.get("tgt_tok_per_s")]
-    marian = max((r for r in peers if "Marian" in r["contender"]), key=lambda r: r["tgt_tok_per_s"])
-    best = best_peer(run["rows"])
-    peak = run["matmul_peak_gflops"]["bf16"]
-    matmul_s = sum(op["self_ms_per_update"] for op in profile["ops"] if op["op"] in MATMUL_OPS) / 1000
-    bounds = [
-        ("measured (the throughput run)", ours["tgt_tok_per_s"]),
-        (f"only the matrix products, at the speed they ran under the profiler ({matmul_s * 1000:,.0f} ms of "
-         f"{profile['self_ms_per_update']:,.0f} ms per update), the rest free",
-         profile["tgt_tokens_per_update"] / matmul_s),
-        (f"only the useful matmul FLOPs ({ours['gflop_per_update']:.1f} GFLOP per update, real tokens), at the "
-         f"bf16 peak ({num(peak)} GFLOP/s)", ours["tok_per_update"] * peak / ours["gflop_per_update"]),
-        (f"the target: 3x the best peer ({best['contender']} {best['precision']})", 3 * best["tgt_tok_per_s"]),
-    ]
-    rows = [[what, num(tok_s), f"{tok_s / marian['tgt_tok_per_s']:.2f}x", f"{tok_s / best['tgt_tok_per_s']:.2f}x",
-             f"{tok_s * ours['gflop_per_update'] / ours['tok_per_update'] / peak:.0%}"] for what, tok_s in bounds]
-    table = markdown(["attnkit `small` bf16", "target tok/s", f"x {marian['contender']} {marian['precision']}",
-                      f"x {best['contender']} {best['precision']}", "of the bf16 peak"], rows, "lrrrr")
-    threads = (f"both at {run['threads']} threads" if run["threads"] == profile["threads"]
-               else f"at {run['threads']} and {profile['threads']} threads")
-    return table + f"\n\nThroughput run {measured(run)} and profile {measured(profile)}, {threads}."
 
 
 if __name__ == "__main__":

@@ -99,7 +99,7 @@ def markdown_table(results: dict) -> str:
         label = f"{m['label']} ({m['parameters'] / 1e6:.1f}M parameters, {num(m['updates'])} updates)"
         rows.append([label, *cells, f"{m['bleu']:.2f}"])
         drops.append([f"{m['label']}: below its best bucket",
-                      *[f"{100 * (1 - b['bleu'] / best):.0f}%" for b in m["by_length"]], ""])
+                      *[f"{100 * (1 - b['bleu'] / best):.0f}%" if best > 0 else "" for b in m["by_length"]], ""])
     return markdown(header, rows + drops, "l" + "r" * (len(buckets) + 1)) + "\n\n" + caption(results)
 
 

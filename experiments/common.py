@@ -2,14 +2,13 @@
 
 The scripts in this folder reproduce the seeds' claims for ``docs/experiments.md``. Each writes its
 numbers to ``docs/figures/<name>.json`` (with the command line and the measured run time) and its
-figures to ``docs/figures/<name>*.png``. They read Multi30k from ``../shared/data/multi30k``
-relative to the repository root, like the configs, and are run from the repository root::
+figures to ``docs/figures/<name>*.png`` (``--figures DIR`` elsewhere: the smoke tests' tiny runs). They read
+Multi30k from ``../shared/data/multi30k`` relative to the repository root, like the configs, and are run from
+the repository root::
 
     python experiments/<script>.py [options]
 
-The probes beside them (``decode_probes``, ``recipe_probes``, ``electra_diagnosis``, ``compare_commits``,
-``profile_update``: one-off questions about speed and recipes, answered, that moved here from ``benchmarks/``)
-do not use this module: they write to ``benchmarks/results/``, and ``benchmarks/README.md`` lists them.
+``tests/test_experiments.py`` runs each on tiny inputs.
 """
 
 from __future__ import annotations
@@ -40,7 +39,8 @@ from attnkit.data.readers import read_parallel  # noqa: E402
 from attnkit.data.tokenizer import EOS_ID, PAD_ID  # noqa: E402
 from attnkit.inference.scores import translation_scores  # noqa: E402
 from attnkit.inference.translate import translate_texts  # noqa: E402
-from attnkit.runs.load import LoadedRun, load_run  # noqa: E402
+from attnkit.runs.load import LoadedRun  # noqa: E402
+from attnkit.tasks import load_run  # noqa: E402
 from attnkit.training.trainer import Trainer  # noqa: E402
 from attnkit.transformer import Transformer  # noqa: E402
 from attnkit.viz.plot import save_figure  # noqa: E402
@@ -75,9 +75,11 @@ def require_run(path: Path) -> Path:
 
 
 def parser(doc: str | None, threads: int = 0) -> argparse.ArgumentParser:
-    """An experiment's argument parser: its docstring as help, and ``--threads``."""
+    """An experiment's argument parser: its docstring as help, ``--threads`` and ``--figures``."""
     p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--threads", type=int, default=threads, help="torch threads (0 = torch's default)")
+    p.add_argument("--figures", type=Path, default=FIGURES,
+                   help="where the JSON and the figures go (default docs/figures; elsewhere for a smoke run)")
     return p
 
 
@@ -87,7 +89,7 @@ def start(name: str, args: argparse.Namespace, needs_data: bool = True) -> Recor
         require_data()
     if args.threads > 0:
         torch.set_num_threads(args.threads)
-    return Recorder(name)
+    return Recorder(name, args.figures)
 
 
 def load_transformer(path: str | Path) -> LoadedRun:
@@ -201,20 +203,22 @@ def train_for(name: str, config: Path, run_dir: Path, minutes: float, overrides:
 
 
 class Recorder:
-    """Collects one script's numbers and writes them, with how they were produced, to ``docs/figures``."""
+    """Collects one script's numbers and writes them, with how they were produced, to ``folder``
+    (``docs/figures``)."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, folder: Path = FIGURES) -> None:
         self.name = name
+        self.folder = folder
         self.start = time.perf_counter()
         self.results: dict = {}
 
     def figure(self, fig: Figure, suffix: str = "") -> Path:
-        path = save_figure(fig, FIGURES / f"{self.name}{suffix}.png")
-        print(f"wrote {path.relative_to(ROOT)}")
+        path = save_figure(fig, self.folder / f"{self.name}{suffix}.png")
+        print(f"wrote {os.path.relpath(path, ROOT)}")
         return path
 
     def write(self) -> Path:
-        """``docs/figures/<name>.json``: the results, the command, run time, threads and machine."""
+        """``<folder>/<name>.json``: the results, the command, run time, threads and machine."""
         seconds = time.perf_counter() - self.start
         record = {
             **stamp(),
@@ -226,9 +230,9 @@ class Recorder:
             "machine": platform.machine(),
             **self.results,
         }
-        path = FIGURES / f"{self.name}.json"
+        path = self.folder / f"{self.name}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         text = json.dumps(record, indent=2, ensure_ascii=False).replace(str(ROOT) + os.sep, "")  # repo-relative
         atomic_write_text(path, text + "\n")
-        print(f"wrote {path.relative_to(ROOT)} ({seconds / 60:.1f} min)")
+        print(f"wrote {os.path.relpath(path, ROOT)} ({seconds / 60:.1f} min)")
         return path

@@ -38,8 +38,8 @@ from common import (
 from matplotlib.figure import Figure
 
 from attnkit.attention import attention_override
-from attnkit.inference.attention_maps import attention_maps
-from attnkit.runs.load import LoadedRun, load_run
+from attnkit.runs.load import LoadedRun
+from attnkit.tasks import attention_maps, load_run
 
 BETAS = (0.25, 0.5, 1.0, 2.0, 4.0)
 

@@ -46,7 +46,7 @@ from torch import Tensor
 from attnkit.config.loader import load_config
 from attnkit.config.schema import RunConfig
 from attnkit.data.tokenizer import PAD_ID
-from attnkit.inference.attention_maps import attention_maps
+from attnkit.tasks import attention_maps
 from attnkit.transformer import Transformer
 from attnkit.viz.figures import attention_figures
 

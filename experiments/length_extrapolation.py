@@ -23,7 +23,7 @@ from pathlib import Path
 from common import CONFIGS, ROOT, Recorder, caption, markdown, parser, start, train_for  # noqa: F401
 
 from attnkit.inference.language_model import document_stream, score_stream, scored_characters
-from attnkit.runs.load import load_run
+from attnkit.tasks import load_run
 from attnkit.tasks.language_model import lm_documents
 
 CONFIG = CONFIGS / "shakespeare-char.yaml"
@@ -49,13 +49,15 @@ def main(argv: list[str] | None = None) -> int:
     p = parser(__doc__)
     p.add_argument("--updates", type=int, default=600, help="updates per model (default 600)")
     p.add_argument("--runs", type=Path, default=ROOT / "runs" / "length-extrapolation", help="where the runs go")
+    p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                   help="config overrides for every model (after the experiment's own)")
     args = p.parse_args(argv)
     if not (ROOT.parent / "shared" / "data" / "shakespeare" / "input.txt").exists():
         sys.exit("../shared/data/shakespeare/input.txt is missing: this experiment needs the shared data")
     recorder = start("length-extrapolation", args, needs_data=False)
     rows = []
     for kind in KINDS:
-        trained = train_for(kind, CONFIG, args.runs / kind, 0, overrides(kind, args.updates))
+        trained = train_for(kind, CONFIG, args.runs / kind, 0, [*overrides(kind, args.updates), *args.set])
         run = load_run(args.runs / kind)
         ids = document_stream(run.tok, list(lm_documents(run.cfg, held_out=True)))
         characters = scored_characters(run.tok, ids)

@@ -107,12 +107,12 @@ def time_layer(layer: nn.Module, x: torch.Tensor, repeats: int) -> float:
     return 1000 * statistics.median(times[1:])
 
 
-def layer_timing(d: int, heads: int, batch: int, repeats: int) -> list[dict]:
+def layer_timing(d: int, heads: int, batch: int, repeats: int, lengths: tuple[int, ...] = LENGTHS) -> list[dict]:
     torch.manual_seed(0)
     gru = nn.GRU(d, d, batch_first=True)
     attention = MultiHeadAttention(d, heads)  # Table 1's self-attention layer: Q, K, V, W^O projections + attention
     rows = []
-    for n in LENGTHS:
+    for n in lengths:
         x = torch.randn(batch, n, d)
         rows.append({"n": n, "gru_ms": round(time_layer(gru, x, repeats), 2),
                      "self_attention_ms": round(time_layer(attention, x, repeats), 2),
@@ -174,6 +174,7 @@ def main() -> None:
     p.add_argument("--minutes", type=float, default=5.0,
                    help="training time per model for the throughput (at most one epoch)")
     p.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    p.add_argument("--lengths", type=int, nargs="+", default=list(LENGTHS), help="sequence lengths of the layer timing")
     p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="config overrides for every model")
     p.add_argument("--d", type=int, default=256, help="layer width for the layer timing")
     p.add_argument("--heads", type=int, default=4)
@@ -188,7 +189,7 @@ def main() -> None:
             models[key] = {"label": label, "config": config.name, "overrides": [*overrides, *args.set],
                            **training_throughput(config, [*overrides, *args.set], 60 * args.minutes, Path(tmp))}
         print(f"{label}: {models[key]}")
-    layers = layer_timing(args.d, args.heads, args.batch, args.repeats)
+    layers = layer_timing(args.d, args.heads, args.batch, args.repeats, tuple(args.lengths))
     rec.results = {"minutes_per_model": args.minutes, "models": models, "table_1": TABLE_1,
                    "layer_timing": {"d": args.d, "heads": args.heads, "batch": args.batch, "rows": layers}}
     rec.figure(figure(models, layers, args.d, args.batch))

@@ -20,10 +20,29 @@ def _trained(tmp_path_factory, name: str, make_config) -> Path:
     return tmp / "run"
 
 
+#: pytest-xdist's name for this worker process (``gw0``, ...), None in a run without workers.
+WORKER = os.environ.get("PYTEST_XDIST_WORKER")
+
+
+def pytest_configure(config) -> None:
+    """Under pytest-xdist the workers share the machine's cores: each computes with its share of them (torch's
+    default of a thread per core would make each wait for the others at every parallel region)."""
+    if WORKER is not None:
+        import torch
+
+        workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
+
+
 @pytest.fixture(autouse=True, scope="session")
 def compiled_step_cache(tmp_path_factory) -> None:
-    """Compiled decoding steps are kept in a cache of this session's own, not the user's."""
-    os.environ["ATTNKIT_CACHE"] = str(tmp_path_factory.mktemp("attnkit-cache"))
+    """Compiled decoding steps are kept in a cache of this test run's own, not the user's; the workers of one run
+    share it (a package is written whole or not at all, :func:`attnkit.engine.aot.load_or_compile`), so a program
+    one worker compiled is loaded by the others."""
+    base = tmp_path_factory.getbasetemp()
+    cache = (base.parent if WORKER is not None else base) / "attnkit-cache"
+    cache.mkdir(exist_ok=True)
+    os.environ["ATTNKIT_CACHE"] = str(cache)
 
 
 @pytest.fixture(scope="module")

@@ -22,8 +22,7 @@ import torch
 
 from attnkit.data import dates
 from attnkit.demo import demo_config
-from attnkit.inference.attention_maps import attention_maps
-from attnkit.runs.load import load_run
+from attnkit.tasks import attention_maps, load_run
 from attnkit.training.trainer import Trainer
 
 #: The demo model, narrower and trained briefly (about 20-40 s on one thread). The demo's linear

@@ -19,11 +19,12 @@ from attnkit.config.loader import load_config
 from attnkit.config.schema import RunConfig
 from attnkit.data.documents import classifier_inputs
 from attnkit.data.tokenizer import BOS_ID, EOS_ID
-from attnkit.inference.attention_maps import NEW_TOKENS, VISIBLE_SPACE, AttentionMaps, attention_maps
+from attnkit.inference.attention_maps import NEW_TOKENS, VISIBLE_SPACE, AttentionMaps
 from attnkit.inference.head_scores import previous_token_score, sink_score
 from attnkit.inference.language_model import continue_text
-from attnkit.runs.load import LoadedRun, load_run
+from attnkit.runs.load import LoadedRun
 from attnkit.search import greedy_search
+from attnkit.tasks import attention_maps, load_run
 from attnkit.training.trainer import Trainer
 from attnkit.viz.explorer import explorer_data, explorer_html, write_explorer
 from attnkit.viz.figures import attention_figure, attention_figures, summary_figure

@@ -25,9 +25,8 @@ from attnkit.config.loader import dump_config, load_config
 from attnkit.config.schema import RunConfig
 from attnkit.data.chat_template import ChatTemplate, end_of_turn, special_tokens
 from attnkit.inference.chat import Chat, encode_rendered, run_template
-from attnkit.runs.load import load_run
 from attnkit.sampling import generate
-from attnkit.tasks import spec
+from attnkit.tasks import load_run, spec
 from attnkit.vocab import EOS_ID
 
 transformers = pytest.importorskip("transformers")

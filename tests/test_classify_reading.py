@@ -11,9 +11,8 @@ from attnkit.cli import main
 from attnkit.data.batching import pad_batch
 from attnkit.data.documents import document_ids, reading_windows, truncate
 from attnkit.data.tokenizer import PAD_ID
-from attnkit.inference.attention_maps import attention_maps
 from attnkit.inference.classify import classify_texts, explain, predict
-from attnkit.runs.load import load_run
+from attnkit.tasks import attention_maps, load_run
 from attnkit.viz.explorer import explorer_data
 from attnkit.viz.figures import attention_figures
 from tiny_runs import labelled_rows, write_lines

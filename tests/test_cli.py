@@ -19,7 +19,7 @@ from attnkit.config.loader import load_config
 from attnkit.config.schema import RunConfig
 from attnkit.demo import HELD_OUT, demo_config
 from attnkit.inference.classify import predict
-from attnkit.runs.load import load_run
+from attnkit.tasks import load_run
 from attnkit.training.trainer import Trainer
 from tiny_runs import classification_config, labelled_rows, translation_config, write_lines, write_tsv, write_yaml
 

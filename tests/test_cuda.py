@@ -29,8 +29,8 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
 
 from attnkit.attention import attend  # noqa: E402
 from attnkit.engine import fast_attend  # noqa: E402
-from attnkit.runs.load import load_run  # noqa: E402
 from attnkit.sampling import generate  # noqa: E402
+from attnkit.tasks import load_run  # noqa: E402
 from test_lm_model import (  # noqa: E402
     CONFIGS,
     _kernel_inputs,

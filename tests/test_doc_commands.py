@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import gzip
 import io
+import json
 import os
 import re
 import shutil
@@ -147,10 +148,21 @@ def workspace(tmp: Path) -> Path:
                                 encoding="utf-8")
         else:
             head(SHARED / "data" / source, path, rows)
+    write_chats(repo / "chats.jsonl", SHARED / "data" / "shakespeare" / "input.txt", 40)
     for name, make in DOWNLOADS.items():
         (repo / name).parent.mkdir(parents=True, exist_ok=True)
         make(repo / name)
     return repo
+
+
+def write_chats(out: Path, source: Path, n: int) -> None:
+    """The conversations a user fine-tunes on (``chats.jsonl``, one ``{"messages": [...]}`` a line): ``n`` pairs of
+    consecutive lines of ``source``, a question and its answer."""
+    with open(source, encoding="utf-8") as f:
+        lines = [line.strip() for _, line in zip(range(4 * n), f, strict=False) if line.strip()]
+    rows = [{"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]}
+            for q, a in zip(lines[0::2], lines[1::2], strict=False)][:n]
+    out.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
 
 
 def depth(words: list[str], commands: list[tuple[str, str, list[str]]]) -> int:

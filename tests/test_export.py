@@ -17,8 +17,8 @@ from attnkit.data.batching import pad_batch
 from attnkit.data.tokenizer import PAD_ID
 from attnkit.export.ctranslate2 import MANIFEST, ExportedTranslator, export_ctranslate2, is_exported
 from attnkit.inference.translate import encode_sources, translate_texts
-from attnkit.runs.load import load_run
 from attnkit.search import greedy_search
+from attnkit.tasks import load_run
 
 pytest.importorskip("ctranslate2")
 

@@ -28,8 +28,9 @@ from attnkit.export.ctranslate2_lm import ExportedGenerator, pieces_of
 from attnkit.lm import LanguageModel
 from attnkit.runs.checkpoint import save_weights
 from attnkit.runs.layout import CONFIG_FILE, IMPORTED_FILE
-from attnkit.runs.load import LoadedRun, load_run
+from attnkit.runs.load import LoadedRun
 from attnkit.sampling import generate
+from attnkit.tasks import load_run
 from test_lm_task import assert_one_line_error, cli, corpus, lm_config, train_lm
 
 pytest.importorskip("ctranslate2")

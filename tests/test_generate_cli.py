@@ -28,8 +28,9 @@ from attnkit.inference.language_model import (
     prompt_ids,
     score_text_file,
 )
-from attnkit.runs.load import LoadedRun, load_run
+from attnkit.runs.load import LoadedRun
 from attnkit.sampling import choose_next, filter_logits, generate
+from attnkit.tasks import load_run
 from test_lm_task import assert_one_line_error, cli, corpus, lm_config, train_lm
 
 PROMPT = "ROMEO:\n"  # 7 tokens; with 40 new ones the model's 48 positions are nearly full

@@ -59,7 +59,7 @@ def test_smoke_race_on_a_tiny_llama(bench, tmp_path: Path) -> None:
     assert ("attnkit eager int8", 3) in rows  # int8 may round a greedy choice the other way: it runs, that is all
     assert set(run["limits"]) == {"float32", "bf16", "f16", "int8", "q8_0"} and run["bandwidth"][0]["read_gb_s"] > 0
     assert any(t["peer"] == "transformers float32" for t in run["targets"])
-    assert "**smollm2**" in bench.markdown_table({"runs": [run]})
+    assert "**smollm2**" in bench.markdown_table([run])
 
 
 def test_bytes_per_token_hand_counted(bench) -> None:
@@ -109,17 +109,12 @@ def test_targets_judge_the_fastest_attnkit_mode_of_each_weight_format(bench) -> 
     assert f16["met"] is None and f16["why"] == "attnkit bf16 did not run at batch 1"
 
 
-def test_table_shows_the_latest_run_per_host_kind_and_the_spread(bench) -> None:
-    old = run_record(bench, "2026-01-01T00:00:00+00:00", {("attnkit eager float32", 1): 30.0})
-    new = run_record(bench, "2026-01-02T00:00:00+00:00", {("attnkit eager float32", 1): 36.0})
-    other = run_record(bench, "2026-01-03T00:00:00+00:00", {("attnkit eager float32", 1): 50.0}, cpu="Other CPU")
-    text = bench.markdown_table({"runs": [old, new, other]})
-    assert text.count("| 1 | attnkit eager float32 |") == 2  # one table per host kind
-    assert "| 36.0 |" in text and "| 30.0 |" not in text  # the latest run only
-    assert "2 runs of this race on this host kind (2026-01-01 to 2026-01-02): attnkit's fastest mode at batch 1 " \
-           "30.0 to 36.0 tok/s" in text
-    assert "1 run of this race on this host kind (2026-01-03 to 2026-01-03)" in text
+def test_table_of_a_run_gives_each_contender_its_share_of_the_limit(bench) -> None:
+    run = run_record(bench, "2026-01-02T00:00:00+00:00", {("attnkit eager float32", 1): 36.0})
+    text = bench.markdown_table([run])
+    assert text.count("| 1 | attnkit eager float32 |") == 1 and "| 36.0 |" in text
     assert "| 0.36 |" in text  # 36 tok/s of a 100 tok/s limit
+    assert bench.model_name(run) == [("**smollm2**", run)] and bench.fastest_attnkit(run) == 36.0
 
 
 def test_every_contender_names_a_weight_format_with_a_limit(bench, tmp_path: Path) -> None:

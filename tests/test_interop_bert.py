@@ -17,7 +17,7 @@ import yaml
 
 from attnkit.cli import main
 from attnkit.inference.classify import predict
-from attnkit.runs.load import load_run
+from attnkit.tasks import load_run
 
 transformers = pytest.importorskip("transformers")
 import hf_models  # noqa: E402  (after the skip: it builds models with transformers)

@@ -28,8 +28,8 @@ from tokenizers import Regex, pre_tokenizers
 from attnkit.cli import main
 from attnkit.inference.language_model import document_stream, read_documents
 from attnkit.interop.gguf_tokenizer import LLAMA3_SPLIT
-from attnkit.runs.load import load_run
 from attnkit.sampling import generate
+from attnkit.tasks import load_run
 from attnkit.vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 transformers = pytest.importorskip("transformers")

@@ -26,8 +26,8 @@ from attnkit.data.tokenizers_json import TOKEN_ID_KEYS, absent_piece
 from attnkit.inference.language_model import document_stream, read_documents
 from attnkit.interop.hf import HFDirectory
 from attnkit.interop.llama import sliding_window
-from attnkit.runs.load import load_run
 from attnkit.sampling import generate
+from attnkit.tasks import load_run
 from attnkit.vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 transformers = pytest.importorskip("transformers")

@@ -18,7 +18,7 @@ from attnkit.cli import main
 from attnkit.export.ctranslate2 import export_ctranslate2
 from attnkit.inference.translate import translate_texts
 from attnkit.interop.marian import hf_order
-from attnkit.runs.load import load_run
+from attnkit.tasks import load_run
 from attnkit.vocab import BOS_ID, EOS_ID, PAD_ID
 
 transformers = pytest.importorskip("transformers")
@@ -219,7 +219,8 @@ def test_missing_files_and_unsafe_pickles(marian, tmp_path, capsys):
     err = one_line_error(capsys, "import", str(hf), "-o", str(tmp_path / "run"))
     assert "pytorch_model.bin: cannot be read safely as tensors" in err and "save_pretrained" in err
     assert one_line_error(capsys, "import", str(tmp_path / "nowhere"), "-o", str(tmp_path / "run")).endswith(
-        "not a directory; give a local Hugging Face model directory (config.json, model.safetensors, tokenizer files)")
+        "not a directory; give a local Hugging Face model directory (config.json, model.safetensors, tokenizer "
+        "files), or a GGUF file")
     assert "already exists" in one_line_error(capsys, "import", str(marian[0]), "-o", str(marian[1]))
 
 

@@ -1,29 +1,43 @@
-"""The layout is the architecture: imports point down the layers, no circle, small modules and functions.
+"""The layout is the architecture: imports point down the layers, no circle, small modules and functions, and one
+registry per axis (the rule itself, and its finders, are ``tests/layout_rules.py``).
 
 Layers, lowest first (a module imports only from lower layers, or from its own package)::
 
-    common < textbook < engine, config < data < runs < inference < viz, tasks < training, export < serve < cli, demo
+    common < textbook < engine, config < data < runs < inference < viz, tasks < interop < training, export
+           < serve < cli, demo
 
 The textbook is the top of ``attnkit`` (attention, multihead, layers, transformer, rnn, classifier, mlm,
 search, vocab): plain torch that imports nothing from the engine or any other role. A function-level
 import is allowed only where it defers a heavy optional dependency (matplotlib, FastAPI) to the
-commands that use it, never to dodge a circle.
+commands that use it, never to dodge a circle. What differs by task is asked of the task's spec
+(:data:`attnkit.tasks.TASKS`), never decided by comparing task names outside ``attnkit.tasks`` or by asking
+which model class a function holds.
 """
 
 from __future__ import annotations
 
 import ast
-import sys
+import importlib
 from pathlib import Path
 
 import pytest
+from torch import nn
+
+from attnkit.tasks import TASKS
+from layout_rules import (
+    LAYER,
+    MODEL_CLASSES,
+    TEXTBOOK,
+    components,
+    isinstance_ladders,
+    kind_comparisons,
+    kind_tables,
+    modules,
+    role,
+)
+from layout_rules import imports as module_imports
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-# the one definition of the layers and of the import walker, shared with the benchmark that measures them
-from layout import LAYER, TEXTBOOK, components, modules, role  # noqa: E402
-from layout import imports as module_imports  # noqa: E402
-
 PACKAGE = ROOT / "src" / "attnkit"
 #: Modules loaded only inside the functions that need them: they import matplotlib or FastAPI.
 DEFERRED = {"attnkit.viz.figures", "attnkit.viz.plot", "attnkit.serve.app", "attnkit.serve.server"}
@@ -95,3 +109,84 @@ def test_a_llama_block_reads_in_four_files() -> None:
     the positions (and the special ids' constants), neither the encoder-decoder's layers nor its model."""
     textbook = {t for t, _, _ in imports("attnkit.lm")}
     assert textbook <= {"attnkit.attention", "attnkit.multihead", "attnkit.positions", "attnkit.vocab"}, textbook
+
+
+# -- one registry per axis -------------------------------------------------------------------------------------
+
+#: Every task's name and every route a task's runs answer: what code outside ``tasks/`` must not compare.
+KINDS = frozenset({s.name for s in TASKS.values()} | {s.serves for s in TASKS.values() if s.serves is not None})
+OUTSIDE_TASKS = sorted(m for m in MODULES if role(m) != "tasks")
+
+
+@pytest.mark.parametrize("module", OUTSIDE_TASKS)
+def test_no_task_name_or_served_kind_is_compared_outside_the_tasks(module: str) -> None:
+    """Per-task behaviour is the task's spec's (``spec(run.task).generates``, ``require(run, "generate", ...)``), not a
+    comparison of ``run.task``, ``serves`` or a kind's name."""
+    text = MODULES[module].read_text(encoding="utf-8")
+    lines = text.splitlines()
+    found = [f"line {n}: {lines[n - 1].strip()}" for n in kind_comparisons(text, KINDS)]
+    assert not found, f"{module} compares task names or served kinds (ask the task's spec instead): {found}"
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_no_isinstance_ladder_over_model_classes(module: str) -> None:
+    """What a model does is chosen by its task's spec or asked of the model (a protocol), not by a chain of
+    ``isinstance`` checks against the model classes."""
+    ladders = isinstance_ladders(MODULES[module].read_text(encoding="utf-8"))
+    assert not ladders, f"{module}: isinstance ladders over model classes in {ladders}"
+
+
+def test_the_kinds_are_the_registrys() -> None:
+    assert {"translate", "classify", "pretrain", "lm", "generate"} <= KINDS
+
+
+def test_the_model_classes_are_models() -> None:
+    """:data:`layout_rules.MODEL_CLASSES` names real models (else the ladder check passes vacuously)."""
+    where = {name: importlib.import_module(module)
+             for module in ("attnkit.transformer", "attnkit.rnn", "attnkit.classifier", "attnkit.mlm", "attnkit.lm",
+                            "attnkit.engine.eager") for name in dir(importlib.import_module(module))}
+    for name in MODEL_CLASSES:
+        assert name in where and issubclass(getattr(where[name], name), nn.Module), name
+
+
+SNIPPET = """
+def route(run, spec, served, task, x):
+    if run.task == "lm":                        # 3
+        pass
+    if spec(run.task).serves != served:         # 5
+        pass
+    if x in ("generate", "translate"):          # 7
+        pass
+    if task not in TABLE:                       # 9
+        pass
+    if spec(run.task).serves is None or spec(run.task).generates or x == "rnn":
+        pick(state, name, "generate")
+    return MODELS["lm"], TABLE.get("classify"), {"pretrain": 1}   # 13
+
+
+def ladder(model):
+    if isinstance(model, LanguageModel):        # 17
+        return 1
+    return 2 if isinstance(model, (Transformer, RNNSeq2Seq)) else 3
+
+
+def guard(model):
+    if not isinstance(model, (TransformerClassifier, DecoderClassifier)):
+        raise TypeError(type(model).__name__)
+"""
+
+
+def test_the_finders_see_what_they_look_for() -> None:
+    """Comparisons of kinds (a literal, ``run.task``, ``serves``), tables keyed by kind, isinstance ladders; not
+    ``is None``, a capability, another name, a kind passed as an argument, or a single guard."""
+    assert kind_comparisons(SNIPPET, KINDS) == [3, 5, 7, 9]
+    assert kind_tables(SNIPPET, KINDS) == [13, 13, 13]
+    assert isinstance_ladders(SNIPPET) == ["ladder (line 16)"]
+
+
+def test_per_kind_tables_outside_the_tasks_are_the_routes_of_serve() -> None:
+    """Outside ``tasks/`` a table keyed by a kind is the server's own registry of its routes (what ``GET /models``
+    says of a run and what decodes it continuously, the models each route serves); ``attnkit``'s commands share
+    three names with kinds."""
+    found = {m for m in OUTSIDE_TASKS if kind_tables(MODULES[m].read_text(encoding="utf-8"), KINDS)}
+    assert {m for m in found if role(m) != "serve"} <= {"attnkit.cli"}, found

@@ -1,6 +1,6 @@
 """benchmarks/lm.py, the race against nanoGPT: every row at ``--smoke`` sizes against a nanoGPT checkout (named by
 the ``NANOGPT`` environment variable: nanoGPT is no dependency, so without it the smoke run skips), and its pure
-parts: the precision attnkit says it chose, the targets."""
+parts: the precision attnkit's run recorded, the targets."""
 
 from __future__ import annotations
 
@@ -38,19 +38,21 @@ def test_smoke_every_row_against_nanogpt(bench, tmp_path: Path) -> None:
     rows = {(r["row"], r["contender"]): r for r in run["rows"]}
     for row in ("documented", "budget"):
         assert rows[row, "nanoGPT"]["valid_loss"] > 0 and rows[row, "attnkit"]["valid_loss"] > 0
-        assert rows[row, "attnkit"]["precision"] in ("fp32", "bf16 autocast")  # what precision: auto chose
+        assert rows[row, "attnkit"]["precision"]["precision"] in ("float32", "bf16")  # what precision: auto chose
     assert rows["throughput", "nanoGPT"]["tok_s"] > 0 and rows["throughput", "attnkit"]["tok_s"] > 0
     assert {t["target"] for t in run["targets"]} == {"ahead at equal wall time (validation loss, budget row)",
                                                      ">= 1.5x nanoGPT's tokens/s at its smoke shape"}
-    assert "Targets: " in bench.markdown_table({"runs": [run]})
+    assert "Targets: " in bench.markdown_table([run])
 
 
-def test_the_precision_attnkit_chose_is_read_from_its_log(bench) -> None:
-    log = ("lm: LanguageModel with 1.80M parameters on cpu (bf16 autocast, 2 threads, fast engine)\n"
-           "trained 10 updates in 0.1 min; run: x\n")
-    assert bench.chosen_precision(log) == "bf16 autocast"
-    assert bench.chosen_precision("lm: LanguageModel with 0.1M parameters on cpu (fp32)\n") == "fp32"
-    assert bench.chosen_precision("no such line") is None
+def test_the_precision_attnkit_chose_is_read_from_its_run(bench, tmp_path: Path) -> None:
+    assert bench.recorded_precision(tmp_path) is None  # a run that recorded none (the sampling row's models)
+    (tmp_path / "precision.json").write_text(json.dumps({"precision": "bf16", "source": "measured"}), encoding="utf-8")
+    chosen = bench.recorded_precision(tmp_path)
+    assert chosen == {"precision": "bf16", "source": "measured"}
+    rows = [{"precision": chosen}, {"precision": {"precision": "float32"}}, {"precision": None}]
+    assert bench.attnkit_precisions(rows) == "bf16 and float32"
+    assert bench.attnkit_precisions([{"precision": None}]) == "float32"
 
 
 def test_targets_are_judged_on_the_rows(bench) -> None:
@@ -62,3 +64,22 @@ def test_targets_are_judged_on_the_rows(bench) -> None:
     loss, speed = bench.targets(rows)
     assert loss["met"] and loss["attnkit"] == 1.50
     assert speed["ratio"] == pytest.approx(1.4) and not speed["met"] and speed["bar"] == 1.5
+
+
+def test_a_run_splits_into_one_race_per_measurement_each_with_its_own_targets(bench) -> None:
+    rows = [{"row": "budget", "contender": "nanoGPT", "valid_loss": 1.51, "train_seconds": 900, "iterations": 10},
+            {"row": "budget", "contender": "attnkit", "valid_loss": 1.50, "train_seconds": 900, "updates": 12},
+            {"row": "throughput", "contender": "nanoGPT", "tok_s": 1000, "shape_name": "15-minute"},
+            {"row": "throughput", "contender": "attnkit", "tok_s": 1400, "shape_name": "15-minute"}]
+    run = {"date": "2026-01-01T00:00:00+00:00", "commit": "abc1234", "cpu": "Some CPU", "threads": 2, "minutes": 15,
+           "rows": rows, "targets": bench.targets(rows)}
+    parts = dict(bench.row(run))
+    budget, speed = parts["15 minutes of training each"], next(v for k, v in parts.items() if k.startswith("training"))
+    assert [r["row"] for r in budget["rows"]] == ["budget"] * 2
+    assert [r["row"] for r in speed["rows"]] == ["throughput"] * 2
+    assert [t["target"].split()[0] for t in budget["targets"]] == ["ahead"]
+    assert [t["target"].split()[0] for t in speed["targets"]] == [">="]
+    assert bench.attnkit_figure(budget) == ("attnkit's validation loss", 1.50)
+    assert bench.attnkit_figure(speed) == ("attnkit's tokens/s over nanoGPT's", 1.4)
+    table = bench.markdown_table([budget, speed])
+    assert table.count("| Some CPU, 2 threads |") == 4 and "Targets: ahead" in table

@@ -14,8 +14,7 @@ from attnkit.config.loader import load_config
 from attnkit.config.schema import RunConfig
 from attnkit.engine import to_eager
 from attnkit.runs.checkpoint import load_weights
-from attnkit.runs.load import load_run
-from attnkit.tasks import make_task
+from attnkit.tasks import load_run, make_task
 from attnkit.transformer import TransformerConfig
 from attnkit.vocab import PAD_ID
 from test_lm_task import TINY_LM, lm_config, quiet, train_lm

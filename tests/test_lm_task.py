@@ -35,8 +35,7 @@ from attnkit.inference.language_model import (
     stream_characters,
 )
 from attnkit.lm import LanguageModel
-from attnkit.runs.load import load_run
-from attnkit.tasks import make_task
+from attnkit.tasks import load_run, make_task
 from attnkit.tasks.language_model import block_batches, lm_documents
 from attnkit.tasks.pretraining import pretraining_texts
 from attnkit.training.trainer import Trainer

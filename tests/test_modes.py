@@ -29,9 +29,9 @@ from attnkit.lm import LanguageModel
 from attnkit.mlm import MaskedLanguageModel
 from attnkit.multihead import MultiHeadAttention
 from attnkit.rnn import RNNConfig, RNNSeq2Seq
-from attnkit.runs.load import load_run
 from attnkit.sampling import generate
 from attnkit.search import beam_search, greedy_search
+from attnkit.tasks import load_run
 from attnkit.transformer import Transformer, TransformerConfig
 from attnkit.vocab import BOS_ID, EOS_ID
 from hf_models import gpt2_dir, imported, llama_dir, qwen2_dir

@@ -68,12 +68,13 @@ def test_interpolation_is_between_uniform_and_svm_weights(bench) -> None:
     assert np.allclose(mixed.w, 0.75 * np.abs(svm_only.w).mean() + 0.25 * svm_only.w)
 
 
-def test_table_lists_every_run(bench) -> None:
+def test_table_lists_each_run_it_is_given(bench) -> None:
     run = {"date": "2026-11-23T12:00:00+00:00", "commit": "abc1234", "config": "configs/imdb.yaml",
            "train_reviews": 22577, "held_out_reviews": 2423, "features": 1360170, "held_out_accuracy": 90.05,
            "seconds": 27.0, "peak_rss_gb": 0.8, "cpu": "AMD EPYC"}
-    table = bench.markdown_table({"runs": [run, {**run, "held_out_accuracy": 89.5, "commit": "def5678"}]})
+    table = bench.markdown_table([run, {**run, "held_out_accuracy": 89.5, "commit": "def5678"}])
     assert "**90.05**" in table and "**89.50**" in table and len(table.strip().splitlines()) == 4
+    assert bench.split(run) == [("`configs/imdb.yaml` split", run)] and bench.nbsvm_accuracy(run) == 90.05
 
 
 def test_nblr_is_logistic_regression_on_the_same_nb_features(bench) -> None:

@@ -16,8 +16,7 @@ from attnkit.cli import main
 from attnkit.config.loader import load_config
 from attnkit.config.schema import RunConfig
 from attnkit.ngrams import BIGRAM_PRIME, NGramExpert, product_of_experts
-from attnkit.runs.load import load_run
-from attnkit.tasks import make_task
+from attnkit.tasks import load_run, make_task
 from attnkit.tasks.objectives import ClassificationLoss
 from attnkit.transformer import TransformerConfig
 from attnkit.vocab import PAD_ID

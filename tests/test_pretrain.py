@@ -19,8 +19,7 @@ from attnkit.data.labelled import read_labelled
 from attnkit.data.tokenizer import Tokenizer
 from attnkit.mlm import MaskedLanguageModel, mask_tokens
 from attnkit.runs.checkpoint import load_weights
-from attnkit.runs.load import load_run
-from attnkit.tasks import make_task
+from attnkit.tasks import load_run, make_task
 from attnkit.tasks.init_from import load_pretrained_body
 from attnkit.training.trainer import Trainer
 from attnkit.transformer import TransformerConfig

@@ -26,11 +26,11 @@ import torch
 
 from attnkit.cli import main
 from attnkit.common.errors import UserError
-from attnkit.inference.attention_maps import attention_maps
 from attnkit.inference.classify import predict
 from attnkit.inference.translate import translate_texts
-from attnkit.runs.load import LoadedRun, load_run
+from attnkit.runs.load import LoadedRun
 from attnkit.serve.batching import Limits, ModelWorker, QueueFull
+from attnkit.tasks import attention_maps, load_run
 from attnkit.viz.explorer import explorer_data
 from tiny_runs import write_lines
 

@@ -19,11 +19,10 @@ import torch
 from prometheus_client.parser import text_string_to_metric_families
 
 from attnkit.engine import Engine
-from attnkit.inference.attention_maps import attention_maps
-from attnkit.runs.load import load_run
 from attnkit.serve.app import create_app
 from attnkit.serve.batching import Limits
 from attnkit.serve.servables import RunServable, load_servable
+from attnkit.tasks import attention_maps, load_run
 from attnkit.viz.explorer import explorer_data
 from test_lm_task import cli, corpus, lm_config, train_lm
 
@@ -226,7 +225,7 @@ def test_a_request_whose_row_fails_ends_alone_and_the_batch_goes_on(lm_run, capl
     poison = threading.Event()
 
     def nan_first_row(_module, _inputs, logits: torch.Tensor) -> torch.Tensor | None:
-        if poison.is_set() and logits.size(0) == 3 == served.stepper.sampler.running:  # a step of the three
+        if poison.is_set() and logits.size(0) == 3 == served.stepper.decoder.running:  # a step of the three
             poison.clear()
             logits = logits.clone()
             logits[0] = float("nan")  # the oldest row: the request that joined first
@@ -244,7 +243,7 @@ def test_a_request_whose_row_fails_ends_alone_and_the_batch_goes_on(lm_run, capl
         caplog.clear()
         with ThreadPoolExecutor(3) as pool:
             failing = pool.submit(client.post, "/generate", json=bad)
-            wait_until(lambda: served.stepper.sampler.running == 1)
+            wait_until(lambda: served.stepper.decoder.running == 1)
             beside = list(pool.map(lambda b: client.post("/generate", json=b), others))
             failed = failing.result()
         wait_until(lambda: served.stepper.running == 0)

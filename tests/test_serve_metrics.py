@@ -17,10 +17,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from attnkit.cli import main
 from attnkit.inference.translate import translate_texts
-from attnkit.runs.load import load_run
 from attnkit.serve.app import create_app
 from attnkit.serve.batching import BatchRecord, Limits, ModelWorker
 from attnkit.serve.servables import RunServable
+from attnkit.tasks import load_run
 
 with warnings.catch_warnings():  # Starlette >= 1 asks for httpx2 under its TestClient; httpx still works
     warnings.filterwarnings("ignore", message="Using `httpx` with `starlette.testclient` is deprecated")

@@ -21,12 +21,12 @@ import torch
 
 from attnkit.data.chat_template import end_of_turn
 from attnkit.inference.chat import encode_rendered, run_template
-from attnkit.runs.load import load_run
 from attnkit.sampling import generate
 from attnkit.serve.app import create_app, listen
 from attnkit.serve.batching import Limits
 from attnkit.serve.connections import BoundedHttp
 from attnkit.serve.servables import RunServable
+from attnkit.tasks import load_run
 from attnkit.vocab import EOS_ID
 from test_lm_task import cli, corpus, lm_config, train_lm
 
@@ -78,7 +78,7 @@ class Hooks:
     def __call__(self, _module, _inputs, logits: torch.Tensor) -> torch.Tensor | None:
         if self.delay:
             time.sleep(self.delay)
-        if self.poison.is_set() and logits.size(0) == 3 == self.served.stepper.sampler.running:
+        if self.poison.is_set() and logits.size(0) == 3 == self.served.stepper.decoder.running:
             self.poison.clear()
             logits = logits.clone()
             logits[0] = float("nan")
@@ -406,7 +406,7 @@ def test_a_failing_row_ends_its_request_alone(served, client, caplog, stream):
     try:
         with ThreadPoolExecutor(3) as pool:
             bad = pool.submit(failing)
-            wait_until(lambda: play.stepper.sampler.running == 1)
+            wait_until(lambda: play.stepper.decoder.running == 1)
             beside = list(pool.map(lambda b: client.completions.create(model="play", **b), others))
             with pytest.raises(openai.APIError) as error:
                 bad.result()

@@ -1,4 +1,4 @@
-"""benchmarks/throughput.py's pure parts: the matmul FLOP count, the README table, pip's failure line."""
+"""benchmarks/throughput.py's pure parts: the matmul FLOP count, the results table, pip's failure line."""
 
 from __future__ import annotations
 
@@ -98,7 +98,7 @@ def test_score_and_markdown_table(bench) -> None:
                     {"contender": "attnkit", "precision": "bf16", "tgt_tok_per_s": 3500.0, "tok_per_update": 4000.0,
                      "updates": 90, "peak_rss_gb": 1.9, "ratio_to_reference_fp32": 3.5}]}
     new["cpu"] = {"model": "Some CPU", "amx_bf16": True, "avx512_bf16": True}
-    table, notes = bench.markdown_table({"old.json": old, "new.json": new}).split("\n\n")
+    table, notes = bench.markdown_table([old, new]).split("\n\n")
     assert notes == ("- 2026-11-23, `abc1234`, small: matmul peak fp32 300 / bf16 2,000 GFLOP/s at 2 threads "
                      "(Some CPU, AMX-BF16); fairseq transformer skipped: pip install failed: X.")
     lines = table.splitlines()
@@ -107,6 +107,8 @@ def test_score_and_markdown_table(bench) -> None:
     assert "| **3.00x** |" in lines[4] and f"**{ours['fraction_of_peak']:.1%} of 2,000**" in lines[4]
     assert ">= 3x, <= 2 GB, >= 35% of peak" in lines[4]
     assert "| **3.50x ref. fp32** |" in lines[-1] and ">= 3x the reference's fp32" in lines[-1]  # as measured
+    assert bench.attnkit_bf16(new) == 4500.0 and bench.attnkit_bf16(old) == 3500.0  # the race's headline
+    assert bench.model(new) == [("`small`", new)] and bench.model(old) == [("`small`", old)]  # older: no model
 
 
 def test_failure_line_names_the_exception(bench) -> None:
@@ -120,26 +122,3 @@ def test_failure_line_names_the_exception(bench) -> None:
     assert bench.failure_line(output + "  " + ninja + "\n  RuntimeError: Error compiling\n") == (
         "ninja: error: 'fairseq/x.cpp', needed by 'build/x.o', missing and no known rule to make it")
     assert bench.failure_line("ERROR: No matching distribution found for fairseq\n").startswith("ERROR: No matching")
-
-
-def test_ceiling_bounds_follow_from_the_two_results(bench) -> None:
-    """The README's ceiling table: each bound is the arithmetic its row names, each ratio is to the peer's speed."""
-    rows = [
-        {"contender": "HF MarianMTModel", "precision": "bf16", "tgt_tok_per_s": 100.0},
-        {"contender": "torch.nn.Transformer reference", "precision": "bf16", "tgt_tok_per_s": 200.0},
-        {"contender": "attnkit", "precision": "bf16", "tgt_tok_per_s": 300.0, "tok_per_update": 1000.0,
-         "gflop_per_update": 50.0},
-    ]
-    run = {"date": "2026-01-01T00:00:00+00:00", "commit": "aaaaaaa", "threads": 1, "rows": rows,
-           "matmul_peak_gflops": {"fp32": 40.0, "bf16": 100.0}}
-    profile = {"date": "2026-01-01T00:00:00+00:00", "commit": "bbbbbbb", "threads": 1, "self_ms_per_update": 4000.0,
-               "tgt_tokens_per_update": 1000.0,
-               "ops": [{"op": "aten::mm", "self_ms_per_update": 1500.0},
-                       {"op": "aten::bmm", "self_ms_per_update": 500.0},
-                       {"op": "aten::copy_", "self_ms_per_update": 2000.0}]}
-    table = bench.markdown_ceiling({"t.json": run, "p.json": profile}).splitlines()
-    cells = [[c.strip() for c in line.strip("|").split("|")] for line in table[2:6]]
-    # measured; matmuls only: 1000 tokens / 2.0 s; the peak: 1000 tokens x 100 / 50 GFLOP; 3x the plain loop
-    # share of the peak: tok/s x 0.05 GFLOP per token / 100 GFLOP/s
-    assert [c[1:] for c in cells] == [["300", "3.00x", "1.50x", "15%"], ["500", "5.00x", "2.50x", "25%"],
-                                      ["2,000", "20.00x", "10.00x", "100%"], ["600", "6.00x", "3.00x", "30%"]]

@@ -15,7 +15,7 @@ Where things are (the layout is the architecture):
 
 Everything else is a package named for its role, imports pointing down (``tests/test_layout.py``):
 ``common`` < the textbook < ``engine``, ``config`` < ``data`` < ``runs`` < ``inference`` < ``viz``,
-``tasks`` < ``training``, ``export`` < ``serve`` < ``cli``.
+``tasks`` < ``interop`` < ``training``, ``export`` < ``serve`` < ``cli``.
 """
 
 from .attention import (

@@ -22,7 +22,7 @@ from .config.loader import load_config
 from .config.schema import RunConfig
 from .data import dates
 from .inference.translate import translate_texts
-from .runs.load import load_run
+from .tasks import load_run
 from .training.trainer import Trainer
 from .viz.figures import attention_figure
 from .viz.plot import save_figure

@@ -148,7 +148,6 @@ class MultiHeadAttention(nn.Module):
             ALiBi's bias (H, T_q, T_k) or None)``; keys and values include the cached positions.
         """
         H, Hkv, dk, dv = self.n_heads, self.n_kv_heads, self.d_k, self.d_v
-        W, b = self.in_proj.weight, self.in_proj.bias
         past = cache is not None and cache.k is not None and cache.v is not None
         bias = None
         if memory is None:  # self-attention: one fused projection
@@ -163,6 +162,7 @@ class MultiHeadAttention(nn.Module):
             if self.alibi is not None:
                 bias = self.alibi(q.size(2), k.size(2)).to(q.dtype)  # (H, T_q, T_k)
         else:  # cross-attention: queries from the decoder, keys/values from the memory
+            W, b = self.in_proj.weight, self.in_proj.bias  # split in two: [W^Q] for the queries, [W^K; W^V]
             q = self._split(F.linear(query, W[: H * dk], None if b is None else b[: H * dk]), H, dk)
             if past:
                 k, v = cache.k, cache.v  # memory projected on an earlier step

@@ -187,3 +187,8 @@ class RNNSeq2Seq(nn.Module):
         if self.scorer is None:
             raise ValueError("this RNNSeq2Seq has attention='none': there is no alignment to return")
         return self._teacher_force(src, tgt_in, need_weights=True)[1]
+
+    def attention_weights(self, src: Tensor, tgt_in: Tensor) -> tuple[list[Tensor], list[Tensor], list[Tensor]]:
+        """:meth:`attnkit.transformer.Transformer.attention_weights`' answer for this model: no self-attention, and
+        the alignment as the one cross-attention map, one layer of one head ``(B, 1, T, S)``."""
+        return [], [], [self.alignment(src, tgt_in)[:, None]]

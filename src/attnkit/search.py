@@ -86,7 +86,7 @@ class Hypothesis:
 class Uncached(torch.nn.Module):
     """``model`` decoded without its key/value cache: every step recomputes the whole prefix.
 
-    The baseline the cache is measured against (``benchmarks/``); outputs equal the cached
+    The baseline the cache is timed against (``benchmarks/multi30k.py``); outputs equal the cached
     model's. ``model`` must accept ``init_decoder(src, use_cache=False)`` (the Transformer does).
     """
 

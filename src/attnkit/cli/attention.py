@@ -15,10 +15,9 @@ import argparse
 from pathlib import Path
 
 from ..common.errors import UserError
-from ..inference.attention_maps import NEW_TOKENS, attention_maps
+from ..inference.attention_maps import NEW_TOKENS
 from ..inference.head_scores import LOCAL_WINDOW
-from ..runs.load import load_run
-from ..tasks import spec
+from ..tasks import attention_maps, load_run, spec
 from ..viz.explorer import write_explorer
 from .options import FINITE, POSITIVE_INT, add_engine_options, add_reading_argument, engine_of, number
 
@@ -93,8 +92,9 @@ def run(args: argparse.Namespace) -> None:
     if args.no_png and not args.html:
         raise UserError("--no-png without --html would write nothing; drop --no-png or add --html")
     run = load_run(args.model, engine=engine_of(args))
-    if spec(run.task).serves is None:
-        raise UserError(f"{args.model} is a pretraining run; look at the attention of a model fine-tuned from it")
+    if spec(run.task).attention_maps is None:
+        raise UserError(f"{args.model} is a {run.task} run, whose attention attnkit does not show; look at the "
+                        f"attention of a model fine-tuned from it")
     lenpen = run.cfg.decode_lenpen if args.lenpen is None else args.lenpen
     maps = attention_maps(run, args.src, args.tgt, beam=args.beam, lenpen=lenpen, reading=args.read,
                           new_tokens=args.max_new_tokens, window=args.local_window)

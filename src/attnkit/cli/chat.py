@@ -24,7 +24,7 @@ from ..common.errors import UserError
 from ..engine import generation_decoder
 from ..inference.chat import Chat, run_template
 from ..inference.language_model import DEFAULT_NEW_TOKENS, MAX_NEW_TOKENS, check_sampling
-from ..runs.load import load_run, require
+from ..tasks import load_run, require
 from .options import add_device_option, add_engine_options, add_sampling_options, engine_of, number, pick_device
 
 HELP = "chat with a language model (its chat template), streamed"
@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> None:
     if args.once is not None and not args.once.strip():
         raise UserError("--once needs a question")
     engine = engine_of(args, compiled=True)
-    lm = require(load_run(args.model, pick_device(args.device), engine), "lm", args.model)
+    lm = require(load_run(args.model, pick_device(args.device), engine), "generate", args.model)
     template = run_template(lm, args.model)
     generator = torch.Generator(device=next(lm.model.parameters()).device).manual_seed(args.seed)
     chat = Chat(lm, template, system=args.system, max_new_tokens=args.max_new_tokens, temperature=args.temperature,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ..inference.classify import classify_texts
-from ..runs.load import load_run, require
+from ..tasks import load_run, require
 from .options import add_engine_options, add_reading_argument, engine_of, read_input, write_output
 
 HELP = "classify text with a trained classifier"

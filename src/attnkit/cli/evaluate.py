@@ -12,6 +12,7 @@ from ..data.labelled import read_labelled
 from ..data.readers import read_parallel
 from ..export import open_translator
 from ..inference.classify import evaluate_classifier
+from ..inference.conversations import score_conversation_file
 from ..inference.language_model import score_text_file
 from ..inference.scores import translation_scores
 from ..tasks import spec
@@ -26,7 +27,8 @@ def add(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--src", help="translation: source file")
     p.add_argument("--ref", help="translation: reference file (line-aligned with --src)")
     p.add_argument("--data", help="classification: labelled .tsv/.csv with a header; language model: a text file "
-                                  "(read as the run's data.documents says: one document, or one per line)")
+                                  "(read as the run's data.documents says: one document, or one per line; a JSONL "
+                                  "file of conversations for documents: chat, scored on the assistant's tokens)")
     p.add_argument("--context", type=POSITIVE_INT, default=None,
                    help="language model: score in windows of this many tokens (default: the run's data.block_size)")
     p.add_argument("--beam", type=POSITIVE_INT, default=None, help="beam size (default: the run's decode_beam)")
@@ -39,9 +41,12 @@ def add(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> None:
     translator = open_translator(args.model, engine=engine_of(args))
     run = translator.run
-    if run is not None and spec(run.task).serves == "generate":
+    if run is not None and spec(run.task).generates:
         if not args.data:
             raise UserError("evaluating a language model needs --data FILE (a text file)")
+        if run.cfg.data.documents == "chat":  # trained on conversations: their assistant tokens
+            print(score_conversation_file(run, args.data, args.model))
+            return
         print(score_text_file(run, args.data, args.context))
         return
     if run is not None and spec(run.task).serves is None:

@@ -16,8 +16,8 @@ Greedy decoding gives the same text; samples come from CTranslate2's own random 
 
 --engine compiled decodes through the engine's compiled prompt pass and step (compiled ahead of time by
 torch.export and AOTInductor, a static key/value cache): the same logits up to float rounding, faster per token
-once compiled, after seconds of compiling per batch size (benchmarks/generate_race.py); one layer is compiled and
-loaded once per layer, so a deep model compiles in a shallow one's time. The compiled code (no weights) is kept in
+once compiled, after seconds of compiling per batch size (docs/engine.md); one layer is compiled and loaded once
+per layer, so a deep model compiles in a shallow one's time. The compiled code (no weights) is kept in
 $ATTNKIT_CACHE/compiled-steps (else attnkit/compiled-steps under $XDG_CACHE_HOME or ~/.cache; ATTNKIT_CACHE=off:
 nowhere), so the next run of a model of the same architecture skips the compiling. --quantize int8 (eager or
 compiled) decodes through a copy of the model whose linear layers hold int8 weights, one scale per output row
@@ -44,7 +44,7 @@ from ..inference.language_model import (
     continue_text,
     prompt_ids,
 )
-from ..runs.load import load_run, require
+from ..tasks import load_run, require
 from .options import (
     POSITIVE_INT,
     add_device_option,
@@ -94,8 +94,8 @@ def run(args: argparse.Namespace) -> None:
                         "weights are quantized when exported: attnkit export --quantization); drop them or give a run")
     if exported is not None and args.device != "cpu":
         raise UserError("--device: a CTranslate2 export generates on the CPU here; drop --device or give a run")
-    lm = None if exported is not None else require(load_run(args.model, pick_device(args.device), engine), "lm",
-                                                   args.model)
+    lm = None if exported is not None else require(load_run(args.model, pick_device(args.device), engine),
+                                                   "generate", args.model)
     tok, limit = (exported.tok, exported.limit) if exported is not None else (lm.tok, context_limit(lm))
     prompts = args.prompt if args.prompt is not None else read_input(args.input)
     checked = [prompt_ids(tok, p, limit, args.max_new_tokens, beyond_context=args.beyond_context)

@@ -98,8 +98,8 @@ def add(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--batching", choices=["whole", "continuous"], default="whole",
                    help="how a run's greedy translations (beam 1) are batched: whole (default: requests merged "
                         "into batches that decode from start to end) or continuous (a request's texts join the "
-                        "running decoding batch at its next step and leave it as they end; slower on the 2-core "
-                        "CPU we measured, docs/serving.md); beam search, attention, classification and "
+                        "running decoding batch at its next step and leave it as they end; docs/results.md "
+                        "compares the two); beam search, attention, classification and "
                         "CTranslate2 exports always run in whole batches, and a language model's generations "
                         "always continuously")
     add_engine_options(p, "language-model runs: eager, and each prompt's pass compiled ahead of time (torch.export "

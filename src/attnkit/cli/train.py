@@ -1,6 +1,7 @@
 """Train a translation or classification model, or pretrain an encoder on unlabelled text (task: pretrain;
-fine-tune it with model.init_from). The run directory receives the resolved config, the tokenizer, the prepared
-data, checkpoints and metrics.jsonl.
+fine-tune it with model.init_from), or a language model (task: lm; from another run with model.init_from, every
+weight or LoRA adapters beside its frozen weights with model.lora, on text or on conversations). The run directory
+receives the resolved config, the tokenizer, the prepared data, checkpoints and metrics.jsonl.
 """
 
 from __future__ import annotations

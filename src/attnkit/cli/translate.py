@@ -9,8 +9,8 @@ from pathlib import Path
 
 from ..common.errors import UserError
 from ..export import open_translator
-from ..runs.load import require
 from ..search import LENPEN, MAX_LEN_A, MAX_LEN_B
+from ..tasks import require
 from .options import FINITE, NON_NEGATIVE, POSITIVE_INT, add_engine_options, engine_of, read_input, write_output
 
 HELP = "translate text with a trained model"

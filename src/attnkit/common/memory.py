@@ -47,8 +47,8 @@ def freeze_long_lived() -> int:
     (``gc.freeze``); return how many were frozen.
 
     For a server, after its models, libraries and app are loaded: they live as long as the process, yet each full
-    collection would scan all of them again, and no request is answered while it does (benchmarks/README.md,
-    serving). Frozen objects are never freed, so call it once, when what exists is what stays.
+    collection would scan all of them again, and no request is answered while it does (docs/serving.md, memory).
+    Frozen objects are never freed, so call it once, when what exists is what stays.
     """
     gc.collect()
     gc.freeze()
@@ -59,9 +59,8 @@ def share_one_heap() -> bool:
     """Make the threads that first allocate from now on use the main heap (``mallopt(M_ARENA_MAX, 1)``), whose
     free top :func:`release_free_memory` returns whole, instead of heaps of their own, whose top it leaves.
 
-    Call it before the threads start. They then take the main heap's lock for each ``malloc``; the serving runs
-    measured since (docs/results.md, serving) were no slower than those before. False where the C library has no
-    such setting.
+    Call it before the threads start. They then take the main heap's lock for each ``malloc``, a cost the serving
+    race would show (docs/results.md, serving). False where the C library has no such setting.
     """
     libc = _libc()
     if libc is None:

@@ -12,6 +12,7 @@ from typing import Literal
 
 from ..common.errors import UserError
 from ..common.numeric import round_up
+from ..lora import LoRAConfig
 from ..rnn import RNNConfig
 from ..search import LENPEN
 from ..transformer import TransformerConfig
@@ -93,7 +94,10 @@ class DataConfig:
     max_len: int = 100  # translation: pairs with a side longer than this many subwords are dropped from training;
     #                     classification: texts are cut to this many subwords
     block_size: int = 256  # language models: tokens of context each training example has
-    documents: Literal["text", "lines"] = "lines"  # language models: a file is one document, or one per line
+    # language models: a file is one document (text), or one per line (lines), or a JSONL file of conversations,
+    # one {"messages": [{"role": ..., "content": ...}, ...]} a line, rendered with the run's chat template and
+    # trained on the assistant's tokens only (chat; with model.init_from)
+    documents: Literal["text", "lines", "chat"] = "lines"
     valid_blocks: int = 0  # language models: validate while training on the first this many blocks (0: all)
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
     imported_from: str = ""  # the Hugging Face model directory `attnkit import` read (such a run has no data files)
@@ -142,6 +146,9 @@ class ModelConfig:
     # regression over the text's subword uni+bigrams (attnkit/ngrams.py); the prediction is the two experts' product
     ngram_buckets: int = 0
     ngram_lr: float = 1.0  # the n-gram expert's learning rate as a multiple of train.lr (its weights start at zero)
+    # task lm with model.init_from: train low-rank adapters (rank, alpha, dropout, targets: attnkit/lora.py) beside
+    # the frozen weights of that run instead of every weight; checkpoints hold the adapters only
+    lora: LoRAConfig | None = None
 
 
 @dataclass
@@ -180,7 +187,7 @@ class TrainConfig:
     seed: int = 1
     max_tokens: int = 4096  # padded tokens per batch (max of source and target side)
     # pad batch lengths to a multiple of this. Coarser means fewer distinct shapes (oneDNN builds
-    # and keeps a kernel per bf16 matmul shape); finer means less padding (benchmarks/README.md)
+    # and keeps a kernel per bf16 matmul shape); finer means less padding
     pad_multiple: int = 4
     accumulate: int = 1  # batches per update and worker
     tokens_per_update: int = 0  # if set: accumulate = this / (max_tokens x workers), constant over worker counts

@@ -235,7 +235,7 @@ def pad_batch(seqs: Sequence[Sequence[int]], pad_id: int, multiple: int = 1) -> 
     """Right-pad id sequences into one tensor.
 
     Padding to a multiple of a few tokens keeps the number of distinct batch shapes small, which
-    matters on CPUs: oneDNN compiles a kernel per matmul shape (~10 ms each here).
+    matters on CPUs: oneDNN compiles and keeps a kernel per matmul shape.
 
     :param seqs: B sequences of token ids, lengths may differ (and may be 0).
     :param pad_id: id written into padded positions.

@@ -20,9 +20,10 @@ Layout of the data directory (``data/`` of a run, :mod:`attnkit.runs.layout`)::
     labels.npy               (N,) class index per example (labelled examples)
 
 SIDE is one of the recipe's :attr:`Recipe.sides` (``src`` and ``tgt`` for translation, ``text`` for a
-classifier or pretraining). A run reuses the data while the manifest's sources (content), settings and
-tokenizer match; otherwise ``train`` prepares again and ``train --resume`` stops (its checkpoint's data
-position refers to the old data). Nothing here knows a task: the recipe says what to read and how.
+classifier or pretraining, ``text`` and ``scored``, a 0 or 1 per token, for conversations). A run reuses the
+data while the manifest's sources (content), settings and tokenizer match; otherwise ``train`` prepares again
+and ``train --resume`` stops (its checkpoint's data position refers to the old data). Nothing here knows a
+task: the recipe says what to read and how.
 """
 
 from __future__ import annotations
@@ -275,8 +276,7 @@ def prepare_data(recipe: Recipe, run_dir: str | Path, data_dir: str | Path, log:
 def _encode_into(recipe: Recipe, run_dir: Path, out: Path, tok: Tokenizer, workers: int,
                  log: Callable[[str], None]) -> dict:
     """Stream, encode, filter and write the recipe's training examples into ``out`` -> the manifest's counts."""
-    two_sides = len(recipe.sides) > 1
-    vocab = max(tok.src_vocab_size, tok.tgt_vocab_size if two_sides else 0)
+    vocab = max(tok.src_vocab_size, tok.tgt_vocab_size if tok.has_target else 0)  # every side's ids fit
     id_dtype = np.dtype(np.uint16 if vocab <= 1 << 16 else np.int32)
     len_dtype = np.dtype(np.uint16 if recipe.cfg.data.max_len < 1 << 16 else np.int32)
     sides = {name: SideWriter(out, name, id_dtype, len_dtype) for name in recipe.sides}

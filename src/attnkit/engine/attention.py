@@ -1,7 +1,7 @@
 """The engine's attention kernel: :func:`fast_attend`, the same function as :func:`attnkit.attention.attend`.
 
-What it does differently from the reference, each where it is faster (benchmarks/README.md
-has the measurements; ``tests/test_engine.py`` checks each against the reference):
+What it does differently from the reference, each where it is faster (``docs/engine.md`` says why;
+``tests/test_engine.py`` checks each against the reference):
 
 1. **Fused kernel.** When nobody asks for the weights and the score is (scaled) dot with softmax,
    ``F.scaled_dot_product_attention`` computes the context without materialising the

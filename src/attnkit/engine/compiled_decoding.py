@@ -32,7 +32,7 @@ generated kernels, but a graph wants fixed shapes, and the textbook cache grows 
   program is called with a list of tensors, with no guards to check and no Python wrapper per call; its weights
   are the model's own tensors (nothing copied).
 * At batch 1 every ``nn.Linear`` is a matrix-vector product, and the library's matrix-matrix routine, called once
-  per layer, spends more time being called than multiplying (``benchmarks/README.md``, the matrix-vector probe).
+  per layer, spends more time being called than multiplying (``docs/engine.md``, compiled steps).
   So a one-row step writes each product as :func:`~.aot.matvec_linear`, an elementwise product and a row sum, which
   the compiler generates as a loop in the same kernel as the rest of the layer. Its inputs are computed once
   (``realize_cpu_opcount_threshold``): otherwise the compiler would recompute the layer norm or GELU before each

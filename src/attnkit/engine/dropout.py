@@ -3,7 +3,7 @@
 Dropout is ``y = x * m / (1 - p)`` with ``m_i ~ Bernoulli(1 - p)`` (Srivastava et al. 2014).
 On the CPU, ``F.dropout`` draws one 32-bit random number per element, which costs more than
 a bf16 matmul of the same activation; :func:`byte_dropout` draws random *bytes* instead,
-eight per 64-bit draw (benchmarks/README.md has the timings). Deviation: ``p`` is rounded to
+eight per 64-bit draw (``docs/engine.md`` says why). Deviation: ``p`` is rounded to
 a multiple of 1/256 (0.1 -> 26/256 = 0.1016), and the scale uses the rounded value, so the
 expectation is still exact in float32 (in bfloat16 the scale itself has 8 bits: 1.109 for
 256/230 = 1.113, kept values 0.3% small). Other devices use ``F.dropout``. The stream comes

@@ -42,7 +42,7 @@ CHUNK_ROWS = 1024
 GPU_CHUNK_LOGITS = 1 << 26
 #: The last chunk is padded to a multiple of this many rows. The number of scored tokens changes
 #: every batch, and oneDNN (bf16 matmuls on the CPU) builds and keeps a kernel per matrix shape:
-#: unpadded, every batch would add three (benchmarks/README.md, "Memory").
+#: unpadded, every batch would add three, and the process's memory would grow with them.
 ROW_MULTIPLE = 128
 #: Below this a target's probability has lost precision (float32 / bfloat16 subnormals start at
 #: 1.2e-38), and its row's log-sum-exp is computed directly instead.
@@ -169,16 +169,21 @@ class FusedSeq2SeqLoss(nn.Module):
 class FusedLMLoss(nn.Module):
     """The engine's training objective for a language model: equals :class:`attnkit.tasks.objectives.LanguageModelLoss`.
 
-    Every position is scored (packed blocks have no padding), so the hidden states go to the output layer fused
-    with the loss (:func:`linear_cross_entropy`) as they are, without the ``(B, T, V)`` logits.
+    Every position of packed blocks is scored (they have no padding), so the hidden states go to the output layer
+    fused with the loss (:func:`linear_cross_entropy`) as they are, without the ``(B, T, V)`` logits; with
+    ``scored`` (a conversation's assistant tokens) only those positions, gathered by :func:`select_positions`.
     """
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
         self.model = model
 
-    def forward(self, inputs: Tensor, targets: Tensor, label_smoothing: float = 0.0) -> Tensor:
+    def forward(self, inputs: Tensor, targets: Tensor, label_smoothing: float = 0.0,
+                scored: Tensor | None = None) -> Tensor:
         hidden, _, _ = self.model.features(inputs)  # (B, T, d)
+        if scored is None:
+            hidden, targets = hidden.flatten(0, 1), targets.flatten()  # (B*T, d), (B*T,)
+        else:
+            hidden, targets = select_positions(hidden, scored), targets[scored]  # (N, d), (N,)
         out = self.model.output_layer
-        return linear_cross_entropy(hidden.flatten(0, 1), out.weight, out.bias, targets.flatten(),
-                                    label_smoothing=label_smoothing)
+        return linear_cross_entropy(hidden, out.weight, out.bias, targets, label_smoothing=label_smoothing)

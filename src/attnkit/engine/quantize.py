@@ -1,7 +1,7 @@
 """Weight-only int8: each linear layer's weight as int8 with one float scale per output row.
 
 At batch 1 a decoding step reads every weight once per token, and on a CPU whose caches do not hold the float
-weights the step waits on memory (``benchmarks/README.md``, the generation race). Stored as int8 they are a
+weights the step waits on memory (``docs/engine.md``, int8 weights). Stored as int8 they are a
 quarter of the bytes. Symmetric, per output row ``o`` (as CTranslate2's int8 and gpt-fast's weight-only int8)::
 
     s_o = max_i |W_oi| / 127        q_oi = round(W_oi / s_o)  in [-127, 127]

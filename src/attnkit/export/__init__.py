@@ -9,9 +9,12 @@
 ``huggingface``    a ``MarianMTModel`` + ``MarianTokenizer``        ``interop/marian.py``
                    directory (float32); for a language model a      ``interop/causal_lm.py``
                    ``GPT2LMHeadModel`` or ``LlamaForCausalLM`` one
+                   (an adapted run merged), or with ``--adapters``  ``interop/peft.py``
+                   its LoRA adapters as PEFT's
 =================  ===============================================  ===========================
 
-:data:`TARGETS` maps ``--to`` to its exporter; a new target is a module here and one line there.
+:data:`TARGETS` maps ``--to`` to its exporter; a new target is a module here, one line there and its name in the
+``exporters`` of the tasks it writes (:attr:`attnkit.tasks.TaskSpec.exporters`).
 :func:`open_translator` is how ``translate``, ``evaluate`` and ``serve`` open what the user named: a
 run directory (decoded by attnkit's engine) or an export (decoded by its engine).
 """
@@ -26,9 +29,9 @@ from ..common.errors import UserError
 from ..engine import Engine
 from ..inference.translate import translate_texts
 from ..interop import export_huggingface
-from ..runs.load import LoadedRun, load_run
-from ..tasks import spec
-from .ctranslate2 import ExportedTranslator, check_quantization, export_translation, is_exported
+from ..runs.load import LoadedRun
+from ..tasks import load_run, spec
+from .ctranslate2 import CT2_REFUSAL, ExportedTranslator, check_quantization, export_translation, is_exported
 from .ctranslate2_lm import export_language_model
 
 __all__ = ["TARGETS", "Translator", "export", "export_to_ctranslate2", "is_exported", "open_translator"]
@@ -37,11 +40,14 @@ __all__ = ["TARGETS", "Translator", "export", "export_to_ctranslate2", "is_expor
 def export_to_ctranslate2(run: str | Path, out: str | Path, *, quantization: str = "float32",
                           force: bool = False) -> Path:
     """``--to ctranslate2``: a run whose task generates text (a language model) as a ``ctranslate2.Generator`` model
-    (:mod:`.ctranslate2_lm`), any other run as a ``Translator`` one (:mod:`.ctranslate2`, which refuses what it
-    cannot export)."""
+    (:mod:`.ctranslate2_lm`), a translation run as a ``Translator`` one (:mod:`.ctranslate2`, which refuses what it
+    cannot export); a run of a task without this target is refused."""
     check_quantization(quantization)
     loaded = load_run(run)
-    if spec(loaded.task).serves == "generate":
+    task = spec(loaded.task)
+    if "ctranslate2" not in task.exporters:
+        raise UserError(f"{run} is a {loaded.task} run; {CT2_REFUSAL}")
+    if task.generates:
         return export_language_model(loaded, out, quantization=quantization, force=force)
     return export_translation(loaded, run, out, quantization=quantization, force=force)
 
@@ -50,9 +56,12 @@ def export_to_ctranslate2(run: str | Path, out: str | Path, *, quantization: str
 TARGETS: dict[str, Callable[..., Path]] = {"ctranslate2": export_to_ctranslate2, "huggingface": export_huggingface}
 
 
-def export(run: str | Path, to: str, out: str | Path, **options) -> Path:
-    """Export run ``run`` to the target ``to`` in ``out`` (options as the target takes them) -> ``out``."""
-    return TARGETS[to](run, out, **options)
+def export(run: str | Path, to: str, out: str | Path, *, adapters: bool = False, **options) -> Path:
+    """Export run ``run`` to the target ``to`` in ``out`` (options as the target takes them; ``adapters``: an
+    adapted run's LoRA adapters alone, in PEFT's format, for ``huggingface``) -> ``out``."""
+    if adapters and to != "huggingface":
+        raise UserError("--adapters writes PEFT's adapter files, a Hugging Face format: use --to huggingface")
+    return TARGETS[to](run, out, **({"adapters": True} if adapters else {}), **options)
 
 
 @dataclass

@@ -1,10 +1,11 @@
 """Export a trained Transformer translation run to CTranslate2, and translate with the export.
 
 A language model (``task: lm``) is exported to a ``ctranslate2.Generator`` model by
-:mod:`attnkit.export.ctranslate2_lm` (``--to ctranslate2`` picks by the run's task), with its mapping and its
-``ExportedGenerator``. What both share is here: the checks of ``OUT`` (``--force`` replaces only an earlier
-export), the atomic write (:func:`write_export`), the manifest (:func:`run_manifest`, :func:`read_manifest`: an
-export of another task is refused with the command that reads it) and the layer fillers.
+:mod:`attnkit.export.ctranslate2_lm` (``--to ctranslate2`` sends there a run whose task generates,
+:attr:`attnkit.tasks.TaskSpec.generates`), with its mapping and its ``ExportedGenerator``. What both share is here:
+the checks of ``OUT`` (``--force`` replaces only an earlier export), the atomic write (:func:`write_export`), the
+manifest (:func:`run_manifest`, :func:`read_manifest`: an export of another task is refused with the command that
+reads it) and the layer fillers.
 
 ``attnkit export RUN --to ctranslate2 -o OUT`` fills CTranslate2's ``TransformerSpec`` from the
 run's weights and writes::
@@ -56,16 +57,18 @@ from ..common.errors import UserError
 from ..data.tokenizer import BOS_ID, EOS_ID, UNK_ID, Tokenizer
 from ..inference.translate import check_decode_options, encode_sources, output_budget, translation_order
 from ..positions import SinusoidalPositions
-from ..rnn import RNNSeq2Seq
 from ..runs.layout import tokenizer_files
-from ..runs.load import HINTS, LoadedRun, languages, load_run, require
+from ..runs.load import LoadedRun, languages
 from ..search import MAX_LEN_A, MAX_LEN_B, length_penalty
+from ..tasks import TASKS, Serves, load_run, require, served_by, spec
 from ..transformer import Transformer
 
 MANIFEST = "attnkit-export.json"
 FORMAT = "attnkit-ctranslate2"
 FORMAT_VERSION = 1
 QUANTIZATIONS = ("float32", "int8", "int8_float32", "bfloat16")
+#: What ``--to ctranslate2`` says of a run it does not export.
+CT2_REFUSAL = "only Transformer translation runs and language models (task: lm) can be exported to CTranslate2"
 
 
 def _ctranslate2():
@@ -197,9 +200,8 @@ def check_quantization(quantization: str) -> None:
 
 def export_translation(run: LoadedRun, name: str | Path, out: str | Path, *, quantization: str, force: bool) -> Path:
     """:func:`export_ctranslate2` of a loaded run (``name``: how the user named it)."""
-    require(run, "translate", name, "run",
-            "only Transformer translation runs and language models (task: lm) can be exported to CTranslate2")
-    if isinstance(run.model, RNNSeq2Seq) or not isinstance(run.model, Transformer):
+    require(run, "translate", name, "run", CT2_REFUSAL)
+    if not isinstance(run.model, Transformer):  # an RNNSeq2Seq
         raise UserError(f"{name} is an RNN run; CTranslate2 has no RNN specification, so only Transformer "
                         f"translation runs can be exported (`attnkit translate` reads the run itself)")
     out = check_output(out, force)
@@ -282,8 +284,9 @@ class DecodeDefaults:
     max_len_b: float
 
 
-def read_manifest(path: Path, task: str) -> dict:
-    """The manifest of an attnkit export of a ``task`` run, checked as far as every export's is alike.
+def read_manifest(path: Path, route: Serves) -> dict:
+    """The manifest of an attnkit export of a run that answers ``route`` (``translate``: a translation run,
+    ``generate``: a language model; :func:`attnkit.tasks.served_by`), checked as far as every export's is alike.
 
     :raises UserError: no manifest (a foreign CTranslate2 model), an unreadable or foreign one, another
         format version, or an export of another task (saying which command reads it).
@@ -304,8 +307,11 @@ def read_manifest(path: Path, task: str) -> dict:
         raise UserError(f"{file}: format_version {manifest.get('format_version')!r}, this attnkit reads "
                         f"{FORMAT_VERSION}; export the run again")
     found = manifest.get("task")
-    if found != task:
-        hint = HINTS.get(found, "export a run of this task") if isinstance(found, str) else "export the run again"
+    if not served_by(found, route):
+        if not isinstance(found, str):
+            hint = "export the run again"
+        else:
+            hint = spec(found).hint if found in TASKS else "export a run of this task"
         raise UserError(f"{path} is an export of a {found} run; {hint}")
     return manifest
 

@@ -177,7 +177,7 @@ class ExportedGenerator:
     def __init__(self, path: str | Path, *, threads: int = 0, seed: int | None = None, device: str = "cpu") -> None:
         ctranslate2 = _ctranslate2()
         self.path = Path(path)
-        manifest = read_manifest(self.path, "lm")
+        manifest = read_manifest(self.path, "generate")
         context = manifest.get("context")
         if context is not None and not (isinstance(context, int) and context > 0):
             raise UserError(f"{self.path / MANIFEST}: 'context' must be a positive integer or null, got "
@@ -293,14 +293,8 @@ class ExportedGenerator:
         """The continuation of one prompt as text pieces, as :func:`attnkit.inference.language_model.continue_text`
         gives them: streamed, ending at ``</s>``, after ``max_new_tokens`` or at the first ``stop`` string (not
         yielded)."""
-        text = TextStream(self.tok, stop, context=prompt)
-        for token in self.stream(prompt, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p):
-            if piece := text.add(token):
-                yield piece
-            if text.stopped:
-                return
-        if piece := text.flush():
-            yield piece
+        tokens = self.stream(prompt, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p)
+        yield from TextStream(self.tok, stop, context=prompt).pieces(tokens)
 
     def log_probs(self, sequences: Sequence[Sequence[int]]) -> list[np.ndarray]:
         """Next-token log-probabilities ``(T, V)`` at every position of each sequence (row ``t`` predicts ``t + 1``),

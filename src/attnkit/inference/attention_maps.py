@@ -1,8 +1,10 @@
 """What attention learned: every attention map of one sentence, as tensors per kind, layer and head.
 
-:func:`attention_maps` runs a trained model (a run from :func:`attnkit.runs.load.load_run`) on one
-source text (a language model: a prompt and its continuation) and returns :class:`AttentionMaps`;
-:mod:`attnkit.viz.figures` draws them as heatmaps, :mod:`attnkit.viz.explorer` as an interactive HTML page.
+A reader runs a trained model on one source text (a language model: a prompt and its continuation) and returns
+:class:`AttentionMaps`: :func:`translation_maps` (Transformer or RNN), :func:`classifier_maps`, :func:`lm_maps`.
+Each task names its reader (:attr:`attnkit.tasks.TaskSpec.attention_maps`), and :func:`attnkit.tasks.attention_maps`
+reads a run with its task's; :mod:`attnkit.viz.figures` draws the maps as heatmaps, :mod:`attnkit.viz.explorer` as an
+interactive HTML page.
 
 Each kind is a list over layers of ``(H, T_q, T_k)`` tensors whose rows sum to 1 (softmax
 over the keys, Vaswani et al. 2017 Eq. 1; Bahdanau et al. 2015 Eq. 6):
@@ -40,6 +42,7 @@ the same tokens. Its maps also carry :class:`~attnkit.inference.head_scores.Head
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -60,7 +63,8 @@ from .head_scores import LOCAL_WINDOW, REPEAT_LENGTH, HeadScores, head_scores
 from .language_model import MAX_NEW_TOKENS, prompt_ids
 from .translate import check_source_lengths, output_budget
 
-__all__ = ["NEW_TOKENS", "AttentionMaps", "AttentionView", "attention_maps"]
+__all__ = ["NEW_TOKENS", "AttentionMaps", "AttentionReader", "AttentionView", "MapOptions", "classifier_maps",
+           "lm_maps", "translation_maps"]
 
 #: How many tokens a language model continues the prompt by (greedily), unless told otherwise.
 NEW_TOKENS = 32
@@ -154,7 +158,7 @@ class AttentionMaps:
             tokens = self.encoder_tokens or self.src_tokens
             views.append(AttentionView("encoder_self", self.encoder_title + self.encoder_note, self.encoder_self,
                                        tokens, tokens, "source", "source"))
-        if self.decoder_self and self.arch == "lm":
+        if self.decoder_self and not self.cross:  # a decoder-only model: its causal self-attention
             views.append(AttentionView("decoder_self", "causal self-attention", self.decoder_self, self.tgt_in_tokens,
                                        self.tgt_in_tokens, "token", "token", generated_from=len(self.src_tokens)))
         elif self.decoder_self:
@@ -168,6 +172,30 @@ class AttentionMaps:
             views.append(AttentionView("windows", "windows the prediction drew on", [self.windows[None]],
                                        self.window_rows, self.window_labels, "evidence", "window"))
         return views
+
+
+@dataclass(frozen=True)
+class MapOptions:
+    """How a reader runs the model: each reader takes what concerns its models and refuses what contradicts them.
+
+    :param beam: beam size for a translation model's own output (1 = greedy); ``lenpen``: GNMT alpha.
+    :param reading: a classifier: how a text longer than the window is read (:mod:`attnkit.inference.classify`).
+    :param new_tokens: a language model: how many tokens to continue the prompt by (greedily; 0: the prompt only).
+    :param window: a language model: ``w`` of the local-window head score.
+    """
+
+    beam: int = 1
+    lenpen: float = LENPEN
+    reading: Reading = "whole"
+    new_tokens: int = NEW_TOKENS
+    window: int = LOCAL_WINDOW
+
+
+#: A task's reader (:attr:`attnkit.tasks.TaskSpec.attention_maps`): ``(run, source, target, options) -> maps``, where
+#: ``target`` is a translation to force-decode, or a language model's continuation to show (None: the model's own).
+AttentionReader = Callable[[LoadedRun, str, str | None, MapOptions], AttentionMaps]
+#: The options a reader runs with unless told otherwise.
+DEFAULTS = MapOptions()
 
 
 def _first(weights: list[Tensor]) -> list[Tensor]:
@@ -199,18 +227,22 @@ def _most(importance: Tensor, pieces: list[str], positions: list[int], top: int)
     return keep, [f"{pieces[i]}@{positions[i]}" if positions[i] >= 0 else pieces[i] for i in keep.tolist()]
 
 
-def _classifier_maps(run: LoadedRun, source: str, reading: Reading, top: int = TOP_TOKENS) -> AttentionMaps:
-    """Self-attention and token importance of a classifier (:func:`attnkit.inference.classify.explain`).
+def classifier_maps(run: LoadedRun, source: str, target: str | None = None, options: MapOptions = DEFAULTS,
+                    top: int = TOP_TOKENS) -> AttentionMaps:
+    """Self-attention and token importance of a classifier (:func:`attnkit.inference.classify.explain`), read as
+    ``options.reading`` says; a classifier reads only the source, so a ``target`` is an error.
 
     A text that is one window shows that window; over ``top`` pieces (a long review), only the ``top``
     pieces the prediction drew on most, in text order, each labelled ``piece@position``: a readable
     picture instead of a 256 x 256 grid (self-attention rows are then the weights among the kept
     pieces, so they sum to at most 1). A text read as several windows adds the ``windows`` view, and
     its self-attention is the window with the largest evidence for the prediction."""
+    if target is not None:
+        raise UserError("a classifier reads only the source text; drop the target (--tgt)")
     model = run.model
     if not isinstance(model, (TransformerClassifier, DecoderClassifier)) or run.classes is None:
         raise TypeError(f"expected a classifier run with classes, got {type(model).__name__}")
-    e = explain(run, source, reading)
+    e = explain(run, source, options.reading)
     label, n = run.classes[e.predicted], len(e.windows)
     output = f"{label} (p={float(e.probs[e.predicted]):.2f})"
     evidence = e.evidence()  # (W,)
@@ -254,12 +286,17 @@ def _continuation(model: LanguageModel, ids: list[int], new_tokens: int) -> list
     return out
 
 
-def _lm_maps(run: LoadedRun, prompt: str, continuation: str | None, new_tokens: int, window: int) -> AttentionMaps:
+def lm_maps(run: LoadedRun, prompt: str, continuation: str | None = None, options: MapOptions = DEFAULTS
+            ) -> AttentionMaps:
     """A language model's causal self-attention over ``prompt`` and its continuation (greedy, or the given one;
-    as much of ``new_tokens`` as the model's positions leave room for), with every head's scores."""
+    as much of ``options.new_tokens`` as the model's positions leave room for), with every head's scores (the
+    local-window score over ``options.window``). The continuation is greedy: a beam other than 1 is an error."""
     model = run.model
     if not isinstance(model, LanguageModel):
         raise TypeError(f"expected a LanguageModel run, got {type(model).__name__}")
+    if options.beam != 1:
+        raise UserError("a language model's continuation is greedy: drop --beam (it is for translation)")
+    new_tokens, window = options.new_tokens, options.window
     if not 0 <= new_tokens <= MAX_NEW_TOKENS:
         raise UserError(f"--max-new-tokens must be in 0..{MAX_NEW_TOKENS} (0 shows the prompt only), got {new_tokens}")
     ids, _ = prompt_ids(run.tok, prompt, None, 1)  # not empty, every character in a character vocabulary
@@ -284,33 +321,18 @@ def _lm_maps(run: LoadedRun, prompt: str, continuation: str | None, new_tokens: 
                          pieces, decoder_self=weights, head_scores=scores)
 
 
-def attention_maps(run: LoadedRun, source: str, target: str | None = None, *, beam: int = 1,
-                   lenpen: float = LENPEN, reading: Reading = "whole", new_tokens: int = NEW_TOKENS,
-                   window: int = LOCAL_WINDOW) -> AttentionMaps:
-    """Every attention weight the model computes for ``source`` (see the module docstring).
+def translation_maps(run: LoadedRun, source: str, target: str | None = None, options: MapOptions = DEFAULTS
+                     ) -> AttentionMaps:
+    """Every attention map of a translation model (a Transformer's encoder, decoder and cross-attention; an RNN's
+    alignment) for ``source``: under the model's own translation (greedy, or beam search with ``options.beam`` and
+    ``options.lenpen``), or force-decoding ``target``.
 
-    :param run: a trained run, :func:`attnkit.runs.load.load_run`.
-    :param source: one sentence (translation), text (classification) or prompt (language model).
-    :param target: translation: force-decode this target instead of the model's own output; a language model:
-        show this continuation instead of the model's own.
-    :param beam: beam size for the model's own translation (1 = greedy); ``lenpen``: GNMT alpha.
-    :param reading: classification: how a text longer than the window is read (:mod:`attnkit.inference.classify`).
-    :param new_tokens: a language model: how many tokens to continue the prompt by (greedily; 0: the prompt only).
-    :param window: a language model: ``w`` of the local-window head score.
-    :raises UserError: a target for a classifier, a beam for a language model, an RNN without attention, a text
-        longer than the model's positions.
+    :raises UserError: an RNN without attention, a beam below 1, a text longer than the model's positions.
     """
-    if run.classes is not None:  # a classifier
-        if target is not None:
-            raise UserError("a classifier reads only the source text; drop the target (--tgt)")
-        return _classifier_maps(run, source, reading)
-    model = run.model
-    if isinstance(model, LanguageModel):
-        if beam != 1:
-            raise UserError("a language model's continuation is greedy: drop --beam (it is for translation)")
-        return _lm_maps(run, source, target, new_tokens, window)
-    if isinstance(model, RNNSeq2Seq) and model.scorer is None:
+    if run.cfg.model.arch == "rnn" and run.cfg.model.rnn.attention == "none":
         raise UserError(f"{run.weights_path}: this model has no attention to show (model.rnn.attention: none)")
+    beam, lenpen = options.beam, options.lenpen
+    model = run.model
     if beam < 1:
         raise UserError(f"--beam must be at least 1 (1 = greedy), got {beam}")
     device = next(model.parameters()).device
@@ -326,11 +348,8 @@ def attention_maps(run: LoadedRun, source: str, target: str | None = None, *, be
                             f"most {limit} (model.transformer.max_len); shorten it")
         tgt_in_ids = [BOS_ID] + out_ids[:-1]  # decoder inputs: <s> y_1 .. y_{T-1}
         tgt_in = torch.tensor([tgt_in_ids], device=device)  # (1, T)
-        if isinstance(model, Transformer):
-            encoder_self, decoder_self, cross = model.attention_weights(src, tgt_in)
-        else:
-            encoder_self, decoder_self, cross = [], [], [model.alignment(src, tgt_in)[:, None]]  # (1, 1, T, S)
+        encoder_self, decoder_self, cross = model.attention_weights(src, tgt_in)  # an RNN's: its alignment alone
     return AttentionMaps(
-        "transformer" if isinstance(model, Transformer) else "rnn", source, run.tok.decode_tgt([out_ids])[0],
+        run.cfg.model.arch, source, run.tok.decode_tgt([out_ids])[0],
         target is not None, run.tok.src_pieces_from_ids(src_ids), run.tok.tgt_pieces_from_ids(out_ids),
         run.tok.tgt_pieces_from_ids(tgt_in_ids), _first(encoder_self), _first(decoder_self), _first(cross))

@@ -22,8 +22,9 @@ model's end of turn), a ``--stop`` string, or the token budget.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from itertools import takewhile
 from pathlib import Path
 
 import numpy as np
@@ -307,6 +308,17 @@ class TextStream:
         text = self._decoded()
         return self._show(text, len(text)) if text.startswith(self.text) and len(text) > len(self.text) else ""
 
+    def pieces(self, tokens: Iterable[int]) -> Iterator[str]:
+        """Each of ``tokens`` taken (:meth:`add`), what it lets show yielded, until a stop string; then the text held
+        back (:meth:`flush`). A generator of tokens is read only as far as the text goes."""
+        for token in tokens:
+            if piece := self.add(token):
+                yield piece
+            if self.stopped:
+                return
+        if piece := self.flush():
+            yield piece
+
     def _show(self, text: str, end: int) -> str:
         piece, self.text = text[len(self.text): end], text[:end]
         return piece
@@ -322,15 +334,7 @@ def continue_text(model: StepModel, tok: Tokenizer, ids: list[int], max_new_toke
     the first ``stop`` string; the token or string it ends at is not yielded. ``choose``: how each token is chosen
     (:func:`attnkit.sampling.generate`'s).
     """
-    text = TextStream(tok, stop, context=ids)
-    for token in generate(model, [ids], max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                          generator=generator, choose=choose):
-        t = int(token[0])
-        if t == EOS_ID or t in stop_ids:
-            break
-        if piece := text.add(t):
-            yield piece
-        if text.stopped:
-            return
-    if piece := text.flush():
-        yield piece
+    tokens = (int(token[0]) for token in generate(model, [ids], max_new_tokens, temperature=temperature, top_k=top_k,
+                                                  top_p=top_p, generator=generator, choose=choose))
+    ended = takewhile(lambda t: t != EOS_ID and t not in stop_ids, tokens)
+    yield from TextStream(tok, stop, context=ids).pieces(ended)

@@ -4,7 +4,8 @@ back.
 ``attnkit import DIR -o RUN`` writes an ordinary language-model run (``config.yaml``, the tokenizer,
 ``imported.safetensors``) on which ``generate``, ``evaluate --data``, ``attention`` and fine-tuning with
 ``model.init_from`` work unchanged. The architectures are mapped in :mod:`attnkit.interop.gpt2` and
-:mod:`attnkit.interop.llama`; this module does what they share:
+:mod:`attnkit.interop.llama`, and each family's spec names its mapping (:data:`attnkit.interop.families.FAMILIES`);
+this module does what they share:
 
 **Vocabulary.** The tokenizer is the checkpoint's own ``tokenizer.json``, run by the ``tokenizers`` library
 (kind ``hf-tokenizers``, :mod:`attnkit.data.tokenizers_json`), so a prompt becomes exactly the ids
@@ -40,7 +41,6 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
 from pathlib import Path
 
 import tokenizers
@@ -64,25 +64,18 @@ from ..data.tokenizers_json import (
     write_hf_tokenizers,
 )
 from ..lm import LanguageModel
-from ..runs.load import load_run, require
+from ..tasks import load_run, require
 from ..transformer import TransformerConfig
 from ..vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID
-from .gpt2 import gpt2_config, gpt2_export_config, gpt2_export_state, gpt2_problem, gpt2_state
+from .families import FamilySpec, export_family
 from .hf import CONFIG, HFDirectory, check_shape, read_json, write_directory, write_run
-from .llama import llama_config, llama_export_config, llama_export_state, llama_problem, llama_state
 
-#: ``model_type`` -> (its ``config.json`` as attnkit options, its weights under attnkit's names, the
-#: ``architectures`` it may name).
-FAMILIES: dict[str, tuple[Callable, Callable, tuple[str, ...]]] = {
-    "gpt2": (gpt2_config, gpt2_state, ("GPT2LMHeadModel", "GPT2Model")),
-    "llama": (llama_config, llama_state, ("LlamaForCausalLM", "LlamaModel")),
-    "mistral": (llama_config, llama_state, ("MistralForCausalLM", "MistralModel")),
-    "qwen2": (llama_config, llama_state, ("Qwen2ForCausalLM", "Qwen2Model")),
-}
 #: The context ``attnkit evaluate`` scores with by default (``data.block_size``), at most the model's ``max_len``.
 BLOCK_SIZE = 1024
 TOKENIZER_JSON, TOKENIZER_CONFIG_JSON = "tokenizer.json", "tokenizer_config.json"
 CHAT_TEMPLATE_JINJA = "chat_template.jinja"  # transformers' file for a chat template, preferred to tokenizer_config's
+#: What ``--to huggingface`` says of a run it does not export.
+HF_REFUSAL = "only translation and language-model runs can be exported to Hugging Face"
 log = logging.getLogger(__name__)
 
 
@@ -228,20 +221,21 @@ def renumber_rows(t: torch.Tensor, pieces: HFTokenizersModel) -> torch.Tensor:
     return out
 
 
-def import_causal_lm(hf: HFDirectory, out: str | Path, *, force: bool = False, source: Path | None = None) -> Path:
-    """Write the ``task: lm`` run of the GPT-2, Llama, Mistral or Qwen2 checkpoint ``hf`` into ``out`` (module
-    doc); ``source``: the file the run records as ``imported_from`` when it is not ``hf`` itself (a GGUF)."""
-    config_of, state_of, architectures = FAMILIES[hf.model_type]
+def import_causal_lm(hf: HFDirectory, out: str | Path, family: FamilySpec, *, force: bool = False,
+                     source: Path | None = None) -> Path:
+    """Write the ``task: lm`` run of the GPT-2, Llama, Mistral or Qwen2 checkpoint ``hf`` (of ``family``, whose
+    mapping it reads with) into ``out`` (module doc); ``source``: the file the run records as ``imported_from`` when it
+    is not ``hf`` itself (a GGUF)."""
     named = hf.config.get("architectures") or []
-    if named and named[0] not in architectures:
+    if named and named[0] not in family.architectures:
         raise UserError(f"{hf.path / CONFIG}: key 'architectures' is {named}; attnkit imports "
-                        f"{', '.join(architectures)} as a language model")
-    cfg: TransformerConfig = config_of(hf)
+                        f"{', '.join(family.architectures)} as a language model")
+    cfg: TransformerConfig = family.config(hf)
     text, specials, hf_size, settings = lm_vocabulary(hf)
     tk = read_tokenizers_json(text, str(hf.path / TOKENIZER_JSON))
     tk.encode_special_tokens = bool(json.loads(settings).get("split_special_tokens", False)) if settings else False
     pieces = HFTokenizersModel(tk, specials, hf_size)
-    state = state_of(hf, hf.weights(), cfg)
+    state = family.state(hf, hf.weights(), cfg)
     for key in ("embed.embedding.weight", "out_proj.weight"):
         if key in state:
             state[key] = renumber_rows(check_shape(state[key], (hf_size, cfg.d_model), key, hf.path), pieces)
@@ -322,21 +316,6 @@ def _json(value: object) -> str:
     return json.dumps(value, indent=2, ensure_ascii=False) + "\n"
 
 
-def export_family(cfg: TransformerConfig, name: str) -> str:
-    """``gpt2`` or ``llama`` (Llama, Mistral or Qwen2): the Hugging Face architecture ``cfg`` is, or a one-line error
-    naming the option that has no equivalent."""
-    if cfg.positions == "learned":
-        family, problem = "gpt2", gpt2_problem(cfg)
-    elif cfg.positions == "rope":
-        family, problem = "llama", llama_problem(cfg)
-    else:
-        family, problem = "", f"positions: {cfg.positions}"
-    if problem:
-        raise UserError(f"{name} cannot be exported to Hugging Face: model.transformer.{problem} has no equivalent in "
-                        f"GPT-2 (learned positions, LayerNorm) or Llama (rope, rmsnorm, swiglu)")
-    return family
-
-
 def export_causal_lm(run_path: str | Path, out: str | Path, *, quantization: str = "float32", force: bool = False
                      ) -> Path:
     """Write a Hugging Face ``GPT2LMHeadModel`` or ``LlamaForCausalLM`` (``MistralForCausalLM``,
@@ -344,8 +323,7 @@ def export_causal_lm(run_path: str | Path, out: str | Path, *, quantization: str
     ``AutoTokenizer`` ``.from_pretrained(out)`` load it."""
     if quantization != "float32":
         raise UserError(f"--quantization {quantization} is for CTranslate2; a Hugging Face export is float32")
-    run = require(load_run(run_path), "lm", run_path, "run", "only translation and language-model runs can be "
-                                                             "exported to Hugging Face")
+    run = require(load_run(run_path), "generate", run_path, "run", HF_REFUSAL)
     cfg = run.model.cfg
     family = export_family(cfg, str(run_path))
     if run.run_dir is None:
@@ -355,10 +333,8 @@ def export_causal_lm(run_path: str | Path, out: str | Path, *, quantization: str
     index = torch.tensor(rows)
     for key in ("embed.embedding.weight", "out_proj.weight"):
         sd[key] = sd[key][index].contiguous()  # (V_hf, d): the exported ids' rows
-    export_state, export_config = (gpt2_export_state, gpt2_export_config) if family == "gpt2" else \
-        (llama_export_state, llama_export_config)
-    state = export_state(sd, cfg)
-    config = export_config(cfg, len(rows), ids)
+    state = family.export_state(sd, cfg)
+    config = family.export_config(cfg, len(rows), ids)
     data = run.cfg.data
     settings = json.loads(files[TOKENIZER_CONFIG_JSON])
     if data.chat_template and settings_chat_template(settings, run.run_dir / HF_TOKENIZER_CONFIG_FILE) \

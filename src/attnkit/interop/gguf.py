@@ -1,11 +1,13 @@
-"""GGUF files (llama.cpp's format) to ``task: lm`` runs: ``attnkit import model.gguf -o RUN``.
+"""GGUF files (llama.cpp's format) as Hugging Face checkpoints: what ``attnkit import model.gguf -o RUN`` reads.
 
 A GGUF holds what a Hugging Face directory spreads over several files: the architecture as metadata
 (``llama.block_count``, ``llama.rope.freq_base``, ...), the weights, often quantized in blocks, and the tokenizer
 as ``tokenizer.ggml.*`` metadata. The file is read with the `gguf` package (``gguf.GGUFReader``), and turned into
-what the Hugging Face import reads, which then writes the run (:func:`attnkit.interop.causal_lm.import_causal_lm`):
-a ``config.json``, the state dict under Hugging Face's names and a ``tokenizer.json``
-(:mod:`attnkit.interop.gguf_tokenizer`). One importer, two ways in.
+what the Hugging Face import reads, which then writes the run (:func:`attnkit.interop.import_gguf`, through
+:func:`attnkit.interop.causal_lm.import_causal_lm`): a ``config.json`` and the state dict under Hugging Face's names
+(a reader here per layout, :func:`llama_checkpoint` and :func:`gpt2_checkpoint`; each family names its own in
+:data:`attnkit.interop.families.FAMILIES`) and a ``tokenizer.json`` (:mod:`attnkit.interop.gguf_tokenizer`). One
+importer, two ways in.
 
 =======================================  =====================================================================
  GGUF                                    Hugging Face
@@ -47,21 +49,13 @@ architecture does not have, a file split in parts (``split.count``).
 
 from __future__ import annotations
 
-import json
-import tempfile
-from pathlib import Path
+from collections.abc import Callable
 
 import torch
 
 from ..common.errors import UserError
-from .causal_lm import TOKENIZER_CONFIG_JSON, TOKENIZER_JSON, import_causal_lm
 from .gguf_file import GGUFFile
-from .gguf_tokenizer import gguf_tokenizer
-from .hf import CONFIG, HFDirectory
 
-#: ``general.architecture`` -> (Hugging Face ``model_type``, ``architectures``).
-ARCHITECTURES = {"llama": ("llama", "LlamaForCausalLM"), "qwen2": ("qwen2", "Qwen2ForCausalLM"),
-                 "gpt2": ("gpt2", "GPT2LMHeadModel")}
 #: A Llama-family layer's tensors (``blk.N.``) -> Hugging Face's (``model.layers.N.``).
 LLAMA_LAYER = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm", "attn_q": "self_attn.q_proj",
                "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
@@ -120,8 +114,25 @@ def _ids(g: GGUFFile) -> dict[str, int]:
     return {hf: g.value(f"tokenizer.ggml.{key}", int) for hf, key in keys.items() if g.has(f"tokenizer.ggml.{key}")}
 
 
+def _read(g: GGUFFile, shapes: dict[str, tuple[int, ...]], names: dict[str, str],
+          block: Callable[[str, str, str, torch.Tensor], tuple[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """Each tensor of ``shapes`` read (its shape checked) under its Hugging Face name: ``names[name]`` outside the
+    blocks, ``block(layer, part, kind, tensor) -> (name, tensor)`` for ``blk.{layer}.{part}.{kind}``."""
+    state = {}
+    for name, shape in shapes.items():
+        t = g.tensor(name, shape)
+        if name.startswith("blk."):
+            _, i, part, kind = name.split(".")
+            hf_name, t = block(i, part, kind, t)
+            state[hf_name] = t
+        else:
+            state[names[name]] = t
+    return state
+
+
 def llama_checkpoint(g: GGUFFile) -> tuple[dict, dict[str, torch.Tensor]]:
-    """``(config.json, state dict)`` of a Llama or Qwen2 GGUF, under Hugging Face's names (module doc)."""
+    """``(config.json, state dict)`` of a Llama or Qwen2 GGUF, under Hugging Face's names (module doc); the config
+    without ``model_type`` and ``architectures``, which its family gives."""
     d, ff = g.arch_value("embedding_length", int), g.arch_value("feed_forward_length", int)
     layers = g.arch_value("block_count", int)
     heads, kv, head_dim = _heads(g, d)
@@ -148,18 +159,14 @@ def llama_checkpoint(g: GGUFFile) -> tuple[dict, dict[str, torch.Tensor]]:
     _refuse_extra(g, set(shapes))
     names = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
              "output.weight": "lm_head.weight"}
-    state = {}
-    for name, shape in shapes.items():
-        t = g.tensor(name, shape)
-        if name.startswith("blk."):
-            _, i, part, kind = name.split(".")
-            if g.arch == "llama" and part in ("attn_q", "attn_k"):
-                t = unpermute(t, heads if part == "attn_q" else kv)
-            state[f"model.layers.{i}.{LLAMA_LAYER[part]}.{kind}"] = t
-        else:
-            state[names[name]] = t
-    model_type, architecture = ARCHITECTURES[g.arch]
-    config = {"model_type": model_type, "architectures": [architecture], "vocab_size": vocab, "hidden_size": d,
+
+    def block(i: str, part: str, kind: str, t: torch.Tensor) -> tuple[str, torch.Tensor]:
+        if g.arch == "llama" and part in ("attn_q", "attn_k"):
+            t = unpermute(t, heads if part == "attn_q" else kv)
+        return f"model.layers.{i}.{LLAMA_LAYER[part]}.{kind}", t
+
+    state = _read(g, shapes, names, block)
+    config = {"vocab_size": vocab, "hidden_size": d,
               "intermediate_size": ff, "num_hidden_layers": layers, "num_attention_heads": heads,
               "num_key_value_heads": kv, "head_dim": head_dim, "hidden_act": "silu",
               "max_position_embeddings": g.arch_value("context_length", int),
@@ -172,7 +179,8 @@ def llama_checkpoint(g: GGUFFile) -> tuple[dict, dict[str, torch.Tensor]]:
 
 
 def gpt2_checkpoint(g: GGUFFile) -> tuple[dict, dict[str, torch.Tensor]]:
-    """``(config.json, state dict)`` of a GPT-2 GGUF, under Hugging Face's names (module doc)."""
+    """``(config.json, state dict)`` of a GPT-2 GGUF, under Hugging Face's names (module doc); the config without
+    ``model_type`` and ``architectures``, which its family gives."""
     d, ff = g.arch_value("embedding_length", int), g.arch_value("feed_forward_length", int)
     layers, positions = g.arch_value("block_count", int), g.arch_value("context_length", int)
     heads, _, _ = _heads(g, d)
@@ -192,17 +200,14 @@ def gpt2_checkpoint(g: GGUFFile) -> tuple[dict, dict[str, torch.Tensor]]:
     names = {"token_embd.weight": "transformer.wte.weight", "position_embd.weight": "transformer.wpe.weight",
              "output_norm.weight": "transformer.ln_f.weight", "output_norm.bias": "transformer.ln_f.bias",
              "output.weight": "lm_head.weight"}
-    state = {}
-    for name, shape in shapes.items():
-        t = g.tensor(name, shape)
-        if name.startswith("blk."):
-            _, i, part, kind = name.split(".")
-            if part in CONV1D and kind == "weight":  # (out, in) -> Conv1D's (in, out)
-                t = t.t().contiguous()
-            state[f"transformer.h.{i}.{GPT2_LAYER[part]}.{kind}"] = t
-        else:
-            state[names[name]] = t
-    config = {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "vocab_size": vocab, "n_embd": d,
+
+    def block(i: str, part: str, kind: str, t: torch.Tensor) -> tuple[str, torch.Tensor]:
+        if part in CONV1D and kind == "weight":  # (out, in) -> Conv1D's (in, out)
+            t = t.t().contiguous()
+        return f"transformer.h.{i}.{GPT2_LAYER[part]}.{kind}", t
+
+    state = _read(g, shapes, names, block)
+    config = {"vocab_size": vocab, "n_embd": d,
               "n_inner": ff, "n_layer": layers, "n_head": heads, "n_positions": positions,
               "layer_norm_epsilon": g.arch_value("attention.layer_norm_epsilon", float),
               "activation_function": "gelu_new", "tie_word_embeddings": "output.weight" not in g.tensors,
@@ -216,40 +221,3 @@ def unpermute(w: torch.Tensor, n_head: int) -> torch.Tensor:
     rows = w.shape[0]
     half = rows // n_head // 2
     return w.reshape(n_head, half, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape).contiguous()
-
-
-class _Converted(HFDirectory):
-    """The Hugging Face directory a GGUF became: its JSON files on disk, its weights in memory."""
-
-    def __init__(self, path: Path, state: dict[str, torch.Tensor]) -> None:
-        super().__init__(path)
-        self._state = state
-
-    def weights(self) -> dict[str, torch.Tensor]:
-        return self._state
-
-
-def import_gguf(source: str | Path, out: str | Path, *, force: bool = False) -> Path:
-    """Write the ``task: lm`` run of the GGUF file ``source`` into ``out`` (module doc) -> ``out``."""
-    g = GGUFFile(source)
-    if g.arch not in ARCHITECTURES:
-        raise UserError(f"{g.path}: key 'general.architecture' is {g.arch!r}; attnkit imports GGUF files of "
-                        f"{', '.join(ARCHITECTURES)}")
-    config, state = (gpt2_checkpoint if g.arch == "gpt2" else llama_checkpoint)(g)
-    tokenizer_json, settings = gguf_tokenizer(g, config["vocab_size"])
-    files = {CONFIG: config, TOKENIZER_CONFIG_JSON: settings}
-    ends = list(dict.fromkeys(g.value(f"tokenizer.ggml.{end}_token_id", int) for end in END_TOKENS
-                              if g.has(f"tokenizer.ggml.{end}_token_id")))
-    if len(ends) > 1:  # an instruct model's end of turn beside its end of text: listed as transformers lists them
-        files[GENERATION_CONFIG] = {"eos_token_id": ends}
-    with tempfile.TemporaryDirectory(prefix="attnkit-gguf-") as tmp:
-        directory = Path(tmp)
-        for name, value in files.items():
-            (directory / name).write_text(json.dumps(value, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-        (directory / TOKENIZER_JSON).write_text(tokenizer_json, encoding="utf-8")
-        try:
-            return import_causal_lm(_Converted(directory, state), out, force=force, source=g.path)
-        except UserError as e:  # a check of the Hugging Face import names the GGUF, not the passing directory
-            if str(directory) not in str(e):
-                raise
-            raise UserError(f"{g.path}: {str(e).replace(f'{directory}/', 'as Hugging Face ')}") from None

@@ -43,7 +43,8 @@ from ..common.errors import UserError
 from ..config.schema import DataConfig, ModelConfig, RunConfig, TokenizerConfig
 from ..data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, save_sentencepiece_vocab
 from ..positions import sinusoidal_table
-from ..runs.load import languages, load_run, require
+from ..runs.load import languages
+from ..tasks import load_run, require
 from ..transformer import Transformer, TransformerConfig
 from .hf import HFDirectory, check_shape, tensor, write_directory, write_run
 

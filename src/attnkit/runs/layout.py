@@ -15,6 +15,7 @@ one place that names its files::
     imported.safetensors     IMPORTED_FILE    the weights of a run made by `attnkit import` (no training here)
     metrics.jsonl            METRICS_FILE     one JSON object per validation
     precision.json           PRECISION_FILE   the precision training chose, and the timings behind it
+    lora-base.json           LORA_BASE_FILE   an adapted run's base weights file (attnkit.runs.adapters)
 
 :mod:`attnkit.runs.directory` writes it, :mod:`attnkit.runs.load` loads a trained model from it.
 """
@@ -28,8 +29,8 @@ from ..data.prepare import MANIFEST_FILE
 from ..data.tokenizer import TOKENIZER_FILE, tokenizer_files
 
 __all__ = ["AVERAGED_FILE", "BEST_FILE", "CHECKPOINTS_DIR", "CLASSES_FILE", "CONFIG_FILE", "DATA_DIR", "IMPORTED_FILE",
-           "MANIFEST_FILE", "METRICS_FILE", "MODEL_FILE", "PRECISION_FILE", "STATE_FILE", "TOKENIZER_FILE",
-           "checkpoints", "find_run", "find_weights", "tokenizer_files"]
+           "LORA_BASE_FILE", "MANIFEST_FILE", "METRICS_FILE", "MODEL_FILE", "PRECISION_FILE", "STATE_FILE",
+           "TOKENIZER_FILE", "checkpoints", "find_run", "find_weights", "tokenizer_files"]
 
 CONFIG_FILE = "config.yaml"
 CLASSES_FILE = "classes.json"
@@ -38,6 +39,7 @@ CHECKPOINTS_DIR, MODEL_FILE, STATE_FILE = "checkpoints", "model.safetensors", "t
 BEST_FILE, AVERAGED_FILE, IMPORTED_FILE = "best.safetensors", "averaged.safetensors", "imported.safetensors"
 METRICS_FILE = "metrics.jsonl"
 PRECISION_FILE = "precision.json"
+LORA_BASE_FILE = "lora-base.json"
 _STEP = "step-{:08d}"
 
 

@@ -377,7 +377,7 @@ def listen(host: str, port: int) -> socket.socket:
     try:
         family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
         # proto must say TCP: asyncio sets TCP_NODELAY on the connections only then, and without it a
-        # response written in two parts waits for the client's delayed ACK (benchmarks/README.md)
+        # response written in two parts waits for the client's delayed ACK (test_connections_get_tcp_nodelay)
         sock = socket.socket(family, kind, proto)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(address)
@@ -390,8 +390,8 @@ def listen(host: str, port: int) -> socket.socket:
 
 
 #: CPython's GIL switch interval while serving. The model worker and the event loop are two threads of one process:
-#: a thread that wants the GIL while the other runs Python waits up to this long for it. CPython's default of 5 ms
-#: is kept: 1 ms was no faster for a language model's streams (experiments/serve_switch_interval.py).
+#: a thread that wants the GIL while the other runs Python waits up to this long for it. CPython's default is kept,
+#: set here so that it is one explicit choice: a shorter interval did not serve faster (docs/serving.md).
 SWITCH_INTERVAL_S = 0.005
 
 
@@ -427,8 +427,7 @@ def serve(paths: list[str], *, host: str = "127.0.0.1", port: int = 8000, thread
     # Each model's worker thread computes with `threads`, the main thread (loading, the event loop) with one. OpenMP
     # keeps a pool of threads for each thread that starts a parallel region, and libgomp, managing more threads
     # than there are cores, lets idle ones sleep at once instead of spinning, so every parallel region pays to wake
-    # them: loading on the main thread with two threads and decoding on a worker with two more ran at about one
-    # thread's speed on two cores (benchmarks/README.md, OpenMP pools).
+    # them. One pool per model, on its worker, keeps the compute threads awake (docs/serving.md).
     threads = threads or torch.get_num_threads()
     torch.set_num_threads(1)
     app = create_app([load_servable(p, threads, engine, continuous, device) for p in paths], limits,

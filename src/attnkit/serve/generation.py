@@ -129,7 +129,24 @@ class _Progress:
 _Joining = tuple[int, _Progress, torch.Generator]
 
 
-class ContinuousGeneration:
+class ContinuousStepper:
+    """What the continuous steppers (:class:`~attnkit.serve.batching.Stepper`) share: the continuous decoder they
+    drive (``decoder``: its running rows, its batch's width) and the texts that ended outside a step, which the
+    next step returns (``_ended``)."""
+
+    decoder: Any
+    _ended: list
+
+    @property
+    def running(self) -> int:
+        return self.decoder.running + len(self._ended)
+
+    @property
+    def width(self) -> int:
+        return self.decoder.width
+
+
+class ContinuousGeneration(ContinuousStepper):
     """A run's jobs by continuous batching: the model worker's :class:`~attnkit.serve.batching.Stepper` (``start``
     takes :class:`GenerationJob` s, each result is a :class:`Generated`). ``prefill`` runs the joining prompts
     (:class:`ContinuousSampler`'s; ``attnkit serve --engine compiled``: compiled ahead of time)."""
@@ -137,18 +154,10 @@ class ContinuousGeneration:
     def __init__(self, model: LanguageModel, tok: Tokenizer,
                  prefill: Callable[[torch.Tensor], tuple[torch.Tensor, LMState]] | None = None) -> None:
         self.model, self.tok, self.prefill = model, tok, prefill
-        self.sampler = ContinuousSampler(model, prefill)
+        self.decoder = ContinuousSampler(model, prefill)
         self._handles = count()
         self._rows: dict[int, tuple[int, _Progress]] = {}  # the sampler's handle -> (ours, the job's progress)
         self._ended: list[tuple[int, Generated | Exception]] = []  # jobs that ended outside a step (next step's)
-
-    @property
-    def running(self) -> int:
-        return self.sampler.running + len(self._ended)
-
-    @property
-    def width(self) -> int:
-        return self.sampler.width
 
     def start(self, jobs: list[GenerationJob]) -> list[int]:
         """Run the jobs' prompts and choose each one's first token; a job joins the running batch unless that ended
@@ -183,7 +192,7 @@ class ContinuousGeneration:
         for job in jobs:
             job.started = started
         try:
-            tokens = self.sampler.add_many([j.ids for j in jobs], [j.max_new_tokens for j in jobs],
+            tokens = self.decoder.add_many([j.ids for j in jobs], [j.max_new_tokens for j in jobs],
                                            [j.sampling for j in jobs], [g for _, _, g in group])
         except Exception as e:
             if len(group) == 1:
@@ -200,12 +209,12 @@ class ContinuousGeneration:
         failed: its exception)."""
         gone = [inner for inner, (_, progress) in self._rows.items() if progress.job.cancelled]
         if gone:
-            self.sampler.drop(gone)
+            self.decoder.drop(gone)
             for inner in gone:
                 handle, progress = self._rows.pop(inner)
                 self._ended.append((handle, progress.result("cancelled")))
-        if self.sampler.running:
-            tokens = self.sampler.step()
+        if self.decoder.running:
+            tokens = self.decoder.step()
             for token in tokens:
                 handle, progress = self._rows.pop(token.handle)
                 self._take(handle, progress, token)
@@ -225,11 +234,11 @@ class ContinuousGeneration:
             self._rows[token.handle] = (handle, progress)
             return
         if token.finish is None:  # the engine would go on: a stop string, a stop id or a failure ended it
-            self.sampler.drop([token.handle])
+            self.decoder.drop([token.handle])
         self._ended.append((handle, error if error is not None else progress.result(reason)))
 
     def abandon(self) -> None:
-        self.sampler = ContinuousSampler(self.model, self.prefill)
+        self.decoder = ContinuousSampler(self.model, self.prefill)
         self._rows.clear()
         self._ended.clear()
 

@@ -226,20 +226,30 @@ class Usage(BaseModel):
     total_tokens: int
 
 
-class CompletionChoice(BaseModel):
+class _Choice(BaseModel):
+    """What a choice of either route has besides its text: its index, its ending, no log-probabilities."""
+
     index: int
-    text: str
     logprobs: None = None
     finish_reason: Literal["stop", "length"]
 
 
-class Completion(BaseModel):
+class _Answer(BaseModel):
+    """What an answer of either route has besides its kind and its choices."""
+
     id: str
-    object: Literal["text_completion"] = "text_completion"
     created: int
     model: str
-    choices: list[CompletionChoice]
     usage: Usage
+
+
+class CompletionChoice(_Choice):
+    text: str
+
+
+class Completion(_Answer):
+    object: Literal["text_completion"] = "text_completion"
+    choices: list[CompletionChoice]
 
 
 class AssistantMessage(BaseModel):
@@ -247,20 +257,13 @@ class AssistantMessage(BaseModel):
     content: str
 
 
-class ChatChoice(BaseModel):
-    index: int
+class ChatChoice(_Choice):
     message: AssistantMessage
-    logprobs: None = None
-    finish_reason: Literal["stop", "length"]
 
 
-class ChatCompletion(BaseModel):
-    id: str
+class ChatCompletion(_Answer):
     object: Literal["chat.completion"] = "chat.completion"
-    created: int
-    model: str
     choices: list[ChatChoice]
-    usage: Usage
 
 
 class ModelCard(BaseModel):

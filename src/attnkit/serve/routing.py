@@ -64,9 +64,9 @@ class AppState:
         self.metrics = ServeMetrics(lambda: {name: w.stats()["queued"] for name, w in self.workers.items()},
                                     lambda: dict(self.streams))
         self.routes = {}
-        self.streams = {name: 0 for name, s in self.models.items() if s.info.task == "generate"}
         for name, servable in self.models.items():
             self.routes.setdefault(servable.info.task, {})[name] = servable
+        self.streams = dict.fromkeys(self.routes.get("generate", {}), 0)
 
 
 def app_state(request: Request) -> AppState:

@@ -38,11 +38,7 @@ def _texts_field() -> Any:
 def _check_unicode(texts: list[str]) -> list[str]:
     """Texts are sent as UTF-8 to the tokenizer: a lone surrogate (``"\\ud800"`` in JSON) cannot be."""
     for i, text in enumerate(texts):
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError:
-            raise PydanticCustomError("lone_surrogate", "texts[{index}] holds a lone surrogate (\\ud800-\\udfff), "
-                                      "which is not a character; send valid Unicode", {"index": i}) from None
+        valid_unicode(text, f"texts[{i}]")
     return texts
 
 

@@ -37,16 +37,16 @@ from ..engine.continuous import ContinuousGreedy, Finished, supports_continuous
 from ..export import is_exported
 from ..export.ctranslate2 import MANIFEST, ExportedTranslator
 from ..export.ctranslate2_lm import ExportedGenerator
-from ..inference.attention_maps import AttentionMaps, attention_maps
+from ..inference.attention_maps import AttentionMaps
 from ..inference.chat import conversation_ids, run_template
 from ..inference.classify import predict
 from ..inference.language_model import context_limit, prompt_ids
 from ..inference.translate import encode_sources, source_limit, translate_texts
 from ..runs.layout import find_weights
-from ..runs.load import LoadedRun, languages, load_run
-from ..tasks import spec
+from ..runs.load import LoadedRun, languages
+from ..tasks import attention_maps, load_run, served_by, spec
 from ..vocab import EOS_ID
-from .generation import ContinuousGeneration, Generated, GenerationJob, generate_exported
+from .generation import ContinuousGeneration, ContinuousStepper, Generated, GenerationJob, generate_exported
 
 __all__ = ["ContinuousTranslation", "ExportedGeneration", "ExportedServable", "ModelInfo", "RunServable", "Servable",
            "load_servable"]
@@ -131,14 +131,9 @@ def _generation_info(run: LoadedRun, name: str, parameters: int) -> ModelInfo:
                      classes=None, context=limit.length, context_fixed=limit.fixed)
 
 
-#: How ``GET /models`` describes a run, by what its task serves (:attr:`attnkit.tasks.TaskSpec.serves`).
-_INFO: dict[str, Callable[[LoadedRun, str, int], ModelInfo]] = {
-    "translate": _translation_info, "classify": _classification_info, "generate": _generation_info}
-
-
 class RunServable:
     """A run directory of ``attnkit train`` (translation, classification or a language model), run by attnkit
-    itself as its engine says (``run.engine``: :func:`~attnkit.runs.load.load_run` made it so); with
+    itself as its engine says (``run.engine``: :func:`~attnkit.tasks.load_run` made it so); with
     ``continuous``, a Transformer's greedy translations are batched continuously (``stepper``); a language model's
     generations always are, and in ``compiled`` mode its prompts run through a pass compiled ahead of time
     (:meth:`~attnkit.engine.compiled_decoding.CompiledDecoder.prefill`, compiled here)."""
@@ -147,21 +142,20 @@ class RunServable:
 
     def __init__(self, run: LoadedRun, name: str, continuous: bool = False) -> None:
         self.run = run
-        serves = spec(run.task).serves
-        if serves is None:
+        task = spec(run.task)
+        if task.serves is None:
             raise UserError(f"{name} is a pretraining run: it neither translates nor classifies; serve a run "
                             f"fine-tuned from it (model.init_from)")
-        if serves not in _INFO:
-            raise UserError(f"{name} is a {run.task} run, which `attnkit serve` cannot serve")
-        info = _INFO[serves](run, name, sum(p.numel() for p in run.model.parameters()))
+        route = _ROUTES[task.serves]
+        info = route.describe(run, name, sum(p.numel() for p in run.model.parameters()))
         self.info = replace(info, precision=str(run.engine))
-        stepper = _STEPPERS.get(serves) if continuous and supports_continuous(run.model) else None
+        stepper = route.stepper if continuous and supports_continuous(run.model) else None
         self.stepper = stepper(self) if stepper is not None else None
-        compiled = run.engine.mode == "compiled" and serves == "generate"
+        compiled = run.engine.mode == "compiled" and task.generates
         self.compiled = CompiledDecoder(run.model) if compiled else None
         self.template: ChatTemplate | None = None
         self.end_of_turn = NO_TURNS
-        if serves == "generate":
+        if task.generates:
             self.stepper = ContinuousGeneration(run.model, run.tok, self.compiled.prefill if self.compiled else None)
             if run.cfg.data.chat_template:
                 self.template = run_template(run, name)
@@ -208,7 +202,7 @@ class RunServable:
         return ContinuousGeneration(self.run.model, self.run.tok).run(jobs)
 
 
-class ContinuousTranslation:
+class ContinuousTranslation(ContinuousStepper):
     """A run's greedy translation by continuous batching (:class:`~attnkit.engine.continuous.ContinuousGreedy`):
     the model worker's :class:`~attnkit.serve.batching.Stepper`. Texts are encoded as
     :func:`~attnkit.inference.translate.translate_texts` encodes them (cut to the model's positions; a blank
@@ -220,14 +214,6 @@ class ContinuousTranslation:
         self._handles = count()
         self._ours: dict[int, int] = {}  # the decoder's handle -> ours
         self._ended: list[tuple[int, list[str]]] = []  # texts that ended at start, returned by the next step
-
-    @property
-    def running(self) -> int:
-        return self.decoder.running + len(self._ended)
-
-    @property
-    def width(self) -> int:
-        return self.decoder.width
 
     def start(self, texts: list[str]) -> list[int]:
         run = self.servable.run
@@ -255,9 +241,20 @@ class ContinuousTranslation:
         return [(self._ours.pop(f.handle), [text]) for f, text in zip(ended, texts, strict=True)]
 
 
-#: What decodes a run continuously (``attnkit serve --batching continuous``), by what its task serves; a route
-#: missing here (classification) always runs in whole batches.
-_STEPPERS: dict[str, Callable[[RunServable], ContinuousTranslation]] = {"translate": ContinuousTranslation}
+@dataclass(frozen=True)
+class _Route:
+    """What differs by the route that serves a run (its task's :attr:`~attnkit.tasks.TaskSpec.serves`): how ``GET
+    /models`` describes it, and what decodes it continuously with ``attnkit serve --batching continuous`` (None: whole
+    batches; a language model always generates continuously, :class:`~attnkit.serve.generation.ContinuousGeneration`).
+    """
+
+    describe: Callable[[LoadedRun, str, int], ModelInfo]
+    stepper: Callable[[RunServable], ContinuousTranslation] | None = None
+
+
+#: The routes runs are served by, by name.
+_ROUTES = {"translate": _Route(_translation_info, ContinuousTranslation), "classify": _Route(_classification_info),
+           "generate": _Route(_generation_info)}
 
 
 class ExportedServable:
@@ -353,11 +350,11 @@ def load_servable(path: str | Path, threads: int = 0, engine: Engine | None = No
     :raises UserError: ``path`` is not something that can be served.
     """
     if is_exported(Path(path)):
-        exported = ExportedGeneration if _exported_task(Path(path)) == "lm" else ExportedServable
+        exported = ExportedGeneration if served_by(_exported_task(Path(path)), "generate") else ExportedServable
         return exported(Path(path), threads)
     run_dir, _ = find_weights(Path(path))
     run = load_run(path, engine=engine)
-    if device is not None and spec(run.task).serves == "generate":
+    if device is not None and spec(run.task).generates:
         run.model.to(device)
     return RunServable(run, Path(os.path.abspath(run_dir)).name, continuous)  # a link's own name
 

@@ -5,9 +5,9 @@ A task owns, for one kind of model:
 * its data recipe (:class:`attnkit.data.prepare.Recipe`): what ``attnkit prepare`` reads, how it
   tokenizes it and what it writes;
 * its batches, objective and validation (:class:`Task`, driven by :mod:`attnkit.training.trainer`);
-* what its runs can be used for (:attr:`TaskSpec.serves`).
-
-Its model comes from the run's one model factory, :func:`attnkit.runs.load.build_model`.
+* its model (:attr:`TaskSpec.build_model`, the factory every command rebuilds a trained run with);
+* what its runs are used for: the route that serves them, the export targets that write them, how their
+  attention is read (:class:`TaskSpec`).
 """
 
 from __future__ import annotations
@@ -27,10 +27,13 @@ from ..config.schema import RunConfig
 from ..data.batching import Batches, EpochBatches
 from ..data.prepare import Prepared, Recipe, prepare_data
 from ..data.tokenizer import Tokenizer
+from ..inference.attention_maps import AttentionReader
 from ..runs.layout import CLASSES_FILE, DATA_DIR
-from ..runs.load import build_model
+from ..runs.load import ModelFactory
 
 Log = Callable[[str], None]
+#: The routes of ``attnkit serve`` a task's runs may answer (:attr:`TaskSpec.serves`).
+Serves = Literal["translate", "classify", "generate"]
 
 
 class Task(Protocol):
@@ -69,9 +72,10 @@ class BaseRecipe:
 
 
 class EpochTask:
-    """What the tasks share: the run's model from the one factory, and batches made once per epoch.
+    """What the tasks share: their prepared data, and batches made once per epoch.
 
-    A task sets ``cfg``, ``tok``, ``classes`` (None unless it classifies) and ``_batches`` in its ``__init__``.
+    A task sets ``cfg``, ``tok``, ``classes`` (None unless it classifies) and ``_batches`` in its ``__init__``, and
+    builds its model with its own factory (:attr:`TaskSpec.build_model`).
     """
 
     cfg: RunConfig
@@ -86,12 +90,10 @@ class EpochTask:
         self.tok, self.manifest = data.tok, data.manifest
         return data
 
-    def build_model(self) -> nn.Module:
-        return build_model(self.cfg, self.tok, self.classes)
-
     def parameter_groups(self, model: nn.Module) -> list[dict]:
-        """The optimiser's parameter groups: one, at ``train.lr`` (``lr_scale`` 1) unless a task says otherwise."""
-        return [{"params": list(model.parameters()), "lr_scale": 1.0}]
+        """The optimiser's parameter groups: one, at ``train.lr`` (``lr_scale`` 1) unless a task says otherwise; frozen
+        parameters (a LoRA run's base, :mod:`attnkit.lora`) are left out."""
+        return [{"params": [p for p in model.parameters() if p.requires_grad], "lr_scale": 1.0}]
 
     def batches(self, epoch: int) -> Batches:
         return self._batches(epoch)
@@ -107,27 +109,51 @@ def scaled_groups(model: nn.Module, prefix: str, scale: float) -> list[dict]:
 
 @dataclass(frozen=True)
 class TaskSpec:
-    """One task in the registry (:data:`attnkit.tasks.TASKS`).
+    """One task in the registry (:data:`attnkit.tasks.TASKS`): everything that differs by task. Code outside
+    :mod:`attnkit.tasks` asks a run's spec (``spec(run.task).generates``) and never compares task names.
 
     :param name: the config's ``task:`` value.
     :param make: builds the :class:`Task` for ``(cfg, run_dir, log, resume=...)``, its data prepared.
     :param recipe: the data recipe for a config.
-    :param serves: the route its trained runs answer (``/translate``, ``/classify`` or ``/generate``), or None.
+    :param serves: the route its trained runs answer (``/translate``, ``/classify`` or ``/generate``), or None
+        (a pretrained encoder is a starting point, used through a run fine-tuned from it).
     :param check: refuses a config this task cannot train (a :class:`UserError` naming the key); the
         schema checks only what holds for every task.
+    :param build_model: its model for ``(cfg, tok, classes)``, freshly initialised: the trainer's new model, and
+        what every command loads a trained run's weights into (:func:`attnkit.tasks.load_run`).
+    :param hint: what to do with one of its runs when a command needs another kind (``use `attnkit generate```).
+    :param attention_maps: how its models' attention is read (:mod:`attnkit.inference.attention_maps`), or None.
+    :param exporters: the ``attnkit export --to`` targets that write its runs.
     """
 
     name: str
     make: Callable[..., Task]
     recipe: Callable[[RunConfig], Recipe]
-    serves: Literal["translate", "classify", "generate"] | None
+    serves: Serves | None
     check: Callable[[RunConfig], None]
+    build_model: ModelFactory
+    hint: str
+    attention_maps: AttentionReader | None = None
+    exporters: tuple[str, ...] = ()
+
+    @property
+    def generates(self) -> bool:
+        """Its runs continue text (a language model): they answer ``/generate``."""
+        return self.serves == "generate"
 
 
 def refuse_init_from(cfg: RunConfig) -> None:
-    """``model.init_from`` is for fine-tuning a classifier (:mod:`attnkit.tasks.init_from`)."""
+    """``model.init_from`` is for fine-tuning a classifier (:mod:`attnkit.tasks.init_from`), ``model.lora`` for a
+    language model."""
     if cfg.model.init_from:
         raise UserError("model.init_from is for task: classify (fine-tuning a pretrained encoder)")
+    refuse_lora(cfg)
+
+
+def refuse_lora(cfg: RunConfig) -> None:
+    """``model.lora`` adapts a language model (``task: lm``, :mod:`attnkit.lora`)."""
+    if cfg.model.lora is not None:
+        raise UserError("model.lora adapts a language model: use it in a task: lm config with model.init_from")
 
 
 def prepare_recipe(recipe: Recipe, run_dir: str | Path, log: Log = print, *, resume: bool = False,

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..classifier import DecoderClassifier, TransformerClassifier
 from ..common.errors import UserError
 from ..config.schema import RunConfig
 from ..data.arrays import TokenArrays
@@ -28,7 +29,9 @@ from ..data.labelled import LabelledData, LabelledReader, read_labelled
 from ..data.prepare import Encoded, flat
 from ..data.readers import ReadStats
 from ..data.tokenizer import PAD_ID, Tokenizer
-from .base import BaseRecipe, EpochTask, TaskSpec, scaled_groups
+from ..inference.attention_maps import classifier_maps
+from ..runs.layout import CLASSES_FILE
+from .base import BaseRecipe, EpochTask, TaskSpec, refuse_lora, scaled_groups
 from .init_from import copy_pretrained_tokenizer, load_pretrained_body
 from .objectives import ClassificationLoss
 
@@ -100,6 +103,23 @@ def read_validation(cfg: RunConfig, log=print) -> LabelledData:
                         f"{d.train} (held-out rows)")
 
 
+def build_classifier(cfg: RunConfig, tok: Tokenizer, classes: list[str] | None) -> nn.Module:
+    """The classifier for the run's classes: the encoder-only :class:`TransformerClassifier`, or the
+    :class:`DecoderClassifier` over a causal language model's layers (``model.classifier: decoder``)."""
+    if cfg.model.arch != "transformer":
+        raise UserError("task classify needs model.arch: transformer")
+    if classes is None:
+        raise UserError(f"a classifier needs its class names ({CLASSES_FILE}); is this a complete run?")
+    if 0 < cfg.model.ngram_buckets <= tok.src_vocab_size:
+        raise UserError(f"model.ngram_buckets ({cfg.model.ngram_buckets}) must exceed the vocabulary size "
+                        f"({tok.src_vocab_size}): unigrams take its ids, bigrams the slots after them")
+    if cfg.model.classifier == "decoder":
+        return DecoderClassifier(cfg.model.transformer, tok.src_vocab_size, len(classes), pooling=cfg.model.pooling,
+                                 ngram_buckets=cfg.model.ngram_buckets)
+    return TransformerClassifier(cfg.model.transformer, tok.src_vocab_size, len(classes or []),
+                                 pooling=cfg.model.pooling, pooler=cfg.model.pooler,
+                                 ngram_buckets=cfg.model.ngram_buckets)
+
 
 class ClassificationTask(EpochTask):
     """Encoder-only classifier with (label-smoothed) cross-entropy; validation accuracy as the score."""
@@ -129,7 +149,7 @@ class ClassificationTask(EpochTask):
             f"{len(batches)} batches per epoch, {padding:.1%} of positions padding")
 
     def build_model(self) -> nn.Module:
-        model = super().build_model()
+        model = build_classifier(self.cfg, self.tok, self.classes)
         if self.cfg.model.init_from:
             load_pretrained_body(model, self.cfg)
         if getattr(model, "ngrams", None) is not None:  # the n-gram expert's NB ratios, from the training texts
@@ -181,6 +201,7 @@ def check(cfg: RunConfig) -> None:
     """A classifier reads windows of ``data.max_len`` subwords, which must fit its positions; a decoder-only
     classifier pools a state that has read the whole text."""
     cfg.check_lengths(ends=0)
+    refuse_lora(cfg)
     if not 0.0 < cfg.model.ngram_lr < float("inf"):
         raise UserError(f"model.ngram_lr must be a positive multiple of train.lr, got {cfg.model.ngram_lr}")
     if cfg.model.ngram_buckets < 0:
@@ -193,4 +214,5 @@ def check(cfg: RunConfig) -> None:
         raise UserError("model.pooler is BERT's, for model.classifier: encoder")
 
 
-SPEC = TaskSpec("classify", ClassificationTask, ClassificationRecipe, serves="classify", check=check)
+SPEC = TaskSpec("classify", ClassificationTask, ClassificationRecipe, serves="classify", check=check,
+                build_model=build_classifier, hint="use `attnkit classify`", attention_maps=classifier_maps)

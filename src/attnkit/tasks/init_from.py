@@ -10,7 +10,9 @@ A classification run with ``model.init_from: RUN`` starts from a pretrained body
 =============================  ====================  ===================================================
 
 A language-model run (``task: lm``) with ``model.init_from: RUN`` continues training a ``task: lm`` run (one
-trained here, or a Hugging Face model made one by ``attnkit import``): its tokenizer and every weight.
+trained here, or a Hugging Face model made one by ``attnkit import``, or an adapted run, its adapters merged):
+its tokenizer and every weight, all trained or (``model.lora``) frozen beside new adapters. Conversations
+(``data.documents: chat``) are laid out by RUN's chat template unless the config gives one (:func:`base_chat`).
 
 :func:`check_init_from` checks RUN before anything is written (its task, its ``model.transformer``), the
 classification recipe copies its tokenizer files into the new run (:func:`copy_pretrained_tokenizer`) and
@@ -29,9 +31,11 @@ from torch import nn
 from ..common.errors import UserError
 from ..config.loader import load_config
 from ..config.schema import RunConfig
+from ..data.chat_template import special_tokens
 from ..data.tokenizer import Tokenizer
 from ..runs.checkpoint import check_compatible, load_weights
 from ..runs.layout import CONFIG_FILE, TOKENIZER_FILE, find_weights, tokenizer_files
+from ..runs.load import inherit_chat, load_trained
 
 #: Settings a fine-tuned encoder may change; every other ``model.transformer`` key must be the pretraining run's.
 REGULARISATION = ("dropout", "attention_dropout", "activation_dropout")
@@ -130,11 +134,15 @@ def load_pretrained_body(model: nn.Module, cfg: RunConfig) -> list[str]:
     if cfg.model.init_from is None:
         raise ValueError("load_pretrained_body needs a config with model.init_from")
     task = source_task(cfg)
-    _, weights = pretrained_run(cfg.model.init_from, task)
+    source, weights = pretrained_run(cfg.model.init_from, task)
+    if cfg.task == "lm":  # the same language model, trained on (an adapted one merged: attnkit.runs.load)
+        try:
+            load_trained(model, load_config(RunConfig, source / CONFIG_FILE), source, weights)
+        except UserError as e:  # names the missing, unexpected and mis-shaped keys
+            raise UserError(f"model.init_from: {e}") from None
+        return sorted(model.state_dict())
     state, _ = load_weights(weights)
-    if cfg.task == "lm":  # the same language model, trained on
-        prefix, pretrained = "", state
-    elif task == "lm":
+    if task == "lm":
         # every weight but the output layer (a classifier has none; tied, it is the embedding, which is copied)
         prefix, pretrained = "lm.", {f"lm.{k}": v for k, v in state.items() if not k.startswith("out_proj.")}
     else:
@@ -146,3 +154,14 @@ def load_pretrained_body(model: nn.Module, cfg: RunConfig) -> list[str]:
         raise UserError(f"model.init_from: {e}") from None
     model.load_state_dict(pretrained, strict=False)
     return sorted(pretrained)
+
+
+def base_chat(cfg: RunConfig) -> tuple[str, dict[str, str]]:
+    """``(chat template, special pieces)`` that a ``task: lm`` config's conversations are laid out with: its
+    ``data.chat_template``, else that of the run ``model.init_from`` names (or of that run's own base:
+    :func:`attnkit.runs.load.inherit_chat`), and the special pieces of that run's tokenizer."""
+    if not cfg.model.init_from:
+        return cfg.data.chat_template, {}
+    source, _ = pretrained_run(cfg.model.init_from, "lm")
+    base = inherit_chat(load_config(RunConfig, source / CONFIG_FILE), source)
+    return cfg.data.chat_template or base.data.chat_template, special_tokens(Tokenizer.load(source), source)

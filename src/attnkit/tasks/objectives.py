@@ -47,13 +47,17 @@ class ClassificationLoss(nn.Module):
 
 class LanguageModelLoss(nn.Module):
     """Summed cross-entropy of every next token, ``loss = sum_t -log p(y_{t+1} | y_1..y_t)``, in float32
-    (optionally label-smoothed, as :class:`Seq2SeqLoss`)."""
+    (optionally label-smoothed, as :class:`Seq2SeqLoss`); with ``scored`` ``(B, T)`` only over the positions it
+    marks (a conversation's assistant tokens: the others add nothing, to the loss or its gradient)."""
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
         self.model = model
 
-    def forward(self, inputs: Tensor, targets: Tensor, label_smoothing: float = 0.0) -> Tensor:
+    def forward(self, inputs: Tensor, targets: Tensor, label_smoothing: float = 0.0,
+                scored: Tensor | None = None) -> Tensor:
         logits = self.model(inputs)  # (B, T, V)
-        return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), label_smoothing=label_smoothing,
+        if scored is not None:
+            logits, targets = logits[scored], targets[scored]  # (N, V), (N,)
+        return F.cross_entropy(logits.flatten(0, -2).float(), targets.flatten(), label_smoothing=label_smoothing,
                                reduction="sum")

@@ -45,7 +45,14 @@ from ..data.prepare import Encoded, flat
 from ..data.readers import ReadStats, base_suffix, iter_lines
 from ..data.tokenizer import BOS_ID, EOS_ID, PAD_ID, TOKENIZER_FILE, UNK_ID, Tokenizer
 from ..engine import FusedMLMLoss
-from ..mlm import MLMLoss, ReplacedTokenDetectionLoss, mask_tokens, replaced_labels
+from ..mlm import (
+    MaskedLanguageModel,
+    MLMLoss,
+    ReplacedTokenDetection,
+    ReplacedTokenDetectionLoss,
+    mask_tokens,
+    replaced_labels,
+)
 from .base import BaseRecipe, EpochTask, TaskSpec, refuse_init_from, scaled_groups
 
 #: Validation always corrupts the held-out texts with this seed, so every validation scores the same task.
@@ -145,6 +152,17 @@ def validation_windows(cfg: RunConfig, tok: Tokenizer, log=print) -> list[list[i
     return out[: m.valid_windows]
 
 
+def build_encoder_lm(cfg: RunConfig, tok: Tokenizer, classes: list[str] | None = None) -> nn.Module:
+    """The model an encoder is pretrained as (``mlm.objective``): a :class:`MaskedLanguageModel`, or ELECTRA's
+    :class:`ReplacedTokenDetection` (its generator never samples a special piece, which no target is)."""
+    if cfg.model.arch != "transformer":
+        raise UserError("task pretrain needs model.arch: transformer")
+    if cfg.mlm.objective == "electra":
+        specials = (UNK_ID, BOS_ID, EOS_ID) + ((tok.mask_id,) if tok.mask_id is not None else ())
+        return ReplacedTokenDetection(cfg.model.transformer, tok.src_vocab_size,
+                                      generator_width=cfg.mlm.generator_width, never_sample=specials)
+    return MaskedLanguageModel(cfg.model.transformer, tok.src_vocab_size)
+
 
 class PretrainTask(EpochTask):
     """Masked-language-model pretraining of an encoder; validation MLM loss and masked accuracy."""
@@ -170,6 +188,9 @@ class PretrainTask(EpochTask):
         log(f"pretraining data: {len(self.x)} windows of at most {d.max_len} subwords "
             f"({int(self.x.lengths.sum())} subwords); {len(self.valid_x)} validation windows; {len(batches)} batches "
             f"per epoch, {padding:.1%} of positions padding")
+
+    def build_model(self) -> nn.Module:
+        return build_encoder_lm(self.cfg, self.tok)
 
     def parameter_groups(self, model: nn.Module) -> list[dict]:
         """ELECTRA: the generator's parameters at ``mlm.generator_lr`` times ``train.lr``, the rest at ``train.lr``
@@ -258,4 +279,5 @@ def check(cfg: RunConfig) -> None:
     cfg.check_lengths(ends=0)
 
 
-SPEC = TaskSpec("pretrain", PretrainTask, PretrainRecipe, serves=None, check=check)
+SPEC = TaskSpec("pretrain", PretrainTask, PretrainRecipe, serves=None, check=check, build_model=build_encoder_lm,
+                hint="fine-tune it (model.init_from) first")

@@ -36,7 +36,10 @@ from ..data.prepare import Encoded, flat
 from ..data.readers import ReadStats, iter_kept_lines, iter_parallel, read_parallel
 from ..data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 from ..engine import FusedSeq2SeqLoss
+from ..inference.attention_maps import translation_maps
 from ..inference.translate import translate_texts
+from ..rnn import RNNSeq2Seq
+from ..transformer import Transformer
 from .base import BaseRecipe, EpochTask, TaskSpec, refuse_init_from
 from .objectives import Seq2SeqLoss
 
@@ -107,6 +110,16 @@ def read_validation_pairs(cfg: RunConfig) -> list[tuple[str, str]]:
     return read_parallel(data.valid, data.valid_tgt)
 
 
+def build_translation_model(cfg: RunConfig, tok: Tokenizer, classes: list[str] | None = None) -> nn.Module:
+    """A :class:`Transformer` or :class:`RNNSeq2Seq` (``model.arch``) sized for the tokenizer's vocabularies."""
+    V_src, V_tgt = tok.src_vocab_size, tok.tgt_vocab_size
+    if cfg.model.arch == "rnn":
+        return RNNSeq2Seq(cfg.model.rnn, V_src, V_tgt)
+    tcfg = cfg.model.transformer
+    if tcfg.share_embeddings and not tok.joint:
+        raise UserError("model.transformer.share_embeddings needs data.tokenizer.joint: true")
+    return Transformer(tcfg, V_src, V_tgt)
+
 
 class TranslationTask(EpochTask):
     """Sequence-to-sequence with teacher forcing and label-smoothed cross-entropy."""
@@ -136,6 +149,9 @@ class TranslationTask(EpochTask):
         batches = self.batches(0)
         padding = padding_fraction(batches, *self.lengths(self.src, self.tgt), cfg.train.pad_multiple)
         log(f"{len(batches)} batches per epoch (max_tokens {cfg.train.max_tokens}), {padding:.1%} of positions padding")
+
+    def build_model(self) -> nn.Module:
+        return build_translation_model(self.cfg, self.tok)
 
     @staticmethod
     def lengths(src: TokenArrays, tgt: TokenArrays) -> tuple[np.ndarray, np.ndarray]:
@@ -196,4 +212,6 @@ def check(cfg: RunConfig) -> None:
     cfg.check_lengths(ends=1)
 
 
-SPEC = TaskSpec("translate", TranslationTask, TranslationRecipe, serves="translate", check=check)
+SPEC = TaskSpec("translate", TranslationTask, TranslationRecipe, serves="translate", check=check,
+                build_model=build_translation_model, hint="use `attnkit translate`", attention_maps=translation_maps,
+                exporters=("ctranslate2", "huggingface"))

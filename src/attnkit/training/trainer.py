@@ -49,6 +49,7 @@ from ..common.log import silent, to_stderr
 from ..config.schema import RunConfig, TrainConfig
 from ..engine import Engine, prepare
 from ..engine.precision import Choice, training_precision
+from ..lora import is_adapted, lora_state_dict
 from ..runs.checkpoint import capture_rng_state, check_compatible, restore_rng_state
 from ..runs.directory import RunDirectory
 from ..runs.layout import MODEL_FILE
@@ -118,6 +119,13 @@ def model_width(model: nn.Module) -> int | None:
     return None if width is None else int(width)
 
 
+def checkpoint_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """What a checkpoint keeps of ``model``: every weight, or of a model with LoRA adapters (:mod:`attnkit.lora`)
+    the adapters alone; its frozen base is the run ``model.init_from`` names, recorded once
+    (:mod:`attnkit.runs.adapters`), not copied into every checkpoint."""
+    return lora_state_dict(model) if is_adapted(model) else model.state_dict()
+
+
 class Trainer:
     """Train ``cfg`` into ``run_dir``; ``run()`` returns the last validation metrics."""
 
@@ -166,8 +174,10 @@ class Trainer:
             self.run_dir.truncate_metrics(self.step)  # validations of a run that never reached a checkpoint
         self.train_objective = self.workers.wrap(self.objective, self._probe_loss)  # DDP, or the objective itself
         n_params = sum(p.numel() for p in self.model.parameters())
+        trained = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
+        frozen = f" ({trained / 1e6:.3f}M of them trained)" if trained < n_params else ""
         workers = f", {self.workers.world_size} processes" if self.workers.enabled else ""
-        self.log(f"{self.task.name}: {model_name} with {n_params / 1e6:.2f}M parameters on "
+        self.log(f"{self.task.name}: {model_name} with {n_params / 1e6:.2f}M parameters{frozen} on "
                  f"{self.device} ({'bf16 autocast' if self.bf16 else 'float32'}, {torch.get_num_threads()} threads"
                  f"{workers}, {self.tc.engine} engine)")
         self.log(f"precision: {self.precision.describe()}")
@@ -228,12 +238,12 @@ class Trainer:
         rng_ranks = self.workers.gather(capture_rng_state(self._own_gpu))
         state = self._trainer_state(rng_ranks) if self.workers.is_main else {}
         # the plain model's weights, not DDP's: no "module." prefix
-        return self.run_dir.save_checkpoint(self.step, self.model.state_dict(), state, self.tc.keep_checkpoints)
+        return self.run_dir.save_checkpoint(self.step, checkpoint_state(self.model), state, self.tc.keep_checkpoints)
 
     def _load_checkpoint(self, path: Path) -> None:
         weights, ts = self.run_dir.load_checkpoint(path)
-        check_compatible(self.model.state_dict(), weights, path / MODEL_FILE)  # e.g. resumed with other model.*
-        self.model.load_state_dict(weights)
+        check_compatible(checkpoint_state(self.model), weights, path / MODEL_FILE)  # e.g. resumed with other model.*
+        self.model.load_state_dict(weights, strict=not is_adapted(self.model))  # adapters: the base is loaded
         try:
             self.optimizer.load_state_dict(ts["optimizer"])
         except ValueError as e:  # AdamW splits each parameter group in two: its state does not fit Adam's
@@ -281,7 +291,7 @@ class Trainer:
         self.run_dir.log_metrics(metrics)
         if metrics["score"] > self.best_score:
             self.best_score, self.bad_validations = metrics["score"], 0
-            self.run_dir.save_best(self.model.state_dict(), self.step)
+            self.run_dir.save_best(checkpoint_state(self.model), self.step)
         else:
             self.bad_validations += 1
         self.log("validation " + " ".join(f"{k} {v}" for k, v in metrics.items()))

@@ -10,7 +10,7 @@ from collections.abc import Iterator, Sequence
 
 from matplotlib.figure import Figure
 
-from ..inference.attention_maps import AttentionMaps, AttentionView, attention_maps
+from ..inference.attention_maps import AttentionMaps, AttentionView, translation_maps
 from ..runs.load import LoadedRun
 from .plot import attention_grid, attention_heatmap, score_grid
 
@@ -90,5 +90,5 @@ def summary_figure(maps: AttentionMaps) -> Figure:
 def attention_figure(run: LoadedRun, text: str) -> Figure:
     """Translate ``text`` greedily and draw which source pieces each output piece attended to
     (:func:`summary_figure`); used by ``attnkit translate --attention-dir`` and the demo."""
-    return summary_figure(attention_maps(run, text))
+    return summary_figure(translation_maps(run, text))
 
