@@ -94,11 +94,13 @@ def test_greedy_tokens_are_generate_s_and_the_model_s_context_is_enforced() -> N
 @pytest.mark.parametrize("compile", [False, True], ids=["eager", "compiled"])
 def test_buffers_grow_for_positions_without_a_table(monkeypatch: pytest.MonkeyPatch, compile: bool) -> None:
     """RoPE has no context: a sequence longer than the first capacity gets buffers twice as long, same logits;
-    compiled, one step serves every capacity and span (both are dimensions of the compiled step)."""
+    compiled, one step serves every capacity and span (both are dimensions of the compiled step). The model and
+    batch are :func:`test_the_compiled_step_equals_the_textbook_step`'s at batch 3, so its programs serve both
+    (compiled once per test run, kept in the run's cache)."""
     monkeypatch.setattr(compiled_decoding, "FIRST_CAPACITY", 8)
-    model = make_lm(positions="rope", n_kv_heads=2)
+    model = make_lm(**CONFIGS["rope-gqa-window3"])
     decoder = CompiledDecoder(to_eager(copy.deepcopy(model)).eval() if compile else model, compile=compile)
-    tokens = prompts(2, 30)
+    tokens = prompts(3, 30)
     with torch.inference_mode():
         full = model(tokens)
         logits, state = decoder.step(tokens[:, :3], decoder.init_state())
@@ -153,15 +155,17 @@ def test_matvec_linear_is_f_linear_for_one_row_and_declines_more() -> None:
     assert matvec_linear(torch.randn(2, 5), w) is NotImplemented  # two rows: a matrix product stays one
 
 
-@pytest.mark.parametrize("name", ["learned", "rope-gqa-window3"])
-def test_the_compiled_step_equals_the_textbook_step(name: str) -> None:
+@pytest.mark.parametrize("name, batches", [("learned", (1,)), ("rope-gqa-window3", (1, 3))])
+def test_the_compiled_step_equals_the_textbook_step(name: str, batches: tuple[int, ...]) -> None:
     """The static step compiled ahead of time (batch 1 with matrix-vector products, batch 3 with the library's
-    matrix products): greedy tokens are the textbook ``generate``'s, the logits agree (also when a prompt's
-    tokens are a strided view), and the step reads the model's own weights: an update in place shows."""
+    matrix products; each program compiles in seconds, so learned positions, whose table is read at each row's
+    position as RoPE's angles are, run at batch 1 only): greedy tokens are the textbook ``generate``'s, the logits
+    agree (also when a prompt's tokens are a strided view), and the step reads the model's own weights: an update
+    in place shows."""
     reference = make_lm(**CONFIGS[name])
     model = to_eager(copy.deepcopy(reference)).eval()
     decoder = CompiledDecoder(model)
-    for B in (1, 3):
+    for B in batches:
         prompt = prompts(B, 5).tolist()
         ours = torch.stack(list(generate(decoder, prompt, 20, temperature=0.0, ignore_eos=True)), 1)
         theirs = torch.stack(list(generate(reference, prompt, 20, temperature=0.0, ignore_eos=True)), 1)
@@ -172,13 +176,14 @@ def test_the_compiled_step_equals_the_textbook_step(name: str) -> None:
             for t in range(5, sequence.size(1)):
                 logits, state = decoder.step(sequence[:, t: t + 1], state)
             torch.testing.assert_close(logits, reference(sequence)[:, -1], atol=1e-4, rtol=1e-4)
-    assert sorted((B, len(steps)) for (B, *_), steps in decoder.steps.items()) == [(1, 1), (3, 1)]  # one each
+    assert sorted((B, len(steps)) for (B, *_), steps in decoder.steps.items()) == [(B, 1) for B in batches]
     [prefills] = decoder.prefills.values()  # the prompt's pass: a batch of one is its own, 3 rows another
-    assert sorted(p.ranges["batch"][0] for p in prefills) == [1, 2] and all(p.holds(length=5) for p in prefills)
+    assert sorted(p.ranges["batch"][0] for p in prefills) == [min(B, 2) for B in batches]
+    assert all(p.holds(length=5) for p in prefills)
     one = prompts(1, 1)  # a one-token prompt: eager (no program holds it, none is compiled), the textbook's logits
     with torch.inference_mode():
         torch.testing.assert_close(decoder.prefill(one)[0], reference(one)[:, -1], atol=1e-4, rtol=1e-4)
-    assert len(prefills) == 2
+    assert len(prefills) == len(batches)
     with torch.no_grad():  # the tied embedding and output layer, and one layer's projection, updated in place
         for m in (model, reference):
             m.out_proj.weight.mul_(1.5)
@@ -186,7 +191,7 @@ def test_the_compiled_step_equals_the_textbook_step(name: str) -> None:
     prompt = prompts(1, 5).tolist()
     ours = torch.stack(list(generate(decoder, prompt, 20, temperature=0.0, ignore_eos=True)), 1)
     assert torch.equal(ours, torch.stack(list(generate(reference, prompt, 20, temperature=0.0, ignore_eos=True)), 1))
-    assert len(decoder.steps) == 2
+    assert len(decoder.steps) == len(batches)  # nothing compiled again: the programs read the weights in place
 
 
 def test_a_compiled_step_runs_a_bf16_model_and_refuses_autocast() -> None:

@@ -168,11 +168,11 @@ def lm(**options) -> LanguageModel:
     return spread(LanguageModel(cfg, V))
 
 
-def greedy_tokens(model: LanguageModel, engine: Engine, prompt: torch.Tensor, n: int = 12, compile: bool = False
-                  ) -> list[list[int]]:
-    """``n`` greedy tokens per row. In compiled mode the static-cache step runs eagerly unless ``compile`` (compiling
-    ahead of time costs seconds a model: one case of the matrix compiles, tests/test_compiled_decoding.py the rest)."""
-    if engine.mode == "compiled" and not compile:
+def greedy_tokens(model: LanguageModel, engine: Engine, prompt: torch.Tensor, n: int = 12) -> list[list[int]]:
+    """``n`` greedy tokens per row. In compiled mode the static-cache step runs eagerly (compiling ahead of time costs
+    seconds a program: tests/test_compiled_decoding.py compiles each kind of model, tests/test_generate_cli.py and
+    tests/test_lora.py a run through ``--engine compiled``)."""
+    if engine.mode == "compiled":
         decoder = CompiledDecoder(model, compile=False)
         decoder_choose = decoder.choose_next
     else:
@@ -191,7 +191,7 @@ def test_language_models_every_mode_equals_the_reference(positions: str) -> None
         tokens = greedy_tokens(runs["reference"], Engine("reference"), prompt)
         for mode, run in runs.items():
             assert_logits_close(run(prompt), want)
-            assert greedy_tokens(run, Engine(mode), prompt, compile=positions == "rope-gqa") == tokens, mode
+            assert greedy_tokens(run, Engine(mode), prompt) == tokens, mode
     assert type(runs["eager"]) is EagerLanguageModel
 
 
