@@ -49,7 +49,7 @@ from attnkit.interop.families import FAMILIES  # noqa: E402
 from attnkit.tasks import load_run, make_task  # noqa: E402
 from nbsvm import cpu_model  # noqa: E402
 from smollm2_shape import build, shape  # noqa: E402
-from tables import append_run, markdown, measured, num  # noqa: E402
+from tables import append_run, cpu_info, markdown, measured, num  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "results" / "lora.json"
 DATA = ROOT.parent / "shared" / "data" / "shakespeare" / "input.txt"
@@ -205,7 +205,7 @@ def measure(args: argparse.Namespace) -> dict:
                   flush=True)
     host = torch.cuda.get_device_name(0) if args.device == "cuda" else cpu_model()
     command = "python benchmarks/lora.py " + " ".join(sys.argv[1:])
-    return {**stamp(), "host": host, "device": args.device, "command": command.strip(), **setting,
+    return {**stamp(), "host": host, "cpu": cpu_info(), "device": args.device, "command": command.strip(), **setting,
             "rank": args.rank, "alpha": args.alpha, "dropout": args.dropout, "block": args.block, "batch": args.batch,
             "steps": args.steps, "warmup": args.warmup, "precision": args.precision, "threads": args.threads,
             "torch": torch.__version__, "transformers": transformers.__version__, "peft": peft.__version__,

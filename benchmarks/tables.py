@@ -94,7 +94,7 @@ def host_kind(run: dict) -> str:
     """``AMD EPYC (AVX512-BF16)``, ``NVIDIA H200 (host Intel(R) Xeon(R) Processor)``: the GPU a run used, else its CPU
     model and bf16 units where recorded. Speeds carry over between hosts of one kind only."""
     machine = run.get("machine") if isinstance(run.get("machine"), dict) else {}
-    cpu = run.get("cpu") or machine.get("cpu") or machine.get("cpu_model") or run.get("machine")
+    cpu = run.get("cpu") or machine.get("cpu") or machine.get("cpu_model") or run.get("machine") or run.get("host")
     flags = machine.get("cpu_flags")
     if isinstance(cpu, dict):
         flags = [f for f in ("amx_bf16", "avx512_bf16") if cpu.get(f)]
