@@ -46,6 +46,18 @@ def compiled_step_cache(tmp_path_factory) -> None:
 
 
 @pytest.fixture(scope="module")
+def one_thread():
+    """A module's tests compute with one torch thread (its servers' worker threads and the tests' own checks share
+    the cores); the thread count is restored after the module."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
 def translation_run(tmp_path_factory) -> Path:
     return _trained(tmp_path_factory, "translation", translation_config)
 

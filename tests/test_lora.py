@@ -50,12 +50,7 @@ PLAY = ("{% for m in messages %}{{ 'ROMEO' if m['role'] == 'user' else 'JULIET' 
 LORA = {"rank": 4, "alpha": 8.0, "targets": ["attention", "feed_forward"]}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 
 
 def tiny_lm(**options) -> LanguageModel:

@@ -33,12 +33,7 @@ with warnings.catch_warnings():  # Starlette >= 1 asks for httpx2 under its Test
 PROMPT = "ROMEO:\n"  # 7 tokens of a model with 48 positions
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 
 
 @pytest.fixture(scope="module")

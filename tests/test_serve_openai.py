@@ -42,12 +42,7 @@ PROMPT = "ROMEO:\n"  # 7 tokens of the character model's 48 positions
 LIMITS = Limits(max_wait_ms=0, max_new_tokens=40, max_chars=600)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 
 
 @pytest.fixture(scope="module")
