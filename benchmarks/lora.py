@@ -36,6 +36,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 import yaml
+from safetensors.torch import load_file, save_file
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -92,7 +93,7 @@ def prepare(args: argparse.Namespace, work: Path) -> dict:
         batch = task.collate(group, torch.device("cpu"))
         blocks.append(to_hf[torch.cat([batch.inputs, batch.targets[:, -1:]], dim=1)])  # (B, T + 1)
     blocks = torch.stack(blocks)  # (updates, B, T + 1)
-    torch.save({"blocks": blocks}, work / "blocks.pt")
+    save_file({"blocks": blocks}, str(work / "blocks.safetensors"))  # tensors only: nothing unpickled
     config = json.loads((hf / "config.json").read_text(encoding="utf-8"))
     name = "random SmolLM2-135M-shaped Llama" + (f" ({' '.join(args.set)})" if args.set else "")
     return {"model": str(args.model or name), "model_type": config["model_type"],
@@ -144,7 +145,7 @@ def run_peft(args: argparse.Namespace, work: Path, device: torch.device, hf: Pat
     trained = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trained, lr=1e-4, betas=(0.9, 0.98), eps=1e-9, weight_decay=0.0,
                                   fused=device.type in ("cpu", "cuda"))
-    blocks = torch.load(work / "blocks.pt", weights_only=True)["blocks"]
+    blocks = load_file(str(work / "blocks.safetensors"))["blocks"]
 
     def update(x: torch.Tensor) -> torch.Tensor:
         x = x.to(device)
