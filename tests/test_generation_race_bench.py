@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from scripts import load_script
+
 ROOT = Path(__file__).resolve().parents[1]
 SHAKESPEARE = ROOT.parent / "shared" / "data" / "shakespeare" / "input.txt"
 #: A Llama of SmolLM2's kind, small enough to build, import, export and convert in seconds.
@@ -21,12 +23,7 @@ TINY = ["num_hidden_layers=2", "hidden_size=64", "num_attention_heads=4", "num_k
 
 @pytest.fixture(scope="module")
 def bench():
-    sys.path.insert(0, str(ROOT / "benchmarks"))  # the script imports its siblings
-    spec = importlib.util.spec_from_file_location("generation_race_bench", ROOT / "benchmarks" / "generation_race.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/generation_race.py", "generation_race_bench")
 
 
 def installed(module: str) -> bool:

@@ -4,13 +4,13 @@ parts: the precision attnkit's run recorded, the targets."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
-import sys
 from pathlib import Path
 
 import pytest
+
+from scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 SHAKESPEARE = ROOT.parent / "shared" / "data" / "shakespeare" / "input.txt"
@@ -19,12 +19,7 @@ NANOGPT = Path(os.environ.get("NANOGPT", "/nonexistent"))
 
 @pytest.fixture(scope="module")
 def bench():
-    sys.path.insert(0, str(ROOT / "benchmarks"))  # the script imports its siblings
-    spec = importlib.util.spec_from_file_location("lm_bench", ROOT / "benchmarks" / "lm.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/lm.py", "lm_bench")
 
 
 @pytest.mark.skipif(not (NANOGPT / "train.py").exists(),
