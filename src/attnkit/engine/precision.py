@@ -153,10 +153,13 @@ class Choice:
 
     def to_json(self) -> dict:
         """What a run records (and the cache keeps)."""
+        # the speedup of the timings as written, so a run that read them from the cache records the same
+        seconds = None if self.seconds is None else {p: float(f"{s:.4g}") for p, s in self.seconds.items()}
         return {"precision": self.precision, "source": self.source,
                 "workload": None if self.workload is None else self.workload.to_json(),
-                "seconds": None if self.seconds is None else {p: float(f"{s:.4g}") for p, s in self.seconds.items()},
-                "speedup": None if self.speedup is None else round(self.speedup, 3), "margin": MARGIN,
+                "seconds": seconds,
+                "speedup": None if seconds is None else round(seconds["float32"] / seconds["bf16"], 3),
+                "margin": MARGIN,
                 "rounds": self.rounds, "host": self.host}
 
     @classmethod
