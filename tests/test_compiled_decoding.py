@@ -12,7 +12,7 @@ import torch
 from torch._inductor.exc import CppCompileError, InductorError, InvalidCxxCompiler
 
 from attnkit.common.errors import UserError
-from attnkit.engine import compiled_decoding, to_eager
+from attnkit.engine import aot, compiled_decoding, to_eager
 from attnkit.engine.aot import matvec_linear
 from attnkit.engine.compiled_decoding import CompiledDecoder, StaticKVCache, static_mask
 from attnkit.lm import LanguageModel, LMConfig
@@ -234,6 +234,15 @@ FAILURES = {
                       r"the C\+\+ compiler failed \(step\.cpp:3:1: error: expected ';'\)"),
     "other": (lambda: InductorError(ValueError("no lowering\nfor this"), None), r"\(?ValueError: no lowering;"),
 }
+
+
+def test_the_compiler_is_given_only_the_settings_this_torch_has(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch 2.11's Inductor has no ``realize_cpu_*`` settings and refuses an unknown key (a GPU run hit it)."""
+    assert aot.step_config() == aot.STEP_CONFIG  # the pinned torch knows every one
+    monkeypatch.setitem(aot.STEP_CONFIG, "no_such_setting", 1)
+    monkeypatch.setitem(aot.STEP_CONFIG, "aot_inductor.no_such_setting", 1)
+    assert "no_such_setting" not in aot.step_config() and "aot_inductor.no_such_setting" not in aot.step_config()
+    assert aot.step_config()["aot_inductor.package_constants_in_so"] is False
 
 
 @pytest.mark.parametrize("kind", list(FAILURES))

@@ -32,16 +32,31 @@ from ..common.errors import UserError
 from ..common.files import cache_dir
 
 __all__ = ["STEP_CONFIG", "CompiledProgram", "compile_failure", "compile_module", "compile_modules", "cpu_features",
-           "dim_range", "in_ranges", "load_or_compile", "matvec_linear", "step_cache", "step_constants", "step_key",
-           "structure"]
+           "dim_range", "in_ranges", "load_or_compile", "matvec_linear", "step_cache", "step_config", "step_constants",
+           "step_key", "structure"]
 
 #: Inductor settings for a compiled program: realize every intermediate result on the CPU (why:
 #: :mod:`attnkit.engine.compiled_decoding`, the matrix-vector products), and plan the intermediate buffers into one
 #: allocation (so a call does not allocate and free each of them). The planner nests its plan one level deeper for
 #: many of the buffers it places and walks it recursively: the one-row step of a dozen layers or more exceeded Python's
 #: recursion limit (a ``RecursionError``), which is one reason a program holds one layer, not the whole stack.
+#: An older torch lacks some of these (2.11 has no ``realize_cpu_*``): :func:`step_config` keeps the ones it knows.
 STEP_CONFIG = {"realize_cpu_opcount_threshold": 1, "realize_cpu_acc_reads_threshold": 1, "memory_planning": True,
                "aot_inductor.package_constants_in_so": False}
+
+
+def step_config() -> dict[str, object]:
+    """:data:`STEP_CONFIG` less the settings this torch's Inductor does not have (it refuses an unknown key)."""
+    from torch._inductor import config
+
+    def known(key: str) -> bool:
+        owner: object = config
+        for part in key.split("."):
+            if not hasattr(owner, part):
+                return False
+            owner = getattr(owner, part)
+        return True
+    return {key: value for key, value in STEP_CONFIG.items() if known(key)}
 
 
 def matvec_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
@@ -158,7 +173,7 @@ def step_key(program: torch.export.ExportedProgram, device: torch.device) -> str
     the compiler's settings, torch's version, the machine it was compiled for (``-march=native``) and the thread
     count (the compiler decides which loops to run in parallel by it)."""
     machine = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_features()
-    text = "\n".join([torch.__version__, repr(sorted(STEP_CONFIG.items())), str(device), machine,
+    text = "\n".join([torch.__version__, repr(sorted(step_config().items())), str(device), machine,
                       f"threads {torch.get_num_threads()}", str(program)])
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
@@ -195,7 +210,7 @@ def load_or_compile(program: torch.export.ExportedProgram, device: torch.device,
     with tempfile.TemporaryDirectory(prefix="attnkit-step-", dir=None if path is None else path.parent) as temporary:
         try:
             package = torch._inductor.aoti_compile_and_package(  # type: ignore[attr-defined]
-                program, package_path=str(Path(temporary) / "step.pt2"), inductor_configs=dict(STEP_CONFIG))
+                program, package_path=str(Path(temporary) / "step.pt2"), inductor_configs=step_config())
         except Exception as e:  # a one-line message instead of inductor's traceback
             raise UserError(f"compiling ahead of time failed: {compile_failure(e)}; decode without compiling "
                             "(--engine eager)") from None
