@@ -19,12 +19,13 @@ weight-only: its activations stay float32, where CTranslate2's int8 quantizes th
 the tokens each contender generated (a row that stopped at ``</s>`` counts what it made), and ``same`` says
 whether its greedy tokens equal attnkit's float32 ones.
 
-Served (``attnkit serve RUN``, a subprocess on a free port, ``--max-streams 64``), eager and with ``--compile``
-(each prompt's pass compiled ahead of time; the decoding steps stay eager): one streaming client, then 32 concurrent
-streaming clients (:data:`CLIENT`), each greedy for ``NEW_TOKENS`` tokens. Reported: the served tokens/s against the
-offline batch-32 rate (attnkit float32, eager), and the time to the first streamed token at one client against one
-forward pass of the prompt, timed offline in a fresh process: ``LanguageModel.step`` on the prompt (eager), and the
-compiled prompt pass (what ``--compile`` serves with).
+Served (``attnkit serve RUN``, a subprocess on a free port, ``--max-streams 64``), eager and with ``--engine
+compiled`` (each prompt's pass and the running rows' steps compiled ahead of time): one streaming client, then 32
+concurrent streaming clients (:data:`CLIENT`), each greedy for ``NEW_TOKENS`` tokens. Reported: the served tokens/s
+against the offline batch-32 rate of the same engine (attnkit float32, eager or compiled; runs before the server's
+steps were compiled, at ``354f4e9`` and earlier, served compiled prompts only), and the time to the first streamed
+token at one client against one forward pass of the prompt, timed offline in a fresh process:
+``LanguageModel.step`` on the prompt (eager), and the compiled prompt pass (what ``--engine compiled`` serves with).
 
 Targets (issue 37): attnkit >= 2x transformers; >= 1x CTranslate2 float32 and >= 0.8x int8 at batch 1;
 32 served streams >= 0.8x the offline batch; time to first token <= 1.5x a forward pass of the prompt.
@@ -301,15 +302,19 @@ async def served_load(port: int, texts: list[str]) -> tuple[list[tuple[float, fl
     return list(results), time.perf_counter() - start
 
 
+def serve_arguments(run: Path, port: int, threads: int, device: str, compiled: bool) -> list[str]:
+    """The ``attnkit`` arguments of the served rows' server."""
+    return ["serve", str(run), "--port", str(port), "--threads", str(threads), "--max-streams", str(2 * STREAMS),
+            "--max-batch", str(STREAMS), "--device", device] + (["--engine", "compiled"] if compiled else [])
+
+
 @contextmanager
 def serving(run: Path, threads: int, device: str = "cpu", compiled: bool = False) -> Iterator[int]:
     """``attnkit serve RUN`` at ``threads`` threads on a free port (yielded once it answers), stopped after;
-    ``compiled``: with ``--compile``."""
+    ``compiled``: with ``--engine compiled``."""
     port = free_port()
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
-    server = subprocess.Popen([*ATTNKIT, "serve", str(run), "--port", str(port), "--threads", str(threads),
-                               "--max-streams", str(2 * STREAMS), "--max-batch", str(STREAMS),
-                               "--device", device] + (["--compile"] if compiled else []), env=env,
+    server = subprocess.Popen([*ATTNKIT, *serve_arguments(run, port, threads, device, compiled)], env=env,
                               stdout=subprocess.DEVNULL)
     try:
         import httpx
@@ -331,7 +336,7 @@ def serving(run: Path, threads: int, device: str = "cpu", compiled: bool = False
 
 def served(run: Path, threads: int, repeats: int, device: torch.device, compiled: bool = False) -> dict:
     """One client, then :data:`STREAMS` concurrent ones, against ``attnkit serve RUN`` (``compiled``: with
-    ``--compile``, whose warm-up request waits for the prompt pass to be compiled or loaded)."""
+    ``--engine compiled``, which compiles or loads its programs before it answers)."""
     with serving(run, threads, device.type, compiled) as port:
         asyncio.run(served_load(port, prompts(1)))  # warm-up
         single, many = [], []
@@ -341,7 +346,7 @@ def served(run: Path, threads: int, repeats: int, device: torch.device, compiled
             results, wall = asyncio.run(served_load(port, prompts(STREAMS)))
             many.append({"tok_s": sum(r[2] for r in results) / wall, "ttft_s_median": sorted(r[0] for r in results)
                          [len(results) // 2]})
-            print(f"served{' --compile' if compiled else ''}, {threads} thread(s): 1 client {single[-1]['tok_s']:.0f} "
+            print(f"served{' compiled' if compiled else ''}, {threads} thread(s): 1 client {single[-1]['tok_s']:.0f} "
                   f"tok/s, first token {single[-1]['ttft_s'] * 1000:.1f} ms; {STREAMS} streams "
                   f"{many[-1]['tok_s']:.0f} tok/s", flush=True)
         return {"threads": threads, "compiled": compiled, "client": CLIENT, "single": single, "streams": many}
@@ -350,8 +355,8 @@ def served(run: Path, threads: int, repeats: int, device: torch.device, compiled
 def prompt_forward_seconds(run: Path, threads: int, device: torch.device, compiled: bool = False,
                            repeats: int = 20) -> float:
     """The median time of one forward pass over a prompt (``LanguageModel.step`` from an empty cache; ``compiled``:
-    the compiled prompt pass that ``attnkit serve --compile`` runs), its logits read back to the host as a served
-    first token's are."""
+    the compiled prompt pass that ``attnkit serve --engine compiled`` runs), its logits read back to the host as a
+    served first token's are."""
     from attnkit.engine import to_eager
     from attnkit.engine.compiled_decoding import CompiledDecoder
     torch.set_num_threads(threads)
@@ -455,7 +460,9 @@ def markdown_table(runs: list[dict]) -> str:
                 out.append("Compiling (each compiled contender's warm-up pass, at each thread count and batch size): "
                            + "; ".join(f"{name} {min(x):.0f} to {max(x):.0f} s" for name, x in first.items()) + ".")
         if run["served"]:
-            offline32 = best(rows, "attnkit float32", 32)[0]
+            offline32 = {False: best(rows, "attnkit float32", 32)[0]}
+            if any(r["contender"] == "attnkit compiled float32" and r["batch"] == 32 for r in rows):
+                offline32[True] = best(rows, "attnkit compiled float32", 32)[0]
             served_rows = []
             compiled_forward = run.get("prompt_forward_compiled_s", {})
             for s in run["served"]:
@@ -463,14 +470,15 @@ def markdown_table(runs: list[dict]) -> str:
                 ttft = sorted(x["ttft_s"] for x in s["single"])[len(s["single"]) // 2]
                 rate = sorted(x["tok_s"] for x in s["streams"])[len(s["streams"]) // 2]
                 other = compiled_forward.get(str(s["threads"]))
-                served_rows.append([s["threads"], "--compile" if s.get("compiled") else "eager",
+                offline = offline32.get(bool(s.get("compiled")), offline32[False])
+                served_rows.append([s["threads"], "compiled" if s.get("compiled") else "eager",
                                     f"{ttft * 1000:.1f} ms", f"{forward * 1000:.1f} ms", f"{ttft / forward:.2f}x",
                                     f"{other * 1000:.1f} ms" if other else "-",
                                     f"{ttft / other:.2f}x" if other else "-",
-                                    f"{rate:.0f}", f"{rate / offline32:.2f}x"])
+                                    f"{rate:.0f}", f"{rate / offline:.2f}x"])
             out.append(markdown(["threads", "server", "first token, 1 client", "forward pass (eager)", "ratio",
                                  "forward pass (compiled)", "ratio", f"{STREAMS} streams tok/s",
-                                 "of the offline batch 32 (eager)"], served_rows, "rlrrrrrrr"))
+                                 "of the offline batch 32 (same engine)"], served_rows, "rlrrrrrrr"))
             out.append(f"Streaming client: {run['served'][0].get('client', 'httpx')}.")
         m = run["model"]
         where = f"GPU: {run['gpu']} (host CPU {run['cpu']}; bf16: " if run.get("gpu") else f"CPU: {run['cpu']} (bf16: "

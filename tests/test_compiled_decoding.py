@@ -15,10 +15,11 @@ from attnkit.common.errors import UserError
 from attnkit.engine import aot, compiled_decoding, to_eager
 from attnkit.engine.aot import matvec_linear
 from attnkit.engine.compiled_decoding import CompiledDecoder, StaticKVCache, static_mask
+from attnkit.engine.continuous_lm import CompiledContinuousSampler
 from attnkit.lm import LanguageModel, LMConfig
 from attnkit.multihead import KVCache
 from attnkit.sampling import generate
-from test_continuous_lm import CONFIGS, MAX_LEN, VOCAB
+from test_continuous_lm import CONFIGS, MAX_LEN, VOCAB, alone, requests, run_staggered
 from test_continuous_lm import make_lm as continuous_lm
 from test_lm_model import (
     one_thread,  # noqa: F401  (autouse: one intra-op thread for this module's tiny tensors)
@@ -176,7 +177,8 @@ def test_the_compiled_step_equals_the_textbook_step(name: str, batches: tuple[in
             for t in range(5, sequence.size(1)):
                 logits, state = decoder.step(sequence[:, t: t + 1], state)
             torch.testing.assert_close(logits, reference(sequence)[:, -1], atol=1e-4, rtol=1e-4)
-    assert sorted((B, len(steps)) for (B, *_), steps in decoder.steps.items()) == [(B, 1) for B in batches]
+    [(key, steps)] = decoder.steps.items()  # a step for one row, and one for any batch from two rows
+    assert sorted(s.ranges["batch"][0] for s in steps) == [min(B, 2) for B in batches]
     [prefills] = decoder.prefills.values()  # the prompt's pass: a batch of one is its own, 3 rows another
     assert sorted(p.ranges["batch"][0] for p in prefills) == [min(B, 2) for B in batches]
     assert all(p.holds(length=5) for p in prefills)
@@ -191,7 +193,34 @@ def test_the_compiled_step_equals_the_textbook_step(name: str, batches: tuple[in
     prompt = prompts(1, 5).tolist()
     ours = torch.stack(list(generate(decoder, prompt, 20, temperature=0.0, ignore_eos=True)), 1)
     assert torch.equal(ours, torch.stack(list(generate(reference, prompt, 20, temperature=0.0, ignore_eos=True)), 1))
-    assert len(decoder.steps) == len(batches)  # nothing compiled again: the programs read the weights in place
+    assert len(decoder.steps[key]) == len(batches)  # nothing compiled again: the programs read the weights in place
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_continuous_rows_in_static_buffers_are_continued_as_generate_alone(name: str) -> None:
+    """The compiled sampler's bookkeeping (rows left-aligned in static buffers, joined and taken out), through the
+    same step run eagerly (``compile=False``): rows that join and leave get ``generate``'s tokens, greedy and
+    seeded, for every kind of positions and a window."""
+    model = continuous_lm(True, **CONFIGS[name])
+    reqs = requests(12)
+    got = run_staggered(CompiledContinuousSampler(CompiledDecoder(model, compile=False)), reqs)
+    assert sorted(got) == list(range(len(reqs)))
+    for i, r in enumerate(reqs):
+        assert got[i] == alone(model, r), f"request {i} ({r['sampling']})"
+    assert len({len(tokens) for tokens in got.values()}) > 2  # rows ended at different steps
+
+
+def test_compiled_continuous_rows_are_generate_s_and_compile_two_steps() -> None:
+    """Compiled: rows joining and leaving (batches of 1 to 6 rows, positions from 1 to past the first capacity) get
+    ``generate``'s tokens, and the whole run compiles one step for one row and one for every larger batch."""
+    model = continuous_lm(True, **CONFIGS["rope-gqa-window3"])
+    decoder = CompiledDecoder(model)
+    reqs = [{**r, "max_new_tokens": r["max_new_tokens"] * 4} for r in requests(10)]  # past 64 positions
+    got = run_staggered(CompiledContinuousSampler(decoder), reqs, join_every=5)
+    for i, r in enumerate(reqs):
+        assert got[i] == alone(model, r), f"request {i} ({r['sampling']})"
+    [steps] = decoder.steps.values()
+    assert sorted(s.ranges["batch"][0] for s in steps) == [1, 2]
 
 
 def test_a_compiled_step_runs_a_bf16_model_and_refuses_autocast() -> None:

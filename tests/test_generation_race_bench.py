@@ -120,3 +120,14 @@ def test_every_contender_names_a_weight_format_with_a_limit(bench, tmp_path: Pat
     assert len(specs) == len({s.name for s in specs}) == 8 + 1 + 2 + 3  # attnkit's modes, transformers, CT2, llama.cpp
     assert {s.weights for s in specs} <= bench.bandwidth.FORMATS.keys()
     assert specs[0].name == "attnkit reference float32"  # the agreement's yardstick
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_the_served_rows_start_attnkit_serve_with_arguments_it_accepts(compiled: bool) -> None:
+    """generate_race.py's served rows start ``attnkit serve`` with options it has (its ``--compile`` was renamed
+    ``--engine compiled`` once, and the served rows would have failed)."""
+    from attnkit.cli import build_parser
+
+    race = load_script("benchmarks/generate_race.py", "generate_race_bench")
+    args = build_parser().parse_args(race.serve_arguments(Path("runs/lm"), 8000, 2, "cpu", compiled))
+    assert args.engine == ("compiled" if compiled else "eager") and args.max_batch == race.STREAMS

@@ -102,10 +102,11 @@ def add(sub: argparse._SubParsersAction) -> None:
                         "compares the two); beam search, attention, classification and "
                         "CTranslate2 exports always run in whole batches, and a language model's generations "
                         "always continuously")
-    add_engine_options(p, "language-model runs: eager, and each prompt's pass compiled ahead of time (torch.export "
-                          "and AOTInductor; seconds of compiling before the first request is served, the code kept "
-                          "in $ATTNKIT_CACHE/compiled-steps): faster first tokens; other runs as eager. Each run is "
-                          "loaded this way; a CTranslate2 export computes as it was exported")
+    add_engine_options(p, "language-model runs: eager, and each prompt's pass and the running rows' steps "
+                          "compiled ahead of time (torch.export and AOTInductor; seconds to minutes of compiling "
+                          "before the first request is served, the code kept in $ATTNKIT_CACHE/compiled-steps); "
+                          "other runs as eager. Each run is loaded this way; a CTranslate2 export computes as it was "
+                          "exported")
     add_device_option(p, "language-model runs (translation, classification and CTranslate2 exports are served "
                          "on the CPU)")
     p.add_argument("--api-key", metavar="KEY",

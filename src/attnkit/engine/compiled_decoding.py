@@ -222,16 +222,17 @@ class CompiledPass:
 
 def compile_step(decoder: CompiledDecoder, tokens: Tensor, pos: Tensor, span: Tensor, keys: list[Tensor],
                  values: list[Tensor]) -> CompiledPass:
-    """:meth:`CompiledDecoder.decode_step` for this batch size and dtype, compiled ahead of time (AOTInductor) as
-    :class:`StepInput`, one :class:`LayerStep` program loaded once per layer, and :class:`StepOutput`, for every span
-    and capacity in the range the traced code allows (``ranges["span"]``).
+    """:meth:`CompiledDecoder.decode_step` for this dtype, compiled ahead of time (AOTInductor) as
+    :class:`StepInput`, one :class:`LayerStep` program loaded once per layer, and :class:`StepOutput`, for every span,
+    capacity and batch size in the ranges the traced code allows (``ranges["span"]``, ``ranges["batch"]``).
 
-    The span (``L``) and the buffers' capacity are dimensions of their own; a one-row step has
-    :func:`~.aot.matvec_linear` for ``nn.Linear``."""
+    The batch size is free from two rows up (a continuous batch changes it at every join and end); a one-row step
+    is a program of its own, with :func:`~.aot.matvec_linear` for ``nn.Linear``."""
     B, L = tokens.size(0), span.size(0)
     auto = torch.export.Dim.AUTO
-    before = compile_module(decoder.input, (tokens, pos, span), (None, None, {0: auto}), {"span": ("span", 0)},
-                            matvec=False)
+    rows = None if B == 1 else auto  # one row is a program of its own (matrix-vector loops); more rows share one
+    before = compile_module(decoder.input, (tokens, pos, span), ({0: rows}, {0: rows}, {0: auto}),
+                            {"span": ("span", 0), "batch": ("tokens", 0)}, matvec=False)
     with torch.no_grad():
         x, mask = decoder.input(tokens, pos, span)  # (B, 1, d_model), (B, 1, 1, L): the layers' inputs
 
@@ -240,8 +241,9 @@ def compile_step(decoder: CompiledDecoder, tokens: Tensor, pos: Tensor, span: Te
         return buffer.new_zeros(B, H, L + 1, d)
 
     layers = compile_modules(decoder.layer_steps, (x, pos, mask, example(keys[0]), example(values[0])),
-                             (None, None, {3: auto}, {2: auto}, {2: auto}), {"span": ("mask", 3)}, matvec=B == 1)
-    after = compile_module(decoder.output, (x,), (None,), {}, matvec=B == 1)
+                             ({0: rows}, {0: rows}, {0: rows, 3: auto}, {0: rows, 2: auto}, {0: rows, 2: auto}),
+                             {"span": ("mask", 3), "batch": ("x", 0)}, matvec=B == 1)
+    after = compile_module(decoder.output, (x,), ({0: rows},), {"batch": ("hidden", 0)}, matvec=B == 1)
     return CompiledPass(layers, before, after)
 
 
@@ -292,7 +294,7 @@ class CompiledDecoder:
         layers = self.model.layers
         self.layer_steps: list[nn.Module] = [LayerStep(layer) for layer in layers]
         self.layer_prefills: list[nn.Module] = [LayerPrefill(layer, self.model.self_mask) for layer in layers]
-        #: compiled steps by (batch size, dtype, device, training), each for a range of spans
+        #: compiled steps by (dtype, device, training), each for ranges of spans and batch sizes
         self.steps: dict[tuple, list[CompiledPass]] = {}
         #: compiled prompt passes by (dtype, device, training), each for ranges of batch sizes and lengths
         self.prefills: dict[tuple, list[CompiledPass]] = {}
@@ -329,8 +331,8 @@ class CompiledDecoder:
         if caches and type(caches[0]) is StaticKVCache and tokens.size(1) == 1:  # a decoding step: kept lean
             return self._advance(tokens, state)
         if not (caches and isinstance(caches[0], StaticKVCache)):
-            if self.compile and state.length == 0:
-                logits, state = self.prefill(tokens)  # the prompt, compiled
+            if state.length == 0:
+                logits, state = self.prefill(tokens)  # the prompt (compiled, when compiling)
             else:
                 logits, state = self.model.step(tokens, state)  # eager
             capacity = self.capacity_for(state.length + 1)
@@ -372,11 +374,13 @@ class CompiledDecoder:
         if not self.compile:
             return self.decode_step(tokens, pos, self.span(n), keys, values)
         refuse_autocast(first.device)
-        key = (tokens.size(0), first.dtype, first.device, self.model.training)
+        B = tokens.size(0)
+        key = (B, first.dtype, first.device, self.model.training)
         last = self._last.get(key)  # (program, its least span, its most span): most often the one
         if last is None or not (last[1] <= capacity and n <= last[2]):
-            steps = self.steps.setdefault(key, [])
-            step = next((s for s in steps if s.ranges["span"][0] <= capacity and n <= s.ranges["span"][1]), None)
+            steps = self.steps.setdefault(key[1:], [])
+            step = next((s for s in steps if s.ranges["span"][0] <= capacity and n <= s.ranges["span"][1]
+                         and s.holds(batch=B)), None)
             if step is None:
                 step = compile_step(self, tokens, pos, self.span(n), keys, values)
                 steps.append(step)
@@ -400,10 +404,12 @@ class CompiledDecoder:
 
     def prefill(self, tokens: Tensor) -> tuple[Tensor, LMState]:
         """``model.step(tokens, model.init_state())`` through the compiled prompt pass for the prompts' batch size
-        and length (compiled on first use): the last position's logits ``(B, V)`` and a state whose caches are the
-        textbook's, each layer's ``(B, H_kv, T, d)``. A one-token prompt, which the traced code takes apart (one
-        query needs no look-ahead mask), runs eagerly unless a program holds it: it is one step, not worth the
-        seconds of compiling (on a server, while its request waits)."""
+        and length (compiled on first use; eager when not compiling): the last position's logits ``(B, V)`` and a
+        state whose caches are the textbook's, each layer's ``(B, H_kv, T, d)``. A one-token prompt, which the
+        traced code takes apart (one query needs no look-ahead mask), runs eagerly unless a program holds it: it is
+        one step, not worth the seconds of compiling (on a server, while its request waits)."""
+        if not self.compile:
+            return self.model.step(tokens, textbook_state(self.model))
         weight = next(self.model.parameters())
         refuse_autocast(weight.device)
         key = (weight.dtype, weight.device, self.model.training)

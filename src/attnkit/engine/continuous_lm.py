@@ -22,6 +22,10 @@ against ``generate``, joining mid-way, for every kind of positions and a window)
 reports) or after ``max_new_tokens``, or when :meth:`ContinuousSampler.drop` takes it out (a stop string, a
 client gone); its cache rows leave the batch, and the leading columns no row needs any more are cut.
 
+:class:`CompiledContinuousSampler` runs the same rows through a compiled prompt pass and a compiled step
+(:mod:`~attnkit.engine.compiled_decoding`), whose static buffers keep each row's keys left-aligned instead: there a
+row's column is its position, and the mask is each row's ``s <= pos`` (and window).
+
 A row whose choice fails (its sampling options refused by torch, non-finite logits) ends alone, with a
 :class:`Token` that carries the error; the other rows go on. A failing model call fails the rows it computes:
 a prefill only its prompts (the running batch is left as it was), a step every running row.
@@ -29,7 +33,6 @@ a prefill only its prompts (the running batch is left as it was), a step every r
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -40,10 +43,10 @@ from ..lm import LanguageModel, LMState
 from ..multihead import KVCache
 from ..sampling import choose_next
 from ..vocab import EOS_ID, PAD_ID
-from .compiled_decoding import embed_at
+from .compiled_decoding import CompiledDecoder, StaticKVCache, embed_at
 from .continuous import RunningRows
 
-__all__ = ["ContinuousSampler", "Sampling", "Token"]
+__all__ = ["CompiledContinuousSampler", "ContinuousSampler", "Sampling", "Token"]
 
 #: Why a row ended: it chose ``</s>``, it used its ``max_new_tokens``, or it could not choose (``Token.error``).
 FinishReason = Literal["eos", "length", "error"]
@@ -86,18 +89,16 @@ class ContinuousSampler(RunningRows):
     """Sampling of a changing set of prompts (see the module docstring).
 
     ``add(prompt, ...)`` -> the prompt's first :class:`Token` (its ``handle`` names the row; ``add_many`` starts
-    prompts of one length with one prefill: ``prefill(tokens)``, the same as ``model.step`` from an empty cache,
-    e.g. :meth:`~attnkit.engine.compiled_decoding.CompiledDecoder.prefill`; default the model's step);
-    ``step()`` -> a token for every running row; ``drop(handles)`` takes rows out. Not thread-safe: one thread
-    drives it (the server's model worker). Runs under ``torch.inference_mode``.
+    prompts of one length with one prefill, :meth:`_prefill`); ``step()`` -> a token for every running row
+    (:meth:`_forward`); ``drop(handles)`` takes rows out. Not thread-safe: one thread drives it (the server's model
+    worker). Runs under ``torch.inference_mode``. :class:`CompiledContinuousSampler` runs the same rows through
+    compiled programs.
     """
 
-    def __init__(self, model: LanguageModel, prefill: Callable[[Tensor], tuple[Tensor, LMState]] | None = None
-                 ) -> None:
+    def __init__(self, model: LanguageModel) -> None:
         if not isinstance(model, LanguageModel):
             raise TypeError(f"continuous sampling needs a LanguageModel, got {type(model).__name__}")
         self.model = model
-        self.prefill = prefill
         self.cache_type = type(model.init_state().caches[0]) if len(model.layers) else KVCache
         self.window = model.cfg.window
         self._next_handle = 0
@@ -135,12 +136,17 @@ class ContinuousSampler(RunningRows):
             rows.append(_Row(self._next_handle, budget, sampling, generator))
             self._next_handle += 1
         tokens = torch.tensor(prompts, device=device)  # (G, L)
-        logits, state = self.prefill(tokens) if self.prefill else model.step(tokens, model.init_state())  # (G, V)
+        logits, state = self._prefill(tokens)  # (G, V)
         tokens = self._choose(rows, logits)
         going = [i for i, token in enumerate(tokens) if token.finish is None]
         if going:
             self._merge(state, going, [rows[i] for i in going], [tokens[i].id for i in going])
         return tokens
+
+    def _prefill(self, tokens: Tensor) -> tuple[Tensor, LMState]:
+        """The prompts ``tokens`` ``(G, L)`` from an empty cache: the last position's logits ``(G, V)`` and the state
+        (:meth:`~attnkit.lm.LanguageModel.step`)."""
+        return self.model.step(tokens, self.model.init_state())
 
     def _merge(self, state: LMState, index: list[int], rows: list[_Row], tokens: list[int]) -> None:
         """Append fresh rows (rows ``index`` of a prefill's cache ``(G, H_kv, L, d_k)``) to the batch
@@ -159,6 +165,18 @@ class ContinuousSampler(RunningRows):
         """Feed every running row its last token; each row's next token (rows that ended leave the batch)."""
         if not self.rows:
             return []
+        B = len(self.rows)
+        logits = self._forward()  # (B, V)
+        tokens = self._choose(self.rows, logits)
+        self.prev = torch.tensor([tk.id for tk in tokens], device=logits.device)
+        ended = {i for i, tk in enumerate(tokens) if tk.finish is not None}
+        if ended:
+            self._keep([i for i in range(B) if i not in ended])
+        return tokens
+
+    def _forward(self) -> Tensor:
+        """Every running row's last token through the model at its own position: the logits ``(B, V)``; the caches
+        and positions move one on."""
         model = self.model
         B, t = len(self.rows), self.width
         x = embed_at(model, self.prev[:, None], self.pos, int(self.pos.max()) + 1)  # (B, 1, d_model)
@@ -168,14 +186,8 @@ class ContinuousSampler(RunningRows):
             mask = mask & (torch.arange(t + 1, device=x.device) > t - self.window)
         mask = mask[:, None, None, :]  # (B, 1, 1, t + 1)
         hidden, _, caches = model.decode_layers(x, mask, self.caches, offset=self.pos)  # (B, 1, d_model)
-        logits = model.out_proj(hidden[:, 0])  # (B, V)
         self.caches, self.valid, self.pos = caches, keys, self.pos + 1
-        tokens = self._choose(self.rows, logits)
-        self.prev = torch.tensor([tk.id for tk in tokens], device=x.device)
-        ended = {i for i, tk in enumerate(tokens) if tk.finish is not None}
-        if ended:
-            self._keep([i for i in range(B) if i not in ended])
-        return tokens
+        return model.out_proj(hidden[:, 0])  # (B, V)
 
     def _choose(self, rows: list[_Row], logits: Tensor) -> list[Token]:
         """Each row's next token from its logits ``(R, V)``, with its own sampling and generator; a row whose choice
@@ -215,3 +227,80 @@ class ContinuousSampler(RunningRows):
     def _keep(self, keep: list[int]) -> None:
         """Keep only the rows ``keep``; drop the leading key columns no kept row uses."""
         self._select(keep)
+
+
+class CompiledContinuousSampler(ContinuousSampler):
+    """:class:`ContinuousSampler` through a :class:`~attnkit.engine.compiled_decoding.CompiledDecoder`: prompts go
+    through its compiled prompt pass, steps through its compiled one-token step (``attnkit serve --engine
+    compiled``; with ``--quantize int8`` the decoder's model holds int8 weights).
+
+    The compiled step reads static buffers, so the running rows keep theirs differently: each row's keys sit
+    **left-aligned** in buffers ``(B, H_kv, capacity, d)`` (row ``b``'s key of position ``s`` in column ``s``), and
+    :func:`~attnkit.engine.compiled_decoding.static_mask` at each row's own ``pos`` hides the columns it has not
+    written (beyond its position, or left there by a row that held its slot before), so a row computes what it
+    would alone. A joining row's prompt cache is copied into a fresh buffer row; a row that ends is taken out with
+    ``index_select``; the capacity doubles when the furthest row reaches it. The step is compiled once for one row
+    and once for any number of rows from two (the batch size is a dimension of that program), so rows joining and
+    leaving compile nothing new."""
+
+    def __init__(self, decoder: CompiledDecoder) -> None:
+        super().__init__(decoder.model)
+        self.decoder = decoder
+
+    @property
+    def width(self) -> int:
+        """Cached positions of the running batch (the furthest row's)."""
+        return 0 if self.pos is None else int(self.pos.max())
+
+    def _prefill(self, tokens: Tensor) -> tuple[Tensor, LMState]:
+        return self.decoder.prefill(tokens)
+
+    def _merge(self, state: LMState, index: list[int], rows: list[_Row], tokens: list[int]) -> None:
+        """Copy rows ``index`` of a prefill's cache ``(G, H_kv, L, d)`` into buffer rows of the running capacity
+        (grown to fit, all made before any is kept), appended to the batch."""
+        L = state.length
+        device = state.caches[0].k.device
+        keep = torch.tensor(index, device=device)
+        capacity = self.decoder.capacity_for(max(L, self.width) + 1)
+        if self.caches:
+            capacity = max(capacity, self.caches[0].k.size(2))
+        caches = []
+        for i, new in enumerate(state.caches):
+            fresh = StaticKVCache.of(KVCache(new.k.index_select(0, keep), new.v.index_select(0, keep)), capacity)
+            if self.caches:
+                own = self.caches[i]
+                fresh = KVCache(torch.cat([_widen(own.k, capacity), fresh.k]), torch.cat([_widen(own.v, capacity),
+                                                                                          fresh.v]))
+            caches.append(KVCache(fresh.k, fresh.v))
+        prev = torch.tensor(tokens, device=device)
+        pos = torch.full((len(rows),), L, device=device)  # the first new token sits at position L
+        if self.rows:
+            prev, pos = torch.cat([self.prev, prev]), torch.cat([self.pos, pos])
+        self.caches, self.prev, self.pos = caches, prev, pos
+        self.rows.extend(rows)
+
+    def _forward(self) -> Tensor:
+        caches = [StaticKVCache(c.k, c.v, self.pos) for c in self.caches]
+        logits, state = self.decoder.step(self.prev[:, None], LMState(caches, self.width))  # (B, V)
+        self.caches = [KVCache(c.k, c.v) for c in state.caches]  # the same buffers, or grown ones
+        self.pos = self.pos + 1
+        return logits
+
+    def _select(self, keep: list[int]) -> Tensor | None:
+        self.rows = [self.rows[i] for i in keep]
+        if not keep:
+            self._reset()
+            return None
+        index = torch.tensor(keep, dtype=torch.long, device=self.prev.device)
+        self.caches = [KVCache(c.k.index_select(0, index), c.v.index_select(0, index)) for c in self.caches]
+        self.prev, self.pos = self.prev.index_select(0, index), self.pos.index_select(0, index)
+        return index
+
+
+def _widen(buffer: Tensor, capacity: int) -> Tensor:
+    """A static buffer ``(B, H, c, d)`` with room for ``capacity >= c`` positions (the new columns zero)."""
+    if buffer.size(2) == capacity:
+        return buffer
+    wider = buffer.new_zeros(buffer.size(0), buffer.size(1), capacity, buffer.size(3))
+    wider[:, :, :buffer.size(2)] = buffer
+    return wider

@@ -42,9 +42,10 @@ from typing import Any, Literal
 import torch
 
 from ..data.tokenizer import EOS_ID, Tokenizer
-from ..engine.continuous_lm import ContinuousSampler, Sampling, Token
+from ..engine.compiled_decoding import CompiledDecoder
+from ..engine.continuous_lm import CompiledContinuousSampler, ContinuousSampler, Sampling, Token
 from ..inference.language_model import TextStream
-from ..lm import LanguageModel, LMState
+from ..lm import LanguageModel
 
 __all__ = ["ContinuousGeneration", "Generated", "GenerationJob", "generate_exported"]
 
@@ -148,13 +149,13 @@ class ContinuousStepper:
 
 class ContinuousGeneration(ContinuousStepper):
     """A run's jobs by continuous batching: the model worker's :class:`~attnkit.serve.batching.Stepper` (``start``
-    takes :class:`GenerationJob` s, each result is a :class:`Generated`). ``prefill`` runs the joining prompts
-    (:class:`ContinuousSampler`'s; ``attnkit serve --engine compiled``: compiled ahead of time)."""
+    takes :class:`GenerationJob` s, each result is a :class:`Generated`) on a :class:`ContinuousSampler`, or with
+    ``compiled`` (``attnkit serve --engine compiled``) a :class:`CompiledContinuousSampler`: prompts and steps
+    through programs compiled ahead of time."""
 
-    def __init__(self, model: LanguageModel, tok: Tokenizer,
-                 prefill: Callable[[torch.Tensor], tuple[torch.Tensor, LMState]] | None = None) -> None:
-        self.model, self.tok, self.prefill = model, tok, prefill
-        self.decoder = ContinuousSampler(model, prefill)
+    def __init__(self, model: LanguageModel, tok: Tokenizer, compiled: CompiledDecoder | None = None) -> None:
+        self.model, self.tok, self.compiled = model, tok, compiled
+        self.decoder = self._sampler()
         self._handles = count()
         self._rows: dict[int, tuple[int, _Progress]] = {}  # the sampler's handle -> (ours, the job's progress)
         self._ended: list[tuple[int, Generated | Exception]] = []  # jobs that ended outside a step (next step's)
@@ -237,8 +238,11 @@ class ContinuousGeneration(ContinuousStepper):
             self.decoder.drop([token.handle])
         self._ended.append((handle, error if error is not None else progress.result(reason)))
 
+    def _sampler(self) -> ContinuousSampler:
+        return ContinuousSampler(self.model) if self.compiled is None else CompiledContinuousSampler(self.compiled)
+
     def abandon(self) -> None:
-        self.decoder = ContinuousSampler(self.model, self.prefill)
+        self.decoder = self._sampler()
         self._rows.clear()
         self._ended.clear()
 

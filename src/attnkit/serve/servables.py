@@ -156,22 +156,24 @@ class RunServable:
         self.template: ChatTemplate | None = None
         self.end_of_turn = NO_TURNS
         if task.generates:
-            self.stepper = ContinuousGeneration(run.model, run.tok, self.compiled.prefill if self.compiled else None)
+            self.stepper = ContinuousGeneration(run.model, run.tok, self.compiled)
             if run.cfg.data.chat_template:
                 self.template = run_template(run, name)
                 ids, texts = end_of_turn(run.tok, run.cfg.data.end_of_turn)
                 self.end_of_turn = (frozenset(ids), tuple(texts))
 
     def warm_up(self) -> None:
-        """(The model's worker thread, before its first job.) Compile the prompt pass, or load it from the cache of
-        compiled code (:func:`~attnkit.engine.aot.step_cache`), for one prompt and for several: on the
-        worker's thread, where it runs, with its threads (the compiled code is made for a thread count)."""
+        """(The model's worker thread, before its first job.) Compile the prompt pass and the step, or load them from
+        the cache of compiled code (:func:`~attnkit.engine.aot.step_cache`), for one row and for several: on the
+        worker's thread, where they run, with its threads (the compiled code is made for a thread count)."""
         if self.compiled is None:
             return
         device = next(self.run.model.parameters()).device
         with torch.inference_mode():
             for rows in (1, 2):  # a batch of one is its own program; 2 stands for any more
-                self.compiled.prefill(torch.full((rows, 8), EOS_ID, device=device))
+                tokens = torch.full((rows, 8), EOS_ID, device=device)
+                _, state = self.compiled.step(tokens, self.compiled.init_state())  # the prompt pass
+                self.compiled.step(tokens[:, :1], state)  # one step
 
     def lengths(self, texts: list[str]) -> list[int]:
         return [len(ids) for ids in self.run.tok.encode_src(texts, threads=1)]  # SentencePiece only
@@ -199,7 +201,7 @@ class RunServable:
                                 beyond_context=beyond_context, default=default)
 
     def generate(self, jobs: list[GenerationJob]) -> list[Generated]:
-        return ContinuousGeneration(self.run.model, self.run.tok).run(jobs)
+        return ContinuousGeneration(self.run.model, self.run.tok, self.compiled).run(jobs)
 
 
 class ContinuousTranslation(ContinuousStepper):
