@@ -230,8 +230,8 @@ def compile_step(decoder: CompiledDecoder, tokens: Tensor, pos: Tensor, span: Te
     is a program of its own, with :func:`~.aot.matvec_linear` for ``nn.Linear``."""
     B, L = tokens.size(0), span.size(0)
     auto = torch.export.Dim.AUTO
-    rows = None if B == 1 else auto  # one row is a program of its own (matrix-vector loops); more rows share one
-    before = compile_module(decoder.input, (tokens, pos, span), ({0: rows}, {0: rows}, {0: auto}),
+    free = {0: auto} if B > 1 else {}  # one row is a program of its own (matrix-vector loops); more rows share one
+    before = compile_module(decoder.input, (tokens, pos, span), (free, free, {0: auto}),
                             {"span": ("span", 0), "batch": ("tokens", 0)}, matvec=False)
     with torch.no_grad():
         x, mask = decoder.input(tokens, pos, span)  # (B, 1, d_model), (B, 1, 1, L): the layers' inputs
@@ -241,9 +241,9 @@ def compile_step(decoder: CompiledDecoder, tokens: Tensor, pos: Tensor, span: Te
         return buffer.new_zeros(B, H, L + 1, d)
 
     layers = compile_modules(decoder.layer_steps, (x, pos, mask, example(keys[0]), example(values[0])),
-                             ({0: rows}, {0: rows}, {0: rows, 3: auto}, {0: rows, 2: auto}, {0: rows, 2: auto}),
+                             (free, free, {**free, 3: auto}, {**free, 2: auto}, {**free, 2: auto}),
                              {"span": ("mask", 3), "batch": ("x", 0)}, matvec=B == 1)
-    after = compile_module(decoder.output, (x,), ({0: rows},), {"batch": ("hidden", 0)}, matvec=B == 1)
+    after = compile_module(decoder.output, (x,), (free,), {"batch": ("hidden", 0)}, matvec=B == 1)
     return CompiledPass(layers, before, after)
 
 
