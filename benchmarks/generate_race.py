@@ -349,7 +349,8 @@ def served(run: Path, threads: int, repeats: int, device: torch.device, compiled
             print(f"served{' compiled' if compiled else ''}, {threads} thread(s): 1 client {single[-1]['tok_s']:.0f} "
                   f"tok/s, first token {single[-1]['ttft_s'] * 1000:.1f} ms; {STREAMS} streams "
                   f"{many[-1]['tok_s']:.0f} tok/s", flush=True)
-        return {"threads": threads, "compiled": compiled, "client": CLIENT, "single": single, "streams": many}
+        return {"threads": threads, "compiled": compiled, "steps": "compiled" if compiled else "eager",
+                "client": CLIENT, "single": single, "streams": many}
 
 
 def prompt_forward_seconds(run: Path, threads: int, device: torch.device, compiled: bool = False,
@@ -470,8 +471,10 @@ def markdown_table(runs: list[dict]) -> str:
                 ttft = sorted(x["ttft_s"] for x in s["single"])[len(s["single"]) // 2]
                 rate = sorted(x["tok_s"] for x in s["streams"])[len(s["streams"]) // 2]
                 other = compiled_forward.get(str(s["threads"]))
-                offline = offline32.get(bool(s.get("compiled")), offline32[False])
-                served_rows.append([s["threads"], "compiled" if s.get("compiled") else "eager",
+                steps = s.get("steps") == "compiled"  # earlier servers compiled their prompts only
+                offline = offline32.get(steps, offline32[False])
+                server = "compiled" if steps else "compiled prompts" if s.get("compiled") else "eager"
+                served_rows.append([s["threads"], server,
                                     f"{ttft * 1000:.1f} ms", f"{forward * 1000:.1f} ms", f"{ttft / forward:.2f}x",
                                     f"{other * 1000:.1f} ms" if other else "-",
                                     f"{ttft / other:.2f}x" if other else "-",
