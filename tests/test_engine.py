@@ -7,9 +7,16 @@ curves over 50 updates with dropout 0.
 
 from __future__ import annotations
 
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
+import attnkit
 from attnkit import MultiHeadAttention, Transformer, attend, preset, soft_attention
 from attnkit.engine import ByteDropout, SharedMemoryState, fast_attend, to_eager
 from attnkit.engine.attention import BF16_SOFTMAX_CPU_MIN_KEYS, FUSED_BF16_CPU_MIN_KEYS, soft_attention_in_dtype
@@ -239,3 +246,31 @@ def test_a_growing_cache_holds_what_concatenation_holds_through_every_growth_and
         grown = growing.append(k, torch.randn(3, 2, 1, 6))
         grown.k.sum().backward()
         assert k.grad is not None and type(grown) is KVCache
+
+
+HOLD_AND_COUNT_FAULTS = """
+import resource, sys, torch
+from attnkit.engine.memory import hold_freed_memory
+if sys.argv[1] == "hold" and not hold_freed_memory():
+    raise SystemExit("not set")
+def faults():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(2):
+    before = faults()
+    torch.empty(16 << 20).fill_(1.0)  # 64 MB, freed at once
+    print(faults() - before)
+"""
+
+
+@pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="glibc's malloc only")
+def test_held_memory_serves_the_next_tensor_without_page_faults() -> None:
+    """After hold_freed_memory a freed 64 MB tensor's pages serve the next one (16,384 pages: a few faults at most);
+    glibc's default maps and faults them in again (a block that large is always mmap'd)."""
+    counts = {}
+    for mode in ("default", "hold"):
+        done = subprocess.run([sys.executable, "-c", HOLD_AND_COUNT_FAULTS, mode], capture_output=True, text=True,
+                              check=True, env={**os.environ, "PYTHONPATH": str(Path(attnkit.__file__).parents[1])})
+        counts[mode] = [int(n) for n in done.stdout.split()]
+    pages = (64 << 20) // 4096
+    assert counts["default"][1] > pages // 2  # faulted in again
+    assert counts["hold"][1] < pages // 16  # reused

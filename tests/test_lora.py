@@ -32,6 +32,7 @@ from attnkit.config.loader import load_config
 from attnkit.config.schema import RunConfig
 from attnkit.data.chat_template import ChatTemplate
 from attnkit.engine import Engine, FusedLMLoss, to_eager
+from attnkit.engine.lora import EagerLoRALinear
 from attnkit.engine.quantize import quantize_int8
 from attnkit.inference.conversations import conversation_messages, encode_conversation
 from attnkit.lm import LanguageModel, LMConfig
@@ -134,6 +135,48 @@ def test_the_engine_trains_an_adapted_model_as_the_reference_does(scored):
     torch.testing.assert_close(loss, ref_loss, atol=1e-4, rtol=1e-5)
     for name, grad in ref_grads.items():
         torch.testing.assert_close(grads[name], grad, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.25])
+@pytest.mark.parametrize("targets", [["q", "v"], ["attention", "feed_forward"]])
+def test_the_engine_lora_layer_equals_the_modules_it_replaces(dropout, targets):
+    """EagerLoRALinear (one autograd node) against LoRALinear's modules with the engine's ByteDropout: with one seed
+    they drop the same inputs, so loss and every adapter's gradient agree; the frozen base gets no gradient."""
+    x = torch.randint(4, 40, (3, 12))
+    results = []
+    for fused in (False, True):
+        model = to_eager(apply_lora(tiny_lm(**LLAMA_LIKE), LoRAConfig(rank=2, dropout=dropout, targets=targets)))
+        random_adapters(model)
+        layers = [m for m in model.modules() if isinstance(m, LoRALinear)]
+        assert all(type(m) is EagerLoRALinear for m in layers)
+        if not fused:  # the reference's modules, the engine's dropout
+            for m in layers:
+                m.__class__ = LoRALinear
+        model.train()
+        torch.manual_seed(3)
+        loss = FusedLMLoss(model)(x[:, :-1], x[:, 1:], 0.1)
+        loss.backward()
+        assert all(p.grad is None for p in model.parameters() if not p.requires_grad)
+        results.append((loss.detach(), {n: p.grad for n, p in model.named_parameters() if p.requires_grad}))
+    (ref_loss, ref_grads), (loss, grads) = results
+    torch.testing.assert_close(loss, ref_loss, atol=1e-4, rtol=1e-5)
+    assert grads.keys() == ref_grads.keys()
+    for name, grad in ref_grads.items():
+        torch.testing.assert_close(grads[name], grad, atol=1e-5, rtol=1e-4)
+
+
+def test_the_engine_lora_layer_keeps_the_gradient_of_a_base_that_trains():
+    layer = LoRALinear(nn.Linear(6, 5), {"all": (0, 5)}, rank=2, alpha=4.0)
+    random_adapters(layer)
+    layer.base.requires_grad_(True)
+    x = torch.randn(4, 6)
+    layer(x).square().sum().backward()
+    expected = {n: p.grad.clone() for n, p in layer.named_parameters()}
+    layer.zero_grad()
+    layer.__class__ = EagerLoRALinear
+    layer(x).square().sum().backward()
+    for name, p in layer.named_parameters():
+        torch.testing.assert_close(p.grad, expected[name])
 
 
 @pytest.mark.parametrize("lora, needle", [

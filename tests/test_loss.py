@@ -36,6 +36,25 @@ def test_equals_linear_then_cross_entropy(bias: bool, eps: float, chunk: int) ->
         torch.testing.assert_close(g, t.grad, atol=1e-5, rtol=1e-4)
 
 
+@pytest.mark.parametrize("frozen", [("weight",), ("weight", "bias"), ("hidden",)])
+def test_only_the_wanted_gradients_are_formed(frozen: tuple[str, ...]) -> None:
+    """A frozen output layer (a LoRA run's) gets no gradient, and the others are still exact."""
+    hidden, weight, b, targets = inputs(True, seed=3)
+    named = {"hidden": hidden, "weight": weight, "bias": b}
+    for name in frozen:
+        named[name].requires_grad_(False)
+    linear_cross_entropy(hidden, weight, b, targets, label_smoothing=0.1, chunk=8).backward()
+    got = {n: t.grad for n, t in named.items()}
+    for t in named.values():
+        t.grad = None
+    F.cross_entropy(F.linear(hidden, weight, b), targets, label_smoothing=0.1, reduction="sum").backward()
+    for name, t in named.items():
+        if name in frozen:
+            assert got[name] is None
+        else:
+            torch.testing.assert_close(got[name], t.grad, atol=1e-5, rtol=1e-4)
+
+
 def test_tied_weight_gradients_add_up() -> None:
     hidden, weight, _, targets = inputs(False, seed=1)
     tokens = torch.randint(0, 50, (5,))

@@ -22,7 +22,8 @@ M_ARENA_MAX = -8
 
 
 @functools.cache
-def _libc() -> ctypes.CDLL | None:
+def glibc() -> ctypes.CDLL | None:
+    """The C library when it is glibc (it has ``malloc_trim`` and ``mallopt``), else None."""
     name = ctypes.util.find_library("c")
     try:
         libc = ctypes.CDLL(name) if name else None
@@ -35,7 +36,7 @@ def _libc() -> ctypes.CDLL | None:
 def release_free_memory() -> bool:
     """Return the free pages of every malloc heap, and the main heap's free top, to the system; False where the
     C library cannot."""
-    libc = _libc()
+    libc = glibc()
     if libc is None:
         return False
     libc.malloc_trim(0)
@@ -62,7 +63,7 @@ def share_one_heap() -> bool:
     Call it before the threads start. They then take the main heap's lock for each ``malloc``, a cost the serving
     race would show (docs/results.md, serving). False where the C library has no such setting.
     """
-    libc = _libc()
+    libc = glibc()
     if libc is None:
         return False
     return bool(libc.mallopt(M_ARENA_MAX, 1))

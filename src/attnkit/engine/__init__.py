@@ -43,6 +43,10 @@ over static key/value buffers, one-row
 products as loops
 :class:`Int8Linear`: int8 weights, a scale    ``nn.Linear``                                 ``quantize.py``
 per output row (``quantize: int8``)
+:class:`EagerLoRALinear`: a LoRA layer with   :class:`attnkit.lora.LoRALinear`              ``engine/lora.py``
+a frozen base as one autograd node
+:func:`hold_freed_memory`: freed memory kept  (the C library's ``malloc`` as it is)          ``engine/memory.py``
+for the next update (training on a CPU)
 ============================================  ============================================  =======================
 
 Each has a test against its reference (``tests/test_engine.py``, ``tests/test_compiled_decoding.py``,

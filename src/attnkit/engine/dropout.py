@@ -29,21 +29,33 @@ def random_bytes(shape: torch.Size | tuple[int, ...], device: torch.device) -> T
     return words.view(torch.uint8)[:n].view(shape)
 
 
+def keep_bytes(shape: torch.Size | tuple[int, ...], p: float, device: torch.device) -> tuple[Tensor | None, float]:
+    """Byte dropout's mask on the CPU: ``(keep, scale)``, ``keep`` a ``uint8`` tensor of ``shape``, 1 with probability
+    ``1 - p'`` (``p'``: ``p`` rounded to a multiple of 1/256) else 0, and ``scale = 1 / (1 - p')``; ``(None, 1)`` when
+    ``p'`` is 0. Dropout is ``x * keep * scale``."""
+    drop_below = round(p * 256)  # a byte b < drop_below means "drop": P = drop_below / 256
+    if drop_below == 0:  # p < 1/512
+        return None, 1.0
+    if drop_below >= 256:
+        return torch.zeros(shape, dtype=torch.uint8, device=device), 0.0
+    # keep = 1 if b >= drop_below else 0, by uint8 clamp and subtract: on the CPU a uint8 comparison,
+    # and a bool -> bfloat16 conversion, are scalar loops, while these and uint8 -> bfloat16 are vectorised
+    keep = random_bytes(shape, device).clamp_(drop_below - 1, drop_below).sub_(drop_below - 1)
+    return keep, 256.0 / (256 - drop_below)
+
+
 def byte_dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
     """Zero each element with probability ``p`` and scale the rest by ``1 / (1 - p)`` (training only)."""
     if not training or p <= 0.0:
         return x
     if x.device.type != "cpu":
         return F.dropout(x, p, True)
-    drop_below = round(p * 256)  # a byte b < drop_below means "drop": P = drop_below / 256
-    if drop_below == 0:  # p < 1/512
+    keep, scale = keep_bytes(x.shape, p, x.device)
+    if keep is None:
         return x
-    if drop_below >= 256:
+    if scale == 0.0:  # everything dropped
         return torch.zeros_like(x)
-    # keep = 1 if b >= drop_below else 0, by uint8 clamp and subtract: on the CPU a uint8 comparison,
-    # and a bool -> bfloat16 conversion, are scalar loops, while these and uint8 -> bfloat16 are vectorised
-    keep = random_bytes(x.shape, x.device).clamp_(drop_below - 1, drop_below).sub_(drop_below - 1)
-    return x * keep.to(x.dtype).mul_(256.0 / (256 - drop_below))  # one product with x: one tensor saved
+    return x * keep.to(x.dtype).mul_(scale)  # one product with x: one tensor saved
 
 
 class ByteDropout(nn.Dropout):

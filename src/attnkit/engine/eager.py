@@ -14,6 +14,8 @@ eager class                                   what it changes
                                               (:class:`~attnkit.engine.decoding.GrowingKVCache`)
 :class:`EagerTransformer`                     ``init_decoder``: a beam's hypotheses share their sentence's encoder side
                                               (:class:`~attnkit.engine.decoding.SharedMemoryState`)
+:class:`~attnkit.engine.lora.EagerLoRALinear`  ``forward``: a LoRA layer with a frozen base in one autograd node
+                                              (:func:`~attnkit.engine.lora.lora_linear`: fewer passes over activations)
 :class:`~attnkit.engine.dropout.ByteDropout`  ``nn.Dropout``: random bytes instead of random floats (a module swapped
                                               in, the same rate)
 ============================================  ======================================================================
@@ -26,11 +28,13 @@ from dataclasses import fields
 from torch import Tensor, nn
 
 from ..lm import LanguageModel, LMState
+from ..lora import LoRALinear
 from ..multihead import KVCache, MultiHeadAttention
 from ..transformer import Transformer, TransformerState
 from .attention import fast_attend
 from .decoding import GrowingKVCache, SharedMemoryState
 from .dropout import ByteDropout
+from .lora import EagerLoRALinear
 
 __all__ = ["EagerLanguageModel", "EagerMultiHeadAttention", "EagerTransformer", "to_eager", "to_reference"]
 
@@ -67,7 +71,8 @@ class EagerTransformer(Transformer):
 
 #: textbook class -> its eager form
 EAGER: dict[type[nn.Module], type[nn.Module]] = {
-    MultiHeadAttention: EagerMultiHeadAttention, LanguageModel: EagerLanguageModel, Transformer: EagerTransformer}
+    MultiHeadAttention: EagerMultiHeadAttention, LanguageModel: EagerLanguageModel, Transformer: EagerTransformer,
+    LoRALinear: EagerLoRALinear}
 REFERENCE: dict[type[nn.Module], type[nn.Module]] = {eager: textbook for textbook, eager in EAGER.items()}
 
 

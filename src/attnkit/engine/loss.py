@@ -12,7 +12,8 @@ The reference (:class:`attnkit.tasks.objectives.Seq2SeqLoss`) computes every log
 log-softmax and gradient dominate the memory traffic of an update. :func:`linear_cross_entropy`
 never holds them at once: it walks the rows in chunks, and because the loss is a plain sum it computes each
 chunk's gradients right away (``dL/dz = softmax(z) - q``, ``dL/dh = dL/dz W``,
-``dL/dW = dL/dz^T h``); backward only scales them by the incoming gradient.
+``dL/dW = dL/dz^T h``); backward only scales them by the incoming gradient. Only the gradients wanted are
+formed: a frozen output layer (a LoRA run's, :mod:`attnkit.lora`) costs no ``dL/dW``, a third of the work.
 
 Each chunk makes one pass over its logits, the softmax ``p``; everything else is per row:
 
@@ -62,7 +63,7 @@ def select_positions(x: Tensor, positions: Tensor) -> Tensor:
 class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor,  # type: ignore[override]
-                eps: float, chunk: int, compute_dtype: torch.dtype, with_grad: bool) -> Tensor:
+                eps: float, chunk: int, compute_dtype: torch.dtype, wanted: tuple[bool, bool, bool]) -> Tensor:
         N, V = hidden.size(0), weight.size(0)
         W = weight.to(compute_dtype)  # (V, d)
         b = None if bias is None else bias.to(compute_dtype)  # (V,)
@@ -72,9 +73,10 @@ class _LinearCrossEntropy(torch.autograd.Function):
         if bias is not None:
             z_sum += bias.float().sum()
         total = torch.zeros((), dtype=torch.float32, device=hidden.device)
-        grad_h = torch.empty_like(hidden, dtype=torch.float32) if with_grad else None  # (N, d)
-        grad_W = torch.zeros_like(weight, dtype=torch.float32) if with_grad else None  # (V, d)
-        grad_b = torch.zeros(V, dtype=torch.float32, device=hidden.device) if with_grad and bias is not None else None
+        with_grad = any(wanted)  # which of hidden, weight, bias need a gradient: a frozen output layer needs none
+        grad_h = torch.empty_like(hidden, dtype=torch.float32) if wanted[0] else None  # (N, d)
+        grad_W = torch.zeros_like(weight, dtype=torch.float32) if wanted[1] else None  # (V, d)
+        grad_b = torch.zeros(V, dtype=torch.float32, device=hidden.device) if wanted[2] else None  # (V,)
         for start in range(0, N, chunk):
             h = hidden[start: start + chunk].to(compute_dtype)  # (n, d)
             y = targets[start: start + chunk]  # (n,)
@@ -100,26 +102,29 @@ class _LinearCrossEntropy(torch.autograd.Function):
                 targets_at = torch.arange(rows, device=y.device) * V + y  # (rows,) flat index of each target
                 g.view(-1).index_put_((targets_at,), (p_y - (1.0 - eps)).to(g.dtype))
                 g[n:] = 0.0  # padding rows
-                grad_h[start: start + chunk] = (g @ W)[:n]  # (rows, V) @ (V, d)
-                grad_W += g.t() @ h  # (V, rows) @ (rows, d)
+                if grad_h is not None:
+                    grad_h[start: start + chunk] = (g @ W)[:n]  # (rows, V) @ (V, d)
+                if grad_W is not None:
+                    grad_W += g.t() @ h  # (V, rows) @ (rows, d)
                 if grad_b is not None:
                     grad_b += g.sum(dim=0, dtype=torch.float32)
-        if with_grad:  # the uniform eps/V of q: a rank-one term in each gradient
+        # the uniform eps/V of q: a rank-one term in each gradient
+        if grad_h is not None:
             grad_h -= (eps / V) * W_sum
+        if grad_W is not None:
             grad_W -= (eps / V) * hidden32.sum(dim=0)
-            if grad_b is not None:
-                grad_b -= eps * N / V
-        ctx.save_for_backward(*(t for t in (grad_h, grad_W, grad_b) if t is not None))
+        if grad_b is not None:
+            grad_b -= eps * N / V
+        ctx.grads = (grad_h, grad_W, grad_b)  # not inputs or outputs: kept as they are until backward
         ctx.dtypes = (hidden.dtype, weight.dtype, None if bias is None else bias.dtype)
         return total
 
     @staticmethod
     def backward(ctx, grad_out: Tensor):  # type: ignore[override]
-        saved = list(ctx.saved_tensors)
-        h_dtype, w_dtype, b_dtype = ctx.dtypes
-        grad_h, grad_W = (saved[0] * grad_out).to(h_dtype), (saved[1] * grad_out).to(w_dtype)
-        grad_b = (saved[2] * grad_out).to(b_dtype) if b_dtype is not None else None
-        return grad_h, grad_W, grad_b, None, None, None, None, None
+        grads = [None if g is None else (g * grad_out).to(dtype)
+                 for g, dtype in zip(ctx.grads, ctx.dtypes, strict=True)]
+        ctx.grads = None
+        return *grads, None, None, None, None, None
 
 
 def linear_cross_entropy(hidden: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor, *,
@@ -142,9 +147,10 @@ def linear_cross_entropy(hidden: Tensor, weight: Tensor, bias: Tensor | None, ta
         chunk = max(CHUNK_ROWS, GPU_CHUNK_LOGITS // weight.size(0)) if hidden.is_cuda else CHUNK_ROWS
     device = hidden.device.type
     dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else hidden.dtype
-    with_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (hidden, weight, bias))
+    grad = torch.is_grad_enabled()
+    wanted = tuple(grad and t is not None and t.requires_grad for t in (hidden, weight, bias))
     with torch.autocast(device, enabled=False):
-        return _LinearCrossEntropy.apply(hidden, weight, bias, targets, label_smoothing, chunk, dtype, with_grad)
+        return _LinearCrossEntropy.apply(hidden, weight, bias, targets, label_smoothing, chunk, dtype, wanted)
 
 
 class FusedSeq2SeqLoss(nn.Module):

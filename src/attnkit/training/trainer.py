@@ -48,6 +48,7 @@ from ..common.errors import UserError
 from ..common.log import silent, to_stderr
 from ..config.schema import RunConfig, TrainConfig
 from ..engine import Engine, prepare
+from ..engine.memory import hold_freed_memory
 from ..engine.precision import Choice, training_precision
 from ..lora import is_adapted, lora_state_dict
 from ..runs.checkpoint import capture_rng_state, check_compatible, restore_rng_state
@@ -150,6 +151,8 @@ class Trainer:
         self.model = self.task.build_model().to(self.device)
         model_name = type(self.model).__name__  # the textbook's class, before the engine's takes its place
         prepare(self.model, Engine(self.tc.engine))  # in place: the same function, maybe computed faster
+        if self.tc.engine != "reference" and self.device.type == "cpu":
+            hold_freed_memory()  # every update's tensors in pages already mapped (engine/memory.py)
         if self.tc.engine == "compiled":
             self.log("train.engine: compiled: training has no compiled path (only a language model's generation "
                      "has); it runs eager")
