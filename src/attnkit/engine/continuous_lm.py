@@ -269,8 +269,9 @@ class CompiledContinuousSampler(ContinuousSampler):
             fresh = StaticKVCache.of(KVCache(new.k.index_select(0, keep), new.v.index_select(0, keep)), capacity)
             if self.caches:
                 own = self.caches[i]
-                fresh = KVCache(torch.cat([_widen(own.k, capacity), fresh.k]), torch.cat([_widen(own.v, capacity),
-                                                                                          fresh.v]))
+                if own.k.size(2) < capacity:  # the running rows' buffers, widened to the new capacity
+                    own = StaticKVCache.of(own, capacity)
+                fresh = KVCache(torch.cat([own.k, fresh.k]), torch.cat([own.v, fresh.v]))
             caches.append(KVCache(fresh.k, fresh.v))
         prev = torch.tensor(tokens, device=device)
         pos = torch.full((len(rows),), L, device=device)  # the first new token sits at position L
@@ -296,11 +297,3 @@ class CompiledContinuousSampler(ContinuousSampler):
         self.prev, self.pos = self.prev.index_select(0, index), self.pos.index_select(0, index)
         return index
 
-
-def _widen(buffer: Tensor, capacity: int) -> Tensor:
-    """A static buffer ``(B, H, c, d)`` with room for ``capacity >= c`` positions (the new columns zero)."""
-    if buffer.size(2) == capacity:
-        return buffer
-    wider = buffer.new_zeros(buffer.size(0), buffer.size(1), capacity, buffer.size(3))
-    wider[:, :, :buffer.size(2)] = buffer
-    return wider
