@@ -414,7 +414,8 @@ def attnkit_figure(run: dict) -> tuple[str, float | None]:
 def markdown_table(runs: list[dict]) -> str:
     """Every row of ``runs`` (each run's rows of one measurement, :func:`row`), with where and when it ran; then
     issue 55's targets as judged in those runs."""
-    rows, judged = [], []
+    rows: list[list[str]] = []
+    judged: list[tuple[dict, str]] = []
     for run in runs:
         threads = f"{run['threads']} thread" + ("s" if run["threads"] != 1 else "")
         where = f"{run['gpu']}, torch {run['torch']}" if run.get("gpu") else f"{run['cpu']}, {threads}"
@@ -431,13 +432,15 @@ def markdown_table(runs: list[dict]) -> str:
                 value = f"{num(r['tok_s'])} tok/s"
             chose = f" ({r['precision']['precision']})" if r.get("precision") else ""  # what precision: auto chose
             rows.append([_what(run, r), r["contender"] + chose, value, where, measured(run)])
-        judged += run.get("targets") or []
+        for t in run.get("targets") or []:  # a run's targets, once, however many of its measurements are shown
+            if (t, where) not in judged:
+                judged.append((t, where))
     out = markdown(["measurement", "contender", "result", "host", "measured"], rows)
     if judged:
         out += "\n\nTargets: " + "; ".join(
-            f"{t['target']}: " + (f"{t['ratio']:.2f}x" if "ratio" in t else
-                                  f"{t['attnkit']:.4f} against {t['nanogpt']:.4f}")
-            + (" (met)" if t["met"] else " (**not met**)") for t in judged) + "."
+            f"{t['target']} ({where}): " + (f"{t['ratio']:.2f}x" if "ratio" in t else
+                                            f"{t['attnkit']:.4f} against {t['nanogpt']:.4f}")
+            + (" (met)" if t["met"] else " (**not met**)") for t, where in judged) + "."
     return out
 
 
