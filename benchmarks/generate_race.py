@@ -281,13 +281,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-async def stream_one(url: str, prompt: str) -> tuple[float, float, int]:
+async def stream_one(url: str, prompt: str, new_tokens: int = NEW_TOKENS) -> tuple[float, float, int]:
     """``(seconds to the first token, seconds in all, tokens)`` of one streamed greedy request, on its own
     connection of :class:`serve.RawClient` (the client shares the machine with the server, so it must cost little;
     served runs that name no ``client`` used httpx, whose parsing added milliseconds per event)."""
     from serve import RawClient
     start, first, tokens = time.perf_counter(), None, 0
-    body = json.dumps({"prompt": prompt, "max_new_tokens": NEW_TOKENS, "temperature": 0, "stream": True}).encode()
+    body = json.dumps({"prompt": prompt, "max_new_tokens": new_tokens, "temperature": 0, "stream": True}).encode()
     async with RawClient(url) as client:
         async for data in client.events("/generate", body):
             if b'"token"' in data and "token" in json.loads(data):
@@ -296,25 +296,28 @@ async def stream_one(url: str, prompt: str) -> tuple[float, float, int]:
     return first or float("nan"), time.perf_counter() - start, tokens
 
 
-async def served_load(port: int, texts: list[str]) -> tuple[list[tuple[float, float, int]], float]:
+async def served_load(port: int, texts: list[str], new_tokens: int = NEW_TOKENS
+                      ) -> tuple[list[tuple[float, float, int]], float]:
     start = time.perf_counter()
-    results = await asyncio.gather(*(stream_one(f"http://127.0.0.1:{port}", p) for p in texts))
+    results = await asyncio.gather(*(stream_one(f"http://127.0.0.1:{port}", p, new_tokens) for p in texts))
     return list(results), time.perf_counter() - start
 
 
-def serve_arguments(run: Path, port: int, threads: int, device: str, compiled: bool) -> list[str]:
-    """The ``attnkit`` arguments of the served rows' server."""
-    return ["serve", str(run), "--port", str(port), "--threads", str(threads), "--max-streams", str(2 * STREAMS),
-            "--max-batch", str(STREAMS), "--device", device] + (["--engine", "compiled"] if compiled else [])
+def serve_arguments(run: Path, port: int, threads: int, device: str, compiled: bool, streams: int = STREAMS
+                    ) -> list[str]:
+    """The ``attnkit`` arguments of the served rows' server (a running batch of up to ``streams`` rows)."""
+    return ["serve", str(run), "--port", str(port), "--threads", str(threads), "--max-streams", str(2 * streams),
+            "--max-batch", str(streams), "--device", device] + (["--engine", "compiled"] if compiled else [])
 
 
 @contextmanager
-def serving(run: Path, threads: int, device: str = "cpu", compiled: bool = False) -> Iterator[int]:
+def serving(run: Path, threads: int, device: str = "cpu", compiled: bool = False, streams: int = STREAMS
+            ) -> Iterator[int]:
     """``attnkit serve RUN`` at ``threads`` threads on a free port (yielded once it answers), stopped after;
     ``compiled``: with ``--engine compiled``."""
     port = free_port()
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
-    server = subprocess.Popen([*ATTNKIT, *serve_arguments(run, port, threads, device, compiled)], env=env,
+    server = subprocess.Popen([*ATTNKIT, *serve_arguments(run, port, threads, device, compiled, streams)], env=env,
                               stdout=subprocess.DEVNULL)
     try:
         import httpx
@@ -334,20 +337,22 @@ def serving(run: Path, threads: int, device: str = "cpu", compiled: bool = False
         server.wait(timeout=30)
 
 
-def served(run: Path, threads: int, repeats: int, device: torch.device, compiled: bool = False) -> dict:
-    """One client, then :data:`STREAMS` concurrent ones, against ``attnkit serve RUN`` (``compiled``: with
-    ``--engine compiled``, which compiles or loads its programs before it answers)."""
-    with serving(run, threads, device.type, compiled) as port:
-        asyncio.run(served_load(port, prompts(1)))  # warm-up
+def served(run: Path, threads: int, repeats: int, device: torch.device, compiled: bool = False,
+           streams: int = STREAMS, new_tokens: int = NEW_TOKENS) -> dict:
+    """One client, then ``streams`` concurrent ones, against ``attnkit serve RUN`` (``compiled``: with
+    ``--engine compiled``, which compiles or loads its programs before it answers), each greedy for ``new_tokens``
+    tokens."""
+    with serving(run, threads, device.type, compiled, streams) as port:
+        asyncio.run(served_load(port, prompts(1), new_tokens))  # warm-up
         single, many = [], []
         for _ in range(repeats):
-            results, _ = asyncio.run(served_load(port, prompts(1)))
+            results, _ = asyncio.run(served_load(port, prompts(1), new_tokens))
             single.append({"ttft_s": results[0][0], "tok_s": results[0][2] / results[0][1]})
-            results, wall = asyncio.run(served_load(port, prompts(STREAMS)))
+            results, wall = asyncio.run(served_load(port, prompts(streams), new_tokens))
             many.append({"tok_s": sum(r[2] for r in results) / wall, "ttft_s_median": sorted(r[0] for r in results)
                          [len(results) // 2]})
             print(f"served{' compiled' if compiled else ''}, {threads} thread(s): 1 client {single[-1]['tok_s']:.0f} "
-                  f"tok/s, first token {single[-1]['ttft_s'] * 1000:.1f} ms; {STREAMS} streams "
+                  f"tok/s, first token {single[-1]['ttft_s'] * 1000:.1f} ms; {streams} streams "
                   f"{many[-1]['tok_s']:.0f} tok/s", flush=True)
         return {"threads": threads, "compiled": compiled, "steps": "compiled" if compiled else "eager",
                 "client": CLIENT, "single": single, "streams": many}

@@ -73,7 +73,7 @@ import smollm2_shape  # noqa: E402
 from attnkit.common.measure import stamp  # noqa: E402
 from attnkit.data.tokenizer import Tokenizer  # noqa: E402
 from attnkit.tasks import load_run  # noqa: E402
-from generate_race import Contender, train_model  # noqa: E402
+from generate_race import PROMPT_CHARS, Contender, prompt_forward_seconds, served, train_model  # noqa: E402
 from tables import append_run, cpu_info, host_kind, markdown, measured, num  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "results" / "generation-race.json"
@@ -378,11 +378,17 @@ TARGETS = [
 ]
 
 
-def judge(rows: list[dict], limit: dict) -> list[dict]:
-    """Each of :data:`TARGETS` on this run: attnkit's fastest mode of the weight format against the peer (or the
-    limit); a target whose attnkit mode or peer did not run is kept with ``met`` None and why."""
+def judge(rows: list[dict], limit: dict, asked: set[str] | None = None) -> list[dict]:
+    """Each of :data:`TARGETS` that this run asked for (a batch size it raced; attnkit in the weight format and the
+    peer among the contenders ``asked``, default all): attnkit's fastest mode of the weight format against the
+    peer (or the limit); a target whose attnkit mode or peer did not run is kept with ``met`` None and why."""
     out = []
+    raced = {r["batch"] for r in rows}
     for what, batch, weights, peer, bar in TARGETS:
+        if batch not in raced or asked is not None and (
+                peer != "limit" and peer not in asked
+                or not any(n.startswith("attnkit ") and n.endswith(f" {weights}") for n in asked)):
+            continue
         ours = [(b[0], name) for name in dict.fromkeys(r["contender"] for r in rows)
                 if name.startswith("attnkit ") and name.endswith(f" {weights}") and (b := best(rows, name, batch))]
         theirs = limit[weights]["tok_s"] if peer == "limit" else (best(rows, peer, batch) or [None])[0]
@@ -395,6 +401,64 @@ def judge(rows: list[dict], limit: dict) -> list[dict]:
         rate, name = max(ours)
         out.append({**target, "attnkit": name, "ratio": rate / theirs, "met": rate / theirs >= bar})
     return out
+
+
+#: The served bars (issue 55, item 4): the first token of one client within this many forward passes of its prompt,
+#: and N concurrent streams at least this share of the offline batch of N (the same engine and weights).
+FIRST_TOKEN_BAR, STREAMS_BAR = 1.5, 0.8
+
+
+def serve_race(model: RaceModel, args: argparse.Namespace) -> tuple[list[dict], dict[str, float]]:
+    """``attnkit serve`` on ``model``'s run with ``--engine`` :attr:`args.serve_engine`, at each thread count: one
+    streaming client, then as many at once as the largest batch raced (``generate_race.served``); beside it, the
+    median time of one forward pass over the same prompt by the same engine, in a fresh process
+    (``generate_race.prompt_forward_seconds``)."""
+    import multiprocessing
+    compiled, cpu, streams = args.serve_engine == "compiled", torch.device("cpu"), max(args.batches)
+    out, forward = [], {}
+    for t in args.threads:
+        out.append({**served(model.run, t, args.repeats, cpu, compiled, streams, args.new_tokens), "clients": streams})
+        with multiprocessing.get_context("spawn").Pool(1) as pool:  # no other library's threads
+            forward[str(t)] = pool.apply(prompt_forward_seconds, (model.run, t, cpu, compiled))
+    return out, forward
+
+
+def served_figures(run: dict, entry: dict) -> dict:
+    """One served entry's figures: the median first token of one client and its ratio to the forward pass of the
+    prompt at those threads; the median tokens/s of the concurrent clients and its ratio to the offline batch of
+    as many rows by the same engine in float32 (its best thread count; None where that did not run)."""
+    ttft = median([x["ttft_s"] for x in entry["single"]])
+    forward = run["prompt_forward_s"][str(entry["threads"])]
+    rate = median([x["tok_s"] for x in entry["streams"]])
+    offline = best(run["offline"], f"attnkit {entry['steps']} float32", entry["clients"])
+    return {"ttft_s": ttft, "forward_s": forward, "first_token_ratio": ttft / forward, "tok_s": rate,
+            "offline_tok_s": offline[0] if offline else None,
+            "streams_ratio": rate / offline[0] if offline else None}
+
+
+def judge_served(run: dict) -> list[dict]:
+    """The served bars on each thread count's server: first token <= :data:`FIRST_TOKEN_BAR` forward passes
+    (``at_most``), streams >= :data:`STREAMS_BAR` of the offline batch (``met`` None where it did not run)."""
+    out = []
+    for entry in run["served"]:
+        f, who = served_figures(run, entry), f"attnkit serve --engine {entry['steps']}, {entry['threads']} thread(s)"
+        out.append({"target": "served first token <= 1.5x a forward pass of the prompt", "batch": 1, "attnkit": who,
+                    "peer": "forward pass", "bar": FIRST_TOKEN_BAR, "at_most": True, "ratio": f["first_token_ratio"],
+                    "met": f["first_token_ratio"] <= FIRST_TOKEN_BAR})
+        target = {"target": f"{entry['clients']} served streams >= 0.8x the offline batch", "batch": entry["clients"],
+                  "attnkit": who, "peer": f"attnkit {entry['steps']} float32", "bar": STREAMS_BAR}
+        if f["streams_ratio"] is None:
+            out.append({**target, "ratio": None, "met": None,
+                        "why": f"attnkit {entry['steps']} float32 did not run at batch {entry['clients']}"})
+        else:
+            out.append({**target, "ratio": f["streams_ratio"], "met": f["streams_ratio"] >= STREAMS_BAR})
+    return out
+
+
+def first_token_ratio(run: dict) -> float | None:
+    """The headline of a served run: its best first token over a forward pass of the prompt."""
+    found = [served_figures(run, e)["first_token_ratio"] for e in run.get("served", [])]
+    return min(found) if found else None
 
 
 def measure_model(model: RaceModel, work: Path, cache: Path, args: argparse.Namespace,
@@ -414,6 +478,7 @@ def measure_model(model: RaceModel, work: Path, cache: Path, args: argparse.Name
     parameters = sum(p.numel() for p in loaded.model.parameters())
     del loaded
     rows, warmups, yardstick = race(model, specs, tok, args)
+    serving, forward = serve_race(model, args) if args.serve else ([], {})
     import transformers
     versions = {"torch": torch.__version__, "transformers": transformers.__version__,
                 "llama_cpp_python": llama_cpp_peer.installed_version()}
@@ -423,7 +488,7 @@ def measure_model(model: RaceModel, work: Path, cache: Path, args: argparse.Name
     except ImportError:
         pass
     limit = limits(shapes, vectors, measured_bandwidth)
-    return {**stamp(), "cpu": cpu_info(), "bf16": bf16, **versions,
+    record = {**stamp(), "cpu": cpu_info(), "bf16": bf16, **versions,
             "command": " ".join(["python benchmarks/generation_race.py", *sys.argv[1:]]),
             "model": {"name": model.name, "source": model.source, "layers": cfg.decoder_layers, "d_model": cfg.d_model,
                       "heads": cfg.n_heads, "kv_heads": cfg.n_kv_heads or cfg.n_heads, "parameters": parameters},
@@ -431,7 +496,11 @@ def measure_model(model: RaceModel, work: Path, cache: Path, args: argparse.Name
             "gguf_converter": (f"llama-cpp-python {llama_cpp_peer.installed_version()} source package: "
                                "vendor/llama.cpp/convert_hf_to_gguf.py") if model.ggufs else None,
             "bandwidth": measured_bandwidth, "limits": limit, "offline": rows, "warmups": warmups,
-            "yardstick": yardstick, "not_run": model.not_run, "targets": judge(rows, limit)}
+            "yardstick": yardstick, "not_run": model.not_run, "targets": judge(rows, limit, wanted),
+            **({"served": serving, "prompt_forward_s": forward,
+                "served_prompt_chars": PROMPT_CHARS} if serving else {})}
+    record["targets"] += judge_served(record) if serving else []
+    return record
 
 
 # -- the docs' table --------------------------------------------------------------------------------------------
@@ -479,14 +548,35 @@ def markdown_table(runs: list[dict]) -> str:
         formats = ", ".join(f"{fmt} {v['bytes_per_token'] / 1e6:,.1f} MB, {v['tok_s']:,.1f} tok/s"
                             for fmt, v in limit.items())
         out.append(f"The limit at batch 1: memory read {bw}; weights read per token and the limit: {formats}.")
+        if run.get("served"):
+            out.append(markdown_served(run))
         if run["targets"]:
             out.append(markdown(["target", "attnkit", "ratio", "bar", "met"],
                                 [[t["target"], t["attnkit"] or "", "" if t["ratio"] is None else f"{t['ratio']:.2f}",
-                                  f"{t['bar']:g}", f"not judged: {t['why']}" if t["met"] is None else
+                                  f"{'<= ' if t.get('at_most') else ''}{t['bar']:g}",
+                                  f"not judged: {t['why']}" if t["met"] is None else
                                   "yes" if t["met"] else "**no**"] for t in run["targets"]], "llrrl"))
         not_run = "".join(f" {name}: {why}." for name, why in run["not_run"].items())
         out.append((f"Not run:{not_run} " if not_run else "") + f"Measured {measured(run)} by `{run['command']}`.")
     return "\n\n".join(out)
+
+
+def markdown_served(run: dict) -> str:
+    """The served rows of ``run``: each server's first token beside a forward pass of its prompt, and its concurrent
+    streams beside the offline batch of as many rows."""
+    rows = []
+    for e in run["served"]:
+        f = served_figures(run, e)
+        offline = "" if f["offline_tok_s"] is None else num(f["offline_tok_s"], 1)
+        ratio = "" if f["streams_ratio"] is None else f"{f['streams_ratio']:.2f}x"
+        rows.append([e["threads"], e["steps"], f"{f['ttft_s'] * 1000:.1f} ms", f"{f['forward_s'] * 1000:.1f} ms",
+                     f"{f['first_token_ratio']:.2f}x", e["clients"], num(f["tok_s"], 1), offline, ratio])
+    clients = run["served"][0]["client"]
+    return (markdown(["threads", "`attnkit serve --engine`", "first token, 1 client (median)",
+                      "forward pass of the prompt (same engine)", "ratio", "streams", "tok/s (median)",
+                      "offline batch, same engine (float32)", "ratio"], rows, "rlrrrrrrr")
+            + f"\n\nServed: greedy, {run['new_tokens']} new tokens after prompts of "
+            f"{run['served_prompt_chars']} characters; each client streams on a connection of its own ({clients}).")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -511,6 +601,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--bandwidth-mb", type=int, default=bandwidth.ARRAY_MB, help="MB per array of the probe")
     p.add_argument("--work", type=Path, default=WORK, help=f"the models' cache and the exports (default {WORK})")
     p.add_argument("--keep", action="store_true", help="keep this run's imports, exports and GGUFs")
+    p.add_argument("--serve", action="store_true",
+                   help="also serve the model (attnkit serve): one streaming client, then as many as the largest "
+                        "batch, beside a forward pass of the prompt and the offline batch (the served bars)")
+    p.add_argument("--serve-engine", choices=["eager", "compiled"], default="compiled",
+                   help="the engine of the served model (--engine of attnkit serve; default compiled)")
     p.add_argument("--out", type=Path, default=OUT)
     p.add_argument("--note", default="", help="a line kept with the run (e.g. what else ran on the machine)")
     args = p.parse_args(argv)
