@@ -425,15 +425,17 @@ def serve_race(model: RaceModel, args: argparse.Namespace) -> tuple[list[dict], 
 
 def served_figures(run: dict, entry: dict) -> dict:
     """One served entry's figures: the median first token of one client and its ratio to the forward pass of the
-    prompt at those threads; the median tokens/s of the concurrent clients and its ratio to the offline batch of
-    as many rows by the same engine in float32 (its best thread count; None where that did not run)."""
+    prompt at those threads; the median tokens/s of the concurrent clients and its ratio to the median of the
+    offline batch of as many rows by the same engine in float32, at the same threads (None where that did not run).
+    """
     ttft = median([x["ttft_s"] for x in entry["single"]])
     forward = run["prompt_forward_s"][str(entry["threads"])]
     rate = median([x["tok_s"] for x in entry["streams"]])
-    offline = best(run["offline"], f"attnkit {entry['steps']} float32", entry["clients"])
+    passes = [r["tok_s"] for r in run["offline"] if r["contender"] == f"attnkit {entry['steps']} float32"
+              and r["batch"] == entry["clients"] and r["threads"] == entry["threads"]]
+    offline = median(passes) if passes else None
     return {"ttft_s": ttft, "forward_s": forward, "first_token_ratio": ttft / forward, "tok_s": rate,
-            "offline_tok_s": offline[0] if offline else None,
-            "streams_ratio": rate / offline[0] if offline else None}
+            "offline_tok_s": offline, "streams_ratio": rate / offline if offline else None}
 
 
 def judge_served(run: dict) -> list[dict]:
@@ -449,7 +451,8 @@ def judge_served(run: dict) -> list[dict]:
                   "attnkit": who, "peer": f"attnkit {entry['steps']} float32", "bar": STREAMS_BAR}
         if f["streams_ratio"] is None:
             out.append({**target, "ratio": None, "met": None,
-                        "why": f"attnkit {entry['steps']} float32 did not run at batch {entry['clients']}"})
+                        "why": f"attnkit {entry['steps']} float32 did not run at batch {entry['clients']} "
+                               f"and {entry['threads']} thread(s)"})
         else:
             out.append({**target, "ratio": f["streams_ratio"], "met": f["streams_ratio"] >= STREAMS_BAR})
     return out
@@ -574,7 +577,7 @@ def markdown_served(run: dict) -> str:
     clients = run["served"][0]["client"]
     return (markdown(["threads", "`attnkit serve --engine`", "first token, 1 client (median)",
                       "forward pass of the prompt (same engine)", "ratio", "streams", "tok/s (median)",
-                      "offline batch, same engine (float32)", "ratio"], rows, "rlrrrrrrr")
+                      "offline batch, same engine and threads (float32)", "ratio"], rows, "rlrrrrrrr")
             + f"\n\nServed: greedy, {run['new_tokens']} new tokens after prompts of "
             f"{run['served_prompt_chars']} characters; each client streams on a connection of its own ({clients}).")
 

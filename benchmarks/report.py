@@ -184,6 +184,9 @@ TABLES: dict[str, Table] = {
                           race=Race("ratio", "/v1/chat/completions tokens/s over /generate's")),
     "generation-race": Table(f"{RESULTS}/generation-race.json", "benchmarks/generation_race.py",
                              race=Race("fastest_attnkit", "attnkit's fastest tok/s at batch 1", "model_name")),
+    "generation-served": Table(f"{RESULTS}/generation-served.json", "benchmarks/generation_race.py",
+                               race=Race("first_token_ratio", "the served first token over a forward pass of the "
+                                                              "prompt (the best thread count)", "model_name")),
 }
 
 

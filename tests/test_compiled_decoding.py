@@ -182,10 +182,12 @@ def test_the_compiled_step_equals_the_textbook_step(name: str, batches: tuple[in
     assert sorted(s.ranges["batch"][0] for s in steps) == [min(B, 2) for B in batches]
     [prefills] = decoder.prefills.values()  # the prompt's pass: a batch of one is its own, 3 rows another
     assert sorted(p.ranges["batch"][0] for p in prefills) == [min(B, 2) for B in batches]
-    assert all(p.holds(length=5) for p in prefills)
+    assert all(p.holds(length=n) for p in prefills for n in (2, 5, 17, MAX_LEN))  # any prompt length
     one = prompts(1, 1)  # a one-token prompt: eager (no program holds it, none is compiled), the textbook's logits
+    longer = prompts(1, 11)  # another length: the same program
     with torch.inference_mode():
         torch.testing.assert_close(decoder.prefill(one)[0], reference(one)[:, -1], atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(decoder.prefill(longer)[0], reference(longer)[:, -1], atol=1e-4, rtol=1e-4)
     assert len(prefills) == len(batches)
     with torch.no_grad():  # the tied embedding and output layer, and one layer's projection, updated in place
         for m in (model, reference):
@@ -201,6 +203,7 @@ def test_the_compiled_step_equals_the_textbook_step(name: str, batches: tuple[in
         for i, r in enumerate(reqs):
             assert got[i] == alone(model, r), f"request {i} ({r['sampling']})"
         assert len(decoder.steps[key]) == len(batches)  # the same two steps: one row, and any more
+        assert len(prefills) == len(batches)  # and the same prompt passes, whatever the prompts' lengths
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
@@ -343,7 +346,11 @@ def test_a_deep_compiled_step_and_prompt_pass_give_the_textbook_s_tokens_and_log
             logits, state = decoder.step(sequence[:, t: t + 1], state)
             stepped.append(logits)
     torch.testing.assert_close(torch.stack(stepped, 1), full[:, 4:], atol=1e-4, rtol=1e-4)
+    with torch.inference_mode():  # a prompt of another length: the same program (RoPE's table does not fix one)
+        torch.testing.assert_close(decoder.prefill(sequence[:, :13])[0], full[:, 12], atol=1e-4, rtol=1e-4)
     assert len(decoder.steps) == 1 and len(decoder.prefills) == 1  # nothing compiled beyond the fixture's
+    [[prefill]] = decoder.prefills.values()
+    assert prefill.holds(length=2) and prefill.holds(length=MAX_LEN)
 
 
 def test_a_deep_model_s_programs_are_kept_on_disk_and_loaded_by_the_next_decoder(deep, monkeypatch) -> None:

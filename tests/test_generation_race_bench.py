@@ -36,7 +36,7 @@ def test_smoke_race_on_a_tiny_llama(bench, tmp_path: Path) -> None:
     cmd = [sys.executable, "benchmarks/generation_race.py", "--models", "smollm2", "--shape", *TINY,
            "--batches", "1", "3", "--threads", "1", "--new-tokens", "8", "--repeats", "1", "--bandwidth-mb", "32",
            "--work", str(tmp_path / "work"), "--out", str(out), "--contenders", "attnkit reference float32",
-           "attnkit eager *", "transformers *", "CTranslate2 *", "llama.cpp *"]
+           "attnkit eager *", "transformers *", "CTranslate2 *", "llama.cpp *", "--serve", "--serve-engine", "eager"]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     run = json.loads(out.read_text(encoding="utf-8"))["runs"][0]
@@ -56,7 +56,14 @@ def test_smoke_race_on_a_tiny_llama(bench, tmp_path: Path) -> None:
     assert ("attnkit eager int8", 3) in rows  # int8 may round a greedy choice the other way: it runs, that is all
     assert set(run["limits"]) == {"float32", "bf16", "f16", "int8", "q8_0"} and run["bandwidth"][0]["read_gb_s"] > 0
     assert any(t["peer"] == "transformers float32" for t in run["targets"])
-    assert "**smollm2**" in bench.markdown_table([run])
+    [served] = run["served"]  # attnkit serve --engine eager: one client, then 3 at once (the largest batch)
+    assert served["steps"] == "eager" and served["clients"] == 3 and run["prompt_forward_s"]["1"] > 0
+    assert served["single"][0]["ttft_s"] > 0 and served["streams"][0]["tok_s"] > 0
+    bars = [t for t in run["targets"] if t["target"].startswith(("served", "3 served"))]
+    assert [t["peer"] for t in bars] == ["forward pass", "attnkit eager float32"]
+    assert all(t["met"] is not None for t in bars)  # the offline batch of 3 ran: both bars judged
+    text = bench.markdown_table([run])
+    assert "**smollm2**" in text and "| 1 | eager |" in text and "| <= 1.5 |" in text
 
 
 def test_bytes_per_token_hand_counted(bench) -> None:
@@ -76,8 +83,9 @@ def test_agreement_counts_rows_and_the_tokens_before_the_first_difference(bench)
 
 
 def run_record(bench, date: str, rates: dict[tuple[str, int], float], cpu: str = "Some CPU") -> dict:
-    weights = {"attnkit eager float32": "float32", "attnkit compiled int8": "int8", "llama.cpp F32": "float32",
-               "llama.cpp Q8_0": "q8_0", "transformers float32": "float32", "CTranslate2 float32": "float32"}
+    weights = {"attnkit eager float32": "float32", "attnkit compiled float32": "float32",
+               "attnkit compiled int8": "int8", "llama.cpp F32": "float32", "llama.cpp Q8_0": "q8_0",
+               "transformers float32": "float32", "CTranslate2 float32": "float32"}
     rows = [{"contender": name, "weights": weights[name], "threads": 1, "batch": b, "repeat": 1, "tok_s": rate,
              "tokens": 128 * b, "same_rows": 1.0, "same_prefix": 1.0} for (name, b), rate in rates.items()]
     limits = {fmt: {"bytes_per_token": 1e8, "tok_s": 100.0} for fmt in bench.bandwidth.FORMATS}
@@ -104,6 +112,42 @@ def test_targets_judge_the_fastest_attnkit_mode_of_each_weight_format(bench) -> 
     assert len(targets) == len(bench.TARGETS)  # every target recorded, the ones that could not be judged too
     f16 = targets["attnkit >= llama.cpp at the same weights (16-bit)"]
     assert f16["met"] is None and f16["why"] == "attnkit bf16 did not run at batch 1"
+
+
+def test_a_run_judges_only_the_targets_it_asked_for(bench) -> None:
+    """A run of some contenders (``--contenders``, ``--batches``) judges the targets between them, not the others."""
+    rows = run_record(bench, "2026-01-01T00:00:00+00:00", {("attnkit compiled float32", 32): 300.0,
+                                                           ("CTranslate2 float32", 32): 250.0})["offline"]
+    limits = {fmt: {"bytes_per_token": 1e8, "tok_s": 100.0} for fmt in bench.bandwidth.FORMATS}
+    assert bench.judge(rows, limits, {"attnkit compiled float32"}) == []  # CTranslate2 was not asked for
+    [target] = bench.judge(rows, limits, {"attnkit compiled float32", "CTranslate2 float32"})
+    assert target["batch"] == 32 and target["ratio"] == pytest.approx(1.2) and target["met"]
+
+
+def test_served_bars_compare_the_first_token_with_a_forward_pass_and_streams_with_the_offline_batch(bench) -> None:
+    """The served bars: the median first token over the median forward pass of the prompt (at most 1.5), the median
+    tokens/s of the concurrent streams over the offline batch of as many rows by the same engine at the same
+    threads (at least 0.8)."""
+    run = run_record(bench, "2026-01-01T00:00:00+00:00", {("attnkit compiled float32", 32): 400.0})
+    run["offline"] += [{**run["offline"][0], "threads": 2, "tok_s": x} for x in (390.0, 420.0, 400.0)]
+    run["offline"][0]["tok_s"] = 300.0  # 1 thread: one pass
+    run["prompt_forward_s"] = {"1": 0.100, "2": 0.060}
+    run["served"] = [{"threads": t, "steps": "compiled", "clients": 32, "client": "raw",
+                      "single": [{"ttft_s": x, "tok_s": 20.0} for x in first],
+                      "streams": [{"tok_s": x, "ttft_s_median": 0.2} for x in rates]}
+                     for t, first, rates in ((1, (0.2, 0.12, 0.13), (250.0, 300.0, 310.0)),
+                                             (2, (0.08, 0.07, 0.09), (350.0, 330.0, 340.0)))]
+    first_token, streams, first_token2, streams2 = bench.judge_served(run)
+    assert first_token["ratio"] == pytest.approx(1.3) and first_token["met"] and first_token["at_most"]
+    assert streams["ratio"] == pytest.approx(300 / 300) and streams["met"]  # against 1 thread's offline batch
+    assert first_token2["ratio"] == pytest.approx(0.08 / 0.06) and first_token2["met"]
+    assert streams2["ratio"] == pytest.approx(340 / 400) and streams2["met"]
+    assert bench.first_token_ratio(run) == pytest.approx(1.3)  # the best (lowest) of the thread counts
+    run["served"][0]["steps"] = "eager"  # no offline eager batch of 32: that bar is not judged
+    assert bench.judge_served(run)[1]["met"] is None
+    text = bench.markdown_table([{**run, "served_prompt_chars": 64, "targets": bench.judge_served(run)}])
+    assert "| 2 | compiled | 80.0 ms | 60.0 ms | 1.33x | 32 | 340.0 | 400.0 | 0.85x |" in text
+    assert "| <= 1.5 | yes |" in text
 
 
 def test_table_of_a_run_gives_each_contender_its_share_of_the_limit(bench) -> None:

@@ -57,6 +57,7 @@ from torch import Tensor, nn
 
 from ..lm import LanguageModel, LMState
 from ..multihead import KVCache
+from ..positions import RotaryPositions
 from ..sampling import choose_next, never_sampled
 from .aot import CompiledProgram, compile_module, compile_modules, in_ranges
 from .attention import _fused_zeroes_empty_rows
@@ -419,6 +420,7 @@ class CompiledDecoder:
         if prefill is None and T == 1:
             return self.model.step(tokens, textbook_state(self.model))
         if prefill is None:
+            self.grow_tables(T)
             prefill = compile_prefill(self, tokens)
             prefills.append(prefill)
         x = self.model.embed_input(tokens).contiguous()  # (B, T, d_model)
@@ -427,6 +429,15 @@ class CompiledDecoder:
             x, k, v = program.run([x])  # (B, T, d_model), the layer's keys and values (B, H_kv, T, d)
             caches.append(KVCache(k, v))
         return self.output.logits(x), LMState(caches, tokens.size(1))
+
+    def grow_tables(self, length: int) -> None:
+        """RoPE's tables of angles grown, before a prompt pass is traced, to the model's positions (``max_len``; at
+        least ``length``). Grown inside the trace, a table's new size (a power of two) would fix the prompt's length
+        in the program, and every other length would compile a program of its own (seconds each, while a served
+        request waits); a table already long enough leaves the length free up to its size."""
+        for module in self.model.modules():
+            if isinstance(module, RotaryPositions):
+                module.tables(max(length, self.model.cfg.max_len))
 
     def span(self, n: int) -> Tensor:
         """The key positions ``0..n-1`` ``(n,)``: a leading slice of one table, grown as needed (each slice made once:
