@@ -338,17 +338,18 @@ def serving(run: Path, threads: int, device: str = "cpu", compiled: bool = False
 
 
 def served(run: Path, threads: int, repeats: int, device: torch.device, compiled: bool = False,
-           streams: int = STREAMS, new_tokens: int = NEW_TOKENS) -> dict:
+           streams: int = STREAMS, new_tokens: int = NEW_TOKENS, texts: list[str] | None = None) -> dict:
     """One client, then ``streams`` concurrent ones, against ``attnkit serve RUN`` (``compiled``: with
     ``--engine compiled``, which compiles or loads its programs before it answers), each greedy for ``new_tokens``
-    tokens."""
+    tokens after a prompt of ``texts`` (the one client's is the first; default: :func:`prompts`)."""
+    texts = texts or prompts(streams)
     with serving(run, threads, device.type, compiled, streams) as port:
-        asyncio.run(served_load(port, prompts(1), new_tokens))  # warm-up
+        asyncio.run(served_load(port, texts[:1], new_tokens))  # warm-up
         single, many = [], []
         for _ in range(repeats):
-            results, _ = asyncio.run(served_load(port, prompts(1), new_tokens))
+            results, _ = asyncio.run(served_load(port, texts[:1], new_tokens))
             single.append({"ttft_s": results[0][0], "tok_s": results[0][2] / results[0][1]})
-            results, wall = asyncio.run(served_load(port, prompts(streams), new_tokens))
+            results, wall = asyncio.run(served_load(port, texts[:streams], new_tokens))
             many.append({"tok_s": sum(r[2] for r in results) / wall, "ttft_s_median": sorted(r[0] for r in results)
                          [len(results) // 2]})
             print(f"served{' compiled' if compiled else ''}, {threads} thread(s): 1 client {single[-1]['tok_s']:.0f} "
@@ -359,17 +360,17 @@ def served(run: Path, threads: int, repeats: int, device: torch.device, compiled
 
 
 def prompt_forward_seconds(run: Path, threads: int, device: torch.device, compiled: bool = False,
-                           repeats: int = 20) -> float:
-    """The median time of one forward pass over a prompt (``LanguageModel.step`` from an empty cache; ``compiled``:
-    the compiled prompt pass that ``attnkit serve --engine compiled`` runs), its logits read back to the host as a
-    served first token's are."""
+                           repeats: int = 20, prompt: str | None = None) -> float:
+    """The median time of one forward pass over ``prompt`` (default: the first of :func:`prompts`;
+    ``LanguageModel.step`` from an empty cache; ``compiled``: the compiled prompt pass that ``attnkit serve --engine
+    compiled`` runs), its logits read back to the host as a served first token's are."""
     from attnkit.engine import to_eager
     from attnkit.engine.compiled_decoding import CompiledDecoder
     torch.set_num_threads(threads)
     loaded = load_run(run, device)
     model = to_eager(loaded.model).eval()
     forward = CompiledDecoder(model).prefill if compiled else lambda x: model.step(x, model.init_state())
-    x = torch.tensor(loaded.tok.encode_src(prompts(1)), device=device)
+    x = torch.tensor(loaded.tok.encode_src([prompt] if prompt is not None else prompts(1)), device=device)
     times = []
     with torch.inference_mode():
         for _ in range(repeats + 3):  # the first compiles (or loads) the compiled pass

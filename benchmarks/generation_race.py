@@ -73,7 +73,7 @@ import smollm2_shape  # noqa: E402
 from attnkit.common.measure import stamp  # noqa: E402
 from attnkit.data.tokenizer import Tokenizer  # noqa: E402
 from attnkit.tasks import load_run  # noqa: E402
-from generate_race import PROMPT_CHARS, Contender, prompt_forward_seconds, served, train_model  # noqa: E402
+from generate_race import Contender, prompt_forward_seconds, served, train_model  # noqa: E402
 from tables import append_run, cpu_info, host_kind, markdown, measured, num  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "results" / "generation-race.json"
@@ -408,19 +408,23 @@ def judge(rows: list[dict], limit: dict, asked: set[str] | None = None) -> list[
 FIRST_TOKEN_BAR, STREAMS_BAR = 1.5, 0.8
 
 
-def serve_race(model: RaceModel, args: argparse.Namespace) -> tuple[list[dict], dict[str, float]]:
+def serve_race(model: RaceModel, tok: Tokenizer, args: argparse.Namespace
+               ) -> tuple[list[dict], dict[str, float], list[int]]:
     """``attnkit serve`` on ``model``'s run with ``--engine`` :attr:`args.serve_engine`, at each thread count: one
-    streaming client, then as many at once as the largest batch raced (``generate_race.served``); beside it, the
-    median time of one forward pass over the same prompt by the same engine, in a fresh process
-    (``generate_race.prompt_forward_seconds``)."""
+    streaming client, then as many at once as the largest batch raced (``generate_race.served``), with the offline
+    race's prompts (:func:`prompt_ids`, as text); beside it, the median time of one forward pass over the one
+    client's prompt by the same engine, in a fresh process (``generate_race.prompt_forward_seconds``). Also the
+    prompts' lengths in tokens as the server reads them (the text of ``PROMPT_TOKENS`` tokens, encoded again)."""
     import multiprocessing
     compiled, cpu, streams = args.serve_engine == "compiled", torch.device("cpu"), max(args.batches)
+    texts = tok.decode_src(prompt_ids(tok, streams)[0])
     out, forward = [], {}
     for t in args.threads:
-        out.append({**served(model.run, t, args.repeats, cpu, compiled, streams, args.new_tokens), "clients": streams})
+        out.append({**served(model.run, t, args.repeats, cpu, compiled, streams, args.new_tokens, texts),
+                    "clients": streams})
         with multiprocessing.get_context("spawn").Pool(1) as pool:  # no other library's threads
-            forward[str(t)] = pool.apply(prompt_forward_seconds, (model.run, t, cpu, compiled))
-    return out, forward
+            forward[str(t)] = pool.apply(prompt_forward_seconds, (model.run, t, cpu, compiled, 20, texts[0]))
+    return out, forward, [len(ids) for ids in tok.encode_src(texts)]
 
 
 def served_figures(run: dict, entry: dict) -> dict:
@@ -481,7 +485,7 @@ def measure_model(model: RaceModel, work: Path, cache: Path, args: argparse.Name
     parameters = sum(p.numel() for p in loaded.model.parameters())
     del loaded
     rows, warmups, yardstick = race(model, specs, tok, args)
-    serving, forward = serve_race(model, args) if args.serve else ([], {})
+    serving, forward, lengths = serve_race(model, tok, args) if args.serve else ([], {}, [])
     import transformers
     versions = {"torch": torch.__version__, "transformers": transformers.__version__,
                 "llama_cpp_python": llama_cpp_peer.installed_version()}
@@ -500,8 +504,7 @@ def measure_model(model: RaceModel, work: Path, cache: Path, args: argparse.Name
                                "vendor/llama.cpp/convert_hf_to_gguf.py") if model.ggufs else None,
             "bandwidth": measured_bandwidth, "limits": limit, "offline": rows, "warmups": warmups,
             "yardstick": yardstick, "not_run": model.not_run, "targets": judge(rows, limit, wanted),
-            **({"served": serving, "prompt_forward_s": forward,
-                "served_prompt_chars": PROMPT_CHARS} if serving else {})}
+            **({"served": serving, "prompt_forward_s": forward, "served_prompt_tokens": lengths} if serving else {})}
     record["targets"] += judge_served(record) if serving else []
     return record
 
@@ -578,8 +581,15 @@ def markdown_served(run: dict) -> str:
     return (markdown(["threads", "`attnkit serve --engine`", "first token, 1 client (median)",
                       "forward pass of the prompt (same engine)", "ratio", "streams", "tok/s (median)",
                       "offline batch, same engine and threads (float32)", "ratio"], rows, "rlrrrrrrr")
-            + f"\n\nServed: greedy, {run['new_tokens']} new tokens after prompts of "
-            f"{run['served_prompt_chars']} characters; each client streams on a connection of its own ({clients}).")
+            + f"\n\nServed: the offline race's prompts as text ({prompt_tokens(run)} tokens as the server reads them), "
+            f"greedy, at most {run['new_tokens']} new tokens; each client streams on a connection of its own "
+            f"({clients}).")
+
+
+def prompt_tokens(run: dict) -> str:
+    """The served prompts' lengths in tokens: ``64``, or ``63 to 65``."""
+    low, high = min(run["served_prompt_tokens"]), max(run["served_prompt_tokens"])
+    return f"{low}" if low == high else f"{low} to {high}"
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -145,9 +145,9 @@ def test_served_bars_compare_the_first_token_with_a_forward_pass_and_streams_wit
     assert bench.first_token_ratio(run) == pytest.approx(1.3)  # the best (lowest) of the thread counts
     run["served"][0]["steps"] = "eager"  # no offline eager batch of 32: that bar is not judged
     assert bench.judge_served(run)[1]["met"] is None
-    text = bench.markdown_table([{**run, "served_prompt_chars": 64, "targets": bench.judge_served(run)}])
+    text = bench.markdown_table([{**run, "served_prompt_tokens": [63, 64], "targets": bench.judge_served(run)}])
     assert "| 2 | compiled | 80.0 ms | 60.0 ms | 1.33x | 32 | 340.0 | 400.0 | 0.85x |" in text
-    assert "| <= 1.5 | yes |" in text
+    assert "| <= 1.5 | yes |" in text and "(63 to 64 tokens as the server reads them)" in text
 
 
 def test_table_of_a_run_gives_each_contender_its_share_of_the_limit(bench) -> None:
