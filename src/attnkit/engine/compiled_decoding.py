@@ -27,23 +27,19 @@ generated kernels, but a graph wants fixed shapes, and the textbook cache grows 
   (:func:`~.aot.compile_modules`; PyTorch's "regional compilation"), so the compile time does not grow with the
   depth, and the compiler never sees a graph deep enough to overflow Python's recursion limit (its buffer planner
   recurses deeper as buffers are added: a whole step of a dozen layers or more did). The span and the capacity are
-  dimensions of the compiled code (its attention loops over the span, not the buffer, and a growing sequence
-  compiles once; a kernel chosen by the number of keys splits the spans in ranges, one compiled step each). Each
-  program is called with a list of tensors, with no guards to check and no Python wrapper per call; its weights
-  are the model's own tensors (nothing copied).
-* At batch 1 every ``nn.Linear`` is a matrix-vector product, and the library's matrix-matrix routine, called once
-  per layer, spends more time being called than multiplying (``docs/engine.md``, compiled steps).
-  So a one-row step writes each product as :func:`~.aot.matvec_linear`, an elementwise product and a row sum, which
-  the compiler generates as a loop in the same kernel as the rest of the layer. Its inputs are computed once
-  (``realize_cpu_opcount_threshold``): otherwise the compiler would recompute the layer norm or GELU before each
-  product for every row of the weight.
+  dimensions of the compiled code (a growing sequence compiles once; a kernel chosen by the number of keys splits
+  the spans in ranges, one step each). A program is called with a list of tensors, no guards and no Python wrapper;
+  its weights are the model's own tensors.
+* At batch 1 every ``nn.Linear`` is a matrix-vector product, which the library's routine spends more time being
+  called for than multiplying (``docs/engine.md``): a one-row step writes it as :func:`~.aot.matvec_linear` (a
+  product and a row sum), a loop in the layer's own kernel, its inputs computed once, not per weight row
+  (``realize_cpu_opcount_threshold``).
 
 The compiled step and the eager one give the same logits (``tests/test_compiled_decoding.py``); compiling costs
 seconds per batch size, and the compiled code (no weights) is kept on disk (:func:`~.aot.step_cache`), so a later
-process with a model of the same architecture loads it instead. It pays off for long or many generations
-(``attnkit generate --engine compiled``).
-The step runs in the model's own dtype: for bf16, convert the model (``model.to(torch.bfloat16)``; autocast is
-refused). Under bf16 ALiBi's larger constant is rounded with the bias, so its logits differ a little from eager.
+process with a model of the same architecture loads it instead (it pays off for long or many generations). The
+step runs in the model's own dtype: for bf16, convert the model (``model.to(torch.bfloat16)``; autocast is
+refused); ALiBi's larger constant is then rounded with the bias, so its logits differ a little from eager.
 """
 
 from __future__ import annotations
@@ -252,7 +248,10 @@ def compile_prefill(decoder: CompiledDecoder, tokens: Tensor) -> CompiledPass:
     """The prompt's pass compiled ahead of time: one :class:`LayerPrefill` program, loaded once per layer, for the
     batch sizes and prompt lengths in the ranges the traced code allows (``ranges["batch"]``,
     ``ranges["length"]``; a batch of one is its own). The embedding and the output layer, once per prompt, run
-    eagerly."""
+    eagerly. RoPE's table is grown to the model's positions first (grown in the trace, it fixed the length)."""
+    for module in decoder.model.modules():
+        if isinstance(module, RotaryPositions):
+            module.tables(max(tokens.size(1), decoder.model.cfg.max_len))
     auto = torch.export.Dim.AUTO
     with torch.no_grad():
         x = decoder.model.embed_input(tokens)  # (B, T, d_model): the first layer's input
@@ -420,7 +419,6 @@ class CompiledDecoder:
         if prefill is None and T == 1:
             return self.model.step(tokens, textbook_state(self.model))
         if prefill is None:
-            self.grow_tables(T)
             prefill = compile_prefill(self, tokens)
             prefills.append(prefill)
         x = self.model.embed_input(tokens).contiguous()  # (B, T, d_model)
@@ -429,15 +427,6 @@ class CompiledDecoder:
             x, k, v = program.run([x])  # (B, T, d_model), the layer's keys and values (B, H_kv, T, d)
             caches.append(KVCache(k, v))
         return self.output.logits(x), LMState(caches, tokens.size(1))
-
-    def grow_tables(self, length: int) -> None:
-        """RoPE's tables of angles grown, before a prompt pass is traced, to the model's positions (``max_len``; at
-        least ``length``). Grown inside the trace, a table's new size (a power of two) would fix the prompt's length
-        in the program, and every other length would compile a program of its own (seconds each, while a served
-        request waits); a table already long enough leaves the length free up to its size."""
-        for module in self.model.modules():
-            if isinstance(module, RotaryPositions):
-                module.tables(max(length, self.model.cfg.max_len))
 
     def span(self, n: int) -> Tensor:
         """The key positions ``0..n-1`` ``(n,)``: a leading slice of one table, grown as needed (each slice made once:
