@@ -14,10 +14,11 @@ from torch._inductor.exc import CppCompileError, InductorError, InvalidCxxCompil
 from attnkit.common.errors import UserError
 from attnkit.engine import aot, compiled_decoding, to_eager
 from attnkit.engine.aot import matvec_linear
-from attnkit.engine.compiled_decoding import CompiledDecoder, StaticKVCache, static_mask
+from attnkit.engine.compiled_decoding import CompiledDecoder, StaticKVCache, compile_prefill, static_mask
 from attnkit.engine.continuous_lm import CompiledContinuousSampler
 from attnkit.lm import LanguageModel, LMConfig
 from attnkit.multihead import KVCache
+from attnkit.positions import RotaryPositions
 from attnkit.sampling import generate
 from test_continuous_lm import CONFIGS, MAX_LEN, VOCAB, alone, requests, run_staggered
 from test_continuous_lm import make_lm as continuous_lm
@@ -114,6 +115,25 @@ def test_buffers_grow_for_positions_without_a_table(monkeypatch: pytest.MonkeyPa
     if compile:
         [steps] = decoder.steps.values()
         assert len(steps) == 1 and steps[0].ranges["span"][0] <= 8 and steps[0].ranges["span"][1] >= 30
+
+
+def test_a_prompt_pass_is_traced_with_rope_s_table_grown_at_most_to_the_traced_positions(monkeypatch) -> None:
+    """Before tracing a prompt pass, RoPE's table is grown to the model's positions (64 here), but to at most
+    ``TRACED_POSITIONS`` of them; a longer prompt grows it to its own length (in powers of two). Only the growth
+    is under test here: the programs themselves are not compiled."""
+    monkeypatch.setattr(compiled_decoding, "TRACED_POSITIONS", 16)
+    monkeypatch.setattr(compiled_decoding, "compile_modules", lambda *args, **kwargs: [])
+    model = make_lm(**CONFIGS["rope"])
+    [rotary] = [m for m in model.modules() if isinstance(m, RotaryPositions)]
+    decoder = CompiledDecoder(model)
+    sizes = []
+    for T in (5, 20):
+        compile_prefill(decoder, prompts(1, T))
+        sizes.append(rotary.cos.size(0))
+    assert sizes == [16, 32]
+    monkeypatch.setattr(compiled_decoding, "TRACED_POSITIONS", 8192)
+    compile_prefill(decoder, prompts(1, 5))
+    assert rotary.cos.size(0) == MAX_LEN  # the model's own positions, fewer than the cap
 
 
 def test_reordered_rows_carry_their_own_caches_and_positions() -> None:

@@ -31,9 +31,8 @@ generated kernels, but a graph wants fixed shapes, and the textbook cache grows 
   the spans in ranges, one step each). A program is called with a list of tensors, no guards and no Python wrapper;
   its weights are the model's own tensors.
 * At batch 1 every ``nn.Linear`` is a matrix-vector product, which the library's routine spends more time being
-  called for than multiplying (``docs/engine.md``): a one-row step writes it as :func:`~.aot.matvec_linear` (a
-  product and a row sum), a loop in the layer's own kernel, its inputs computed once, not per weight row
-  (``realize_cpu_opcount_threshold``).
+  called for than multiplying (``docs/engine.md``): a one-row step writes it as :func:`~.aot.matvec_linear`, a
+  loop in the layer's own kernel, its inputs computed once, not per row (``realize_cpu_opcount_threshold``).
 
 The compiled step and the eager one give the same logits (``tests/test_compiled_decoding.py``); compiling costs
 seconds per batch size, and the compiled code (no weights) is kept on disk (:func:`~.aot.step_cache`), so a later
@@ -62,8 +61,8 @@ from .quantize import quantize_int8
 __all__ = ["CompiledDecoder", "CompiledPass", "LayerPrefill", "LayerStep", "StaticKVCache", "StepInput", "StepOutput",
            "compile_prefill", "compile_step", "embed_at", "static_mask"]
 
-#: The first capacity of the buffers (doubled as a sequence outgrows it, up to the model's context).
-FIRST_CAPACITY = 64
+#: The buffers' first capacity (doubled as needed); the most prompt positions a prompt pass is traced for at first.
+FIRST_CAPACITY, TRACED_POSITIONS = 64, 8192
 
 
 @dataclass
@@ -248,10 +247,11 @@ def compile_prefill(decoder: CompiledDecoder, tokens: Tensor) -> CompiledPass:
     """The prompt's pass compiled ahead of time: one :class:`LayerPrefill` program, loaded once per layer, for the
     batch sizes and prompt lengths in the ranges the traced code allows (``ranges["batch"]``,
     ``ranges["length"]``; a batch of one is its own). The embedding and the output layer, once per prompt, run
-    eagerly. RoPE's table is grown to the model's positions first (grown in the trace, it fixed the length)."""
+    eagerly. RoPE's table is grown first (grown in the trace, it fixed the length): to the model's positions, at
+    most :data:`TRACED_POSITIONS` (131,072 positions of 64 dimensions are 64 MB of angles), or to a longer prompt's."""
     for module in decoder.model.modules():
         if isinstance(module, RotaryPositions):
-            module.tables(max(tokens.size(1), decoder.model.cfg.max_len))
+            module.tables(max(tokens.size(1), min(decoder.model.cfg.max_len, TRACED_POSITIONS)))
     auto = torch.export.Dim.AUTO
     with torch.no_grad():
         x = decoder.model.embed_input(tokens)  # (B, T, d_model): the first layer's input
