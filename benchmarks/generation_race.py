@@ -378,6 +378,19 @@ TARGETS = [
 ]
 
 
+def attnkit_in(name: str, weights: str) -> bool:
+    """Whether contender ``name`` is attnkit in the weight format ``weights`` (any mode)."""
+    return name.startswith("attnkit ") and name.endswith(f" {weights}")
+
+
+def asked_for(asked: set[str] | None, weights: str, peer: str) -> bool:
+    """Whether a run that raced the contenders ``asked`` (None: all of them) raced a target's sides: attnkit in
+    ``weights`` and ``peer`` (``"limit"``, the bandwidth limit, is always measured)."""
+    if asked is None:
+        return True
+    return any(attnkit_in(name, weights) for name in asked) and (peer == "limit" or peer in asked)
+
+
 def judge(rows: list[dict], limit: dict, asked: set[str] | None = None) -> list[dict]:
     """Each of :data:`TARGETS` that this run asked for (a batch size it raced; attnkit in the weight format and the
     peer among the contenders ``asked``, default all): attnkit's fastest mode of the weight format against the
@@ -385,12 +398,10 @@ def judge(rows: list[dict], limit: dict, asked: set[str] | None = None) -> list[
     out = []
     raced = {r["batch"] for r in rows}
     for what, batch, weights, peer, bar in TARGETS:
-        if batch not in raced or asked is not None and (
-                peer != "limit" and peer not in asked
-                or not any(n.startswith("attnkit ") and n.endswith(f" {weights}") for n in asked)):
+        if batch not in raced or not asked_for(asked, weights, peer):
             continue
         ours = [(b[0], name) for name in dict.fromkeys(r["contender"] for r in rows)
-                if name.startswith("attnkit ") and name.endswith(f" {weights}") and (b := best(rows, name, batch))]
+                if attnkit_in(name, weights) and (b := best(rows, name, batch))]
         theirs = limit[weights]["tok_s"] if peer == "limit" else (best(rows, peer, batch) or [None])[0]
         target = {"target": what, "batch": batch, "peer": peer, "bar": bar}
         if not ours or theirs is None:
