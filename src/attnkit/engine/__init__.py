@@ -43,6 +43,8 @@ over static key/value buffers, one-row
 products as loops
 :class:`Int8Linear`: int8 weights, a scale    ``nn.Linear``                                 ``quantize.py``
 per output row (``quantize: int8``)
+:func:`int8_matvec`: one row's int8 product,  ``F.linear`` of the widened weight            ``native.py``
+a hand-written kernel (C++, built here)
 :class:`EagerLoRALinear`: a LoRA layer with   :class:`attnkit.lora.LoRALinear`              ``engine/lora.py``
 a frozen base as one autograd node
 :func:`hold_freed_memory`: freed memory kept  (the C library's ``malloc`` as it is)          ``engine/memory.py``
@@ -50,7 +52,8 @@ for the next update (training on a CPU)
 ============================================  ============================================  =======================
 
 Each has a test against its reference (``tests/test_engine.py``, ``tests/test_compiled_decoding.py``,
-``tests/test_quantize.py``: int8 against the dequantized float layer, since rounding moves the logits), and
+``tests/test_quantize.py``: int8 against the dequantized float layer, since rounding moves the logits;
+``tests/test_native.py``: the kernel against the widened product), and
 ``tests/test_modes.py`` holds every mode to ``reference`` for every kind of model.
 
 Precision: :mod:`attnkit.engine.precision` times the model's own matrix products in float32 and in bf16 on this host
@@ -77,6 +80,7 @@ from .dropout import ByteDropout
 from .eager import to_eager, to_reference
 from .loss import FusedLMLoss, FusedSeq2SeqLoss
 from .mlm import FusedMLMLoss
+from .native import int8_matvec
 from .precision import Choice, bf16_weights, choose_precision
 from .quantize import quantize_int8
 
@@ -89,7 +93,7 @@ QUANTIZE: tuple[Quantize, ...] = ("none", "int8")
 
 __all__ = ["MODES", "PRECISIONS", "QUANTIZE", "ByteDropout", "Engine", "FusedLMLoss", "FusedMLMLoss",
            "FusedSeq2SeqLoss", "GrowingKVCache", "Mode", "Precision", "Quantize", "SharedMemoryState", "fast_attend",
-           "generation_decoder", "prepare", "resolve", "to_eager", "to_reference"]
+           "generation_decoder", "int8_matvec", "prepare", "resolve", "to_eager", "to_reference"]
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,6 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
-import platform
 import re
 import tempfile
 import warnings
@@ -30,8 +29,9 @@ from torch import Tensor, nn
 
 from ..common.errors import UserError
 from ..common.files import cache_dir
+from .native import c_shims, cpu_features, kernel
 
-__all__ = ["STEP_CONFIG", "CompiledProgram", "compile_failure", "compile_module", "compile_modules", "cpu_features",
+__all__ = ["STEP_CONFIG", "CompiledProgram", "compile_failure", "compile_module", "compile_modules",
            "dim_range", "in_ranges", "load_or_compile", "matvec_linear", "step_cache", "step_config", "step_constants",
            "step_key", "structure"]
 
@@ -178,17 +178,6 @@ def step_key(program: torch.export.ExportedProgram, device: torch.device) -> str
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
-def cpu_features() -> str:
-    """The CPU's model name and instruction-set flags, which ``-march=native`` compiles for (the first processor's
-    entry of ``/proc/cpuinfo``; the platform's name where there is none)."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            first = f.read().split("\n\n", 1)[0].splitlines()
-    except OSError:
-        return f"{platform.machine()} {platform.processor()} {torch.backends.cpu.get_cpu_capability()}"
-    return "\n".join(line for line in first if line.startswith(("model name", "flags")))
-
-
 def load_or_compile(program: torch.export.ExportedProgram, device: torch.device, copies: int = 1) -> list:
     """The AOTInductor package of ``program``, loaded ``copies`` times (each copy can point at tensors of its own):
     from :func:`step_cache` when it holds one for :func:`step_key`, else compiled (seconds) and kept there, written
@@ -197,6 +186,10 @@ def load_or_compile(program: torch.export.ExportedProgram, device: torch.device,
     :raises UserError: when compiling fails, with :func:`compile_failure`'s line."""
     folder = step_cache()
     path = None if folder is None else folder / f"{step_key(program, device)}.pt2"
+    configs = step_config()
+    if any(node.target is torch.ops.attnkit.int8_matvec.default for node in program.graph.nodes):
+        configs |= c_shims()  # a direct call of the kernel's C shim
+        kernel()  # loaded, its symbols global, before the program that calls them
     if path is not None and path.is_file():
         try:
             return [torch._inductor.aoti_load_package(str(path)) for _ in range(copies)]  # type: ignore[attr-defined]
@@ -210,7 +203,7 @@ def load_or_compile(program: torch.export.ExportedProgram, device: torch.device,
     with tempfile.TemporaryDirectory(prefix="attnkit-step-", dir=None if path is None else path.parent) as temporary:
         try:
             package = torch._inductor.aoti_compile_and_package(  # type: ignore[attr-defined]
-                program, package_path=str(Path(temporary) / "step.pt2"), inductor_configs=step_config())
+                program, package_path=str(Path(temporary) / "step.pt2"), inductor_configs=configs)
         except Exception as e:  # a one-line message instead of inductor's traceback
             raise UserError(f"compiling ahead of time failed: {compile_failure(e)}; decode without compiling "
                             "(--engine eager)") from None

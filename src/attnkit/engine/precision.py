@@ -26,7 +26,7 @@ times: a bias toward float32, the side the margin errs on anyway. Only the ``nn.
 attention's own products, norms and the loss are left out.
 
 A choice is kept in :func:`~attnkit.common.files.cache_dir` ``("precision")``, one JSON file per key: the CPU's
-model name and flags (:func:`~.aot.cpu_features`), torch's version, the thread count, the workload (kind, rows,
+model name and flags (:func:`~.native.cpu_features`), torch's version, the thread count, the workload (kind, rows,
 shapes) and what is compared, so a second run on the same host skips the measurement; an unreadable file is
 measured again and replaced. On CUDA nothing is measured: bf16 where the GPU supports it.
 
@@ -52,7 +52,7 @@ from torch import Tensor, nn
 
 from ..common.errors import UserError
 from ..common.files import atomic_write_text, cache_dir
-from .aot import cpu_features
+from .native import cpu_features
 
 __all__ = ["BF16_LOGIT_TOLERANCE", "Choice", "MARGIN", "PRECISIONS", "Workload", "bf16_weights", "calibrate",
            "choose_precision", "linear_weights", "training_precision"]

@@ -13,9 +13,10 @@ equal tokens may flip (``tests/test_quantize.py`` bounds both on a small model; 
 rows whose greedy tokens stay float32's).
 :func:`quantize_int8` gives a copy of a model whose ``nn.Linear`` layers are :class:`Int8Linear`, an ordinary model
 (its forward, its step, :func:`~attnkit.sampling.generate`); :class:`~.compiled_decoding.CompiledDecoder` compiles
-it with ``quantize="int8"``. How each product runs (:func:`int8_linear`): compiled, at batch 1, as one loop that
-widens each int8 weight as it reads it; eagerly, by torch's weight-only int8 kernel for bf16 and half activations
-on the CPU, else with the weight widened for one matrix product.
+it with ``quantize="int8"``. How each product runs (:func:`int8_linear`): one float32 row on the CPU, eager or
+compiled, by the hand-written kernel (:func:`~.native.int8_matvec`), which widens each int8 weight as it reads it
+(compiled without it, a loop the compiler generates does the same); eagerly, by torch's weight-only int8 kernel for
+bf16 and half activations on the CPU, else with the weight widened for one matrix product.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .aot import matvec_linear
+from .native import int8_matvec, kernel
 
 __all__ = ["Int8Linear", "fused_int8_fits", "int8_linear", "quantize_int8", "quantize_rows"]
 
@@ -53,11 +55,15 @@ def int8_linear(x: Tensor, q: Tensor, scale: Tensor) -> Tensor:
     """``y_o = s_o * sum_i x_i q_oi``: ``x`` ``(..., in)``, ``q`` int8 ``(out, in)``, ``scale`` ``(out,)`` ->
     ``(..., out)`` in ``x``'s dtype, the products accumulated in float32 at least.
 
-    Compiled for one row (under ``torch.export``), :func:`~.aot.matvec_linear`: the compiler generates one loop that
-    widens each int8 weight as it reads it. Eager bf16 or half rows on the CPU go to torch's weight-only int8 kernel
-    where it can take them (:func:`fused_int8_fits`), which does the same. Otherwise the weight is widened to
-    ``x``'s dtype for one matrix product (float32 rows on the CPU: torch's int8 kernel is not vectorized for them)."""
+    One float32 row on the CPU, eager or compiled: the hand-written kernel :func:`~.native.int8_matvec` (a compiled
+    step calls it directly), which widens each int8 weight as it reads it; where it cannot be built, compiled
+    (under ``torch.export``), :func:`~.aot.matvec_linear`, a loop the compiler generates. Eager bf16 or half rows
+    on the CPU go to torch's weight-only int8 kernel where it can take them (:func:`fused_int8_fits`), which does
+    the same. Otherwise the weight is widened to ``x``'s dtype for one matrix product (float32 rows on the CPU:
+    torch's int8 kernel is not vectorized for them)."""
     scale = scale.to(x.dtype)
+    if x.numel() == x.size(-1) and x.dtype == torch.float32 and x.device.type == "cpu" and kernel() is not None:
+        return int8_matvec(x, q, scale)  # one row: the hand-written kernel (compiled: called from the compiled code)
     if torch.compiler.is_exporting():
         y = matvec_linear(x, q)  # one row: sum_i x_i q_oi, the int8 weight widened inside the loop
         if y is not NotImplemented:
