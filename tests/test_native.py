@@ -47,6 +47,16 @@ def test_the_kernel_refuses_what_it_does_not_compute() -> None:
         native.int8_matvec(torch.zeros(1, 16), q.float(), scale)
 
 
+def test_a_row_whose_gradient_is_asked_for_keeps_the_differentiable_product() -> None:
+    """The kernel has no backward: a row that needs its gradient goes through the widened product, whose gradient
+    is ``sum_o s_o q_oi``."""
+    layer = Int8Linear(nn.Linear(40, 12, bias=False))
+    x = torch.randn(1, 1, 40, generator=torch.Generator().manual_seed(0), requires_grad=True)
+    layer(x).sum().backward()
+    assert x.grad is not None
+    torch.testing.assert_close(x.grad, layer.dequantized().sum(0).expand_as(x), atol=1e-5, rtol=1e-5)
+
+
 def exported_targets(layer: nn.Module, x: torch.Tensor) -> set:
     """The operators of ``layer``'s program on ``x``, exported as a compiled step exports it."""
     program = torch.export.export(layer, (x,))
