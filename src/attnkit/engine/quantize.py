@@ -55,12 +55,12 @@ def int8_linear(x: Tensor, q: Tensor, scale: Tensor) -> Tensor:
     """``y_o = s_o * sum_i x_i q_oi``: ``x`` ``(..., in)``, ``q`` int8 ``(out, in)``, ``scale`` ``(out,)`` ->
     ``(..., out)`` in ``x``'s dtype, the products accumulated in float32 at least.
 
-    One float32 row on the CPU (that no gradient flows back to), eager or compiled: the hand-written kernel :func:`~.native.int8_matvec` (a compiled
-    step calls it directly), which widens each int8 weight as it reads it; where it cannot be built, compiled
-    (under ``torch.export``), :func:`~.aot.matvec_linear`, a loop the compiler generates. Eager bf16 or half rows
-    on the CPU go to torch's weight-only int8 kernel where it can take them (:func:`fused_int8_fits`), which does
-    the same. Otherwise the weight is widened to ``x``'s dtype for one matrix product (float32 rows on the CPU:
-    torch's int8 kernel is not vectorized for them)."""
+    One float32 row on the CPU that no gradient flows back to, eager or compiled: the hand-written kernel
+    :func:`~.native.int8_matvec` (a compiled step calls it directly), which widens each int8 weight as it reads it;
+    where it cannot be built, compiled (under ``torch.export``), :func:`~.aot.matvec_linear`, a loop the compiler
+    generates. Eager bf16 or half rows on the CPU go to torch's weight-only int8 kernel where it can take them
+    (:func:`fused_int8_fits`), which does the same. Otherwise the weight is widened to ``x``'s dtype for one matrix
+    product (float32 rows on the CPU: torch's int8 kernel is not vectorized for them)."""
     scale = scale.to(x.dtype)
     if (x.numel() == x.size(-1) and x.dtype == torch.float32 and x.device.type == "cpu" and not x.requires_grad
             and kernel() is not None):
