@@ -45,6 +45,10 @@ def test_the_kernel_refuses_what_it_does_not_compute() -> None:
         native.int8_matvec(torch.zeros(1, 16, dtype=torch.bfloat16), q, scale)
     with pytest.raises(TypeError, match="float32, int8, float32"):
         native.int8_matvec(torch.zeros(1, 16), q.float(), scale)
+    with pytest.raises(ValueError, match=r"got \(1, 15\), \(4, 16\), \(4,\)"):  # it would read past the row
+        native.int8_matvec(torch.zeros(1, 15), q, scale)
+    with pytest.raises(ValueError, match=r"\(4, 16\), \(3,\)"):
+        native.int8_matvec(torch.zeros(1, 16), q, scale[:3])
 
 
 def test_a_row_whose_gradient_is_asked_for_keeps_the_differentiable_product() -> None:

@@ -2,8 +2,8 @@
 compiled steps call it through.
 
 A compiled one-row step computes each int8 linear layer as a loop the compiler generates
-(:func:`~.aot.matvec_linear`), which keeps one accumulator per output and waits on each addition: about half of
-what the memory can deliver (``docs/engine.md``, int8 weights). ``int8_matvec.cpp`` (beside this module) computes
+(:func:`~.aot.matvec_linear`), which keeps one accumulator per output and waits on each addition, while the product
+should wait on memory only (``docs/engine.md``, int8 weights). ``int8_matvec.cpp`` (beside this module) computes
 the same ``y_o = s_o sum_i x_i q_oi`` four outputs at a time with an accumulator each, and prefetches the weight
 rows ahead of where it reads. It is built here, once per machine, with the C++ compiler that AOTInductor uses
 (``-march=native``, as the compiled steps are), kept in :func:`~attnkit.common.files.cache_dir` ``("native")``
@@ -93,8 +93,12 @@ def kernel() -> ctypes.CDLL | None:
         except OSError as e:  # the compiler missing, the cache not writable
             _failure[:] = [f"building {SOURCE.name} failed: {e}"]
             return None
+    try:
+        library = ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
+    except OSError as e:  # a damaged file, a library it needs not found
+        _failure[:] = [f"loading {path.name} failed: {e}"]
+        return None
     _failure.clear()
-    library = ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
     library.attnkit_int8_matvec.restype = None
     library.attnkit_int8_matvec.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3
     return library
@@ -116,6 +120,11 @@ def int8_matvec(x: Tensor, weight: Tensor, scale: Tensor) -> Tensor:
     if x.dtype != torch.float32 or weight.dtype != torch.int8 or scale.dtype != torch.float32:
         raise TypeError(f"attnkit::int8_matvec takes float32, int8, float32, got {x.dtype}, {weight.dtype}, "
                         f"{scale.dtype}")
+    if weight.dim() != 2 or x.size(-1) != weight.size(1) or scale.shape != (weight.size(0),):
+        raise ValueError(f"attnkit::int8_matvec: x (..., K), weight (N, K), scale (N,), got {tuple(x.shape)}, "
+                         f"{tuple(weight.shape)}, {tuple(scale.shape)}")
+    if {x.device.type, weight.device.type, scale.device.type} != {"cpu"}:
+        raise ValueError("attnkit::int8_matvec runs on the CPU")
     x, weight, scale = x.contiguous(), weight.contiguous(), scale.contiguous()
     N, K = weight.shape
     y = x.new_empty(*x.shape[:-1], N)  # (..., N)
