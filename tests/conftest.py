@@ -34,12 +34,16 @@ def pytest_configure(config) -> None:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
 
 
-#: The test files that take longest (a minute or more on 2 cores), slowest first. pytest-xdist (``--dist loadfile``)
-#: hands out whole files in the order collected, so these start first and the short files fill in beside them; a
-#: long file handed out last would leave the other workers idle while it ran.
+#: The test files that take longest (40 s or more on 2 cores), slowest first. pytest-xdist (``--dist loadfile
+#: --no-loadscope-reorder``, pyproject's addopts) hands out whole files in the order collected, so these start first
+#: and the short files fill in beside them; a long file handed out last would leave the other workers idle while it
+#: ran. (Without ``--no-loadscope-reorder`` xdist orders files by their number of tests, and the documented commands'
+#: file, two tests and six minutes, went last.)
 SLOW_FILES = ("test_compiled_decoding.py", "test_doc_commands.py", "test_generation_race_bench.py",
-              "test_serve_lm.py", "test_generate_cli.py", "test_quantize.py", "test_attention_alignment.py",
-              "test_pretrain.py", "test_distributed.py", "test_head_scores.py", "test_interop_marian.py")
+              "test_serve_lm.py", "test_generate_cli.py", "test_prepare.py", "test_quantize.py",
+              "test_config_pairs.py", "test_attention_alignment.py", "test_serve.py", "test_pretrain.py",
+              "test_interop_marian.py", "test_distributed.py", "test_attention_maps.py", "test_export.py",
+              "test_experiments.py")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
