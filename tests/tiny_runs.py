@@ -8,15 +8,17 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
+from types import MappingProxyType
 
 import yaml
 
 from attnkit.data import dates
 
-TINY_MODEL = {"d_model": 32, "n_heads": 2, "d_ff": 64, "encoder_layers": 1, "decoder_layers": 1, "dropout": 0.0,
-              "max_len": 128}
-TINY_TRAIN = {"progress": False, "precision": "fp32", "threads": 1, "warmup": 5, "lr": 3e-3, "max_tokens": 400,
-              "valid_bleu_sentences": 5, "average_last": 0}
+#: read-only, so that a test editing its config cannot change the next test's (configs take copies)
+TINY_MODEL = MappingProxyType({"d_model": 32, "n_heads": 2, "d_ff": 64, "encoder_layers": 1, "decoder_layers": 1,
+                               "dropout": 0.0, "max_len": 128})
+TINY_TRAIN = MappingProxyType({"progress": False, "precision": "fp32", "threads": 1, "warmup": 5, "lr": 3e-3,
+                               "max_tokens": 400, "valid_bleu_sentences": 5, "average_last": 0})
 
 
 def write_lines(path: Path, lines: list[str]) -> Path:
@@ -40,7 +42,7 @@ def translation_config(tmp: Path, n: int = 150) -> dict:
             "data": {"train": str(tmp / "train.src"), "train_tgt": str(tmp / "train.tgt"),
                      "valid": str(tmp / "valid.src"), "valid_tgt": str(tmp / "valid.tgt"),
                      "max_len": 64, "tokenizer": {"vocab_size": 70}},
-            "model": {"transformer": TINY_MODEL},
+            "model": {"transformer": {**TINY_MODEL}},  # a copy: tests edit it
             "train": {**TINY_TRAIN, "max_updates": 6, "valid_every": 6},
             "decode_beam": 2}
 
@@ -71,5 +73,5 @@ def classification_config(tmp: Path) -> dict:
     return {"task": "classify",
             "data": {"train": str(tmp / "train.tsv"), "valid": str(tmp / "valid.tsv"),
                      "tokenizer": {"vocab_size": 40}},
-            "model": {"transformer": TINY_MODEL},
+            "model": {"transformer": {**TINY_MODEL}},  # a copy: tests edit it
             "train": {**TINY_TRAIN, "max_updates": 60, "valid_every": 60, "label_smoothing": 0.0, "lr": 5e-3}}
