@@ -17,6 +17,8 @@ from attnkit.config.loader import load_config
 from attnkit.config.schema import RunConfig
 from attnkit.engine import precision as P
 from attnkit.engine import to_eager
+from attnkit.engine.onednn import OneDNNLinear
+from attnkit.engine.onednn import available as onednn_available
 from attnkit.lm import LanguageModel
 from attnkit.runs.layout import PRECISION_FILE
 from attnkit.training.trainer import Trainer
@@ -45,13 +47,14 @@ def cache(tmp_path, monkeypatch):
     return folder / "precision"
 
 
-def fixed_timings(monkeypatch, float32: float, bf16: float) -> list[int]:
-    """Make every measurement say ``float32`` and ``bf16`` seconds; returns a list that counts the measurements."""
+def fixed_timings(monkeypatch, float32: float, bf16: float, onednn: float | None = None) -> list[int]:
+    """Make every measurement say ``float32`` and ``bf16`` (and ``onednn``) seconds; returns a list that counts the
+    measurements."""
     calls: list[int] = []
 
     def measure(timed):
         calls.append(len(timed))
-        return {"float32": float32, "bf16": bf16}, P.MIN_ROUNDS
+        return {"float32": float32, "bf16": bf16, **({} if onednn is None else {"onednn": onednn})}, P.MIN_ROUNDS
     monkeypatch.setattr(P, "measure", measure)
     return calls
 
@@ -78,8 +81,12 @@ def test_calibration_returns_a_choice_that_follows_its_timings(cache, kind, rows
     choice = P.calibrate(model, kind, rows)
     assert torch.equal(torch.get_rng_state(), rng)  # the run's random stream (dropout) is the same with or without
     assert choice.source == "measured" and choice.precision in P.PRECISIONS
-    assert set(choice.seconds) == {"float32", "bf16"} and all(s > 0 for s in choice.seconds.values())
-    assert choice.bf16 == (choice.seconds["float32"] >= P.MARGIN * choice.seconds["bf16"])
+    onednn = kind == "train" and onednn_available()  # training times float32 through oneDNN too
+    assert set(choice.seconds) == {"float32", "bf16", *(["onednn"] if onednn else [])}
+    assert all(s > 0 for s in choice.seconds.values())
+    dnn = onednn and choice.seconds["float32"] >= P.MARGIN * choice.seconds["onednn"]
+    assert choice.bf16 == (choice.seconds["onednn" if dnn else "float32"] >= P.MARGIN * choice.seconds["bf16"])
+    assert choice.onednn == (dnn and not choice.bf16)
     assert P.MIN_ROUNDS <= choice.rounds <= P.ROUNDS
     # the workload is the model's matrices: in_proj, out_proj, two FFN layers per layer; the tied output layer once
     assert choice.workload == P.Workload(kind, rows, ((32, 32, 2), (32, 64, 2), (50, 32, 1), (64, 32, 2),
@@ -188,6 +195,28 @@ def test_bf16_is_chosen_only_when_it_wins_by_the_margin(cache, monkeypatch, floa
     assert choice.speedup == pytest.approx(float32 / bf16)
 
 
+@pytest.mark.parametrize("float32, bf16, onednn, chosen", [
+    (2.0, 3.0, 1.0, "float32 through oneDNN"), (1.09, 3.0, 1.0, "float32"), (2.0, 1.2, 1.0, "float32 through oneDNN"),
+    (2.0, 1.0, 1.5, "bf16"), (2.0, 1.0, 3.0, "bf16"), (1.0, 3.0, 2.0, "float32")])
+def test_onednn_is_chosen_only_when_it_wins_by_the_margin(cache, monkeypatch, float32, bf16, onednn, chosen):
+    """oneDNN against float32 through the BLAS, then the faster float32 against bf16, each by the margin."""
+    fixed_timings(monkeypatch, float32=float32, bf16=bf16, onednn=onednn)
+    choice = P.calibrate(tiny_lm(), "train", 512)
+    assert f"{choice.precision}{' through oneDNN' if choice.onednn else ''}" == chosen
+    again = P.Choice.from_json(json.loads(json.dumps(choice.to_json())))  # what a run records, read back
+    assert (again.precision, again.onednn, again.seconds) == (choice.precision, choice.onednn, choice.seconds)
+    cached = P.calibrate(tiny_lm(), "train", 512)
+    assert (cached.source, cached.onednn) == ("cached", choice.onednn)
+
+
+def test_a_record_from_before_onednn_reads_as_the_blas():
+    old = {"precision": "float32", "source": "measured", "seconds": {"float32": 1.0, "bf16": 2.0}, "rounds": 3,
+           "workload": {"kind": "train", "rows": 8, "shapes": [[4, 4, 1]]}, "host": None}
+    assert not P.Choice.from_json(old).onednn
+    with pytest.raises(TypeError, match="onednn"):
+        P.Choice.from_json({**old, "onednn": "yes"})
+
+
 def test_choose_precision_for_inference(cache, monkeypatch):
     fixed_timings(monkeypatch, float32=3.0, bf16=1.0)
     model = tiny_lm()
@@ -249,6 +278,29 @@ def test_the_trainer_records_an_explicit_precision(tmp_path, monkeypatch):
     assert not trainer.bf16 and calls == []
     record = json.loads((tmp_path / "run" / PRECISION_FILE).read_text())
     assert (record["precision"], record["source"], record["seconds"]) == ("float32", "asked", None)
+
+
+@pytest.mark.parametrize("engine", ["eager", "reference"])
+def test_a_run_that_measured_onednn_faster_trains_through_it_and_resumes_so(tmp_path, cache, monkeypatch, engine):
+    fixed_timings(monkeypatch, float32=2.0, bf16=3.0, onednn=1.0)
+    lines: list[str] = []
+    raw = raw_config(max_updates=2, valid_every=2, precision="auto")
+    raw["train"]["engine"] = engine
+    trainer = Trainer(load_config(RunConfig, raw), tmp_path / "run", log=lines.append)
+    linears = [type(m) for m in trainer.model.modules() if isinstance(m, torch.nn.Linear)]
+    used = engine == "eager"  # the reference runs the textbook's plain ops
+    assert linears and set(linears) == {OneDNNLinear if used else torch.nn.Linear}
+    assert json.loads((tmp_path / "run" / PRECISION_FILE).read_text())["onednn"] is used
+    [line] = [line for line in lines if line.startswith("precision: ")]
+    assert line.startswith(f"precision: float32{' through oneDNN' if used else ''} (measured: ")
+    trainer.run()
+    fixed_timings(monkeypatch, float32=1.0, bf16=3.0, onednn=2.0)  # this host now measures otherwise
+    raw["train"]["max_updates"] = 3
+    resumed = Trainer(load_config(RunConfig, raw), tmp_path / "run", resume=True, log=quiet)
+    assert resumed.precision.onednn is used and resumed.precision.source == "resumed"
+    assert any(type(m) is OneDNNLinear for m in resumed.model.modules()) is used
+    resumed.run()
+    assert resumed.step == 3
 
 
 def test_a_resumed_auto_run_keeps_the_precision_it_started_with(tmp_path, cache, monkeypatch):

@@ -35,6 +35,7 @@ from .attention import fast_attend
 from .decoding import GrowingKVCache, SharedMemoryState
 from .dropout import ByteDropout
 from .lora import EagerLoRALinear
+from .onednn import OneDNNLinear
 
 __all__ = ["EagerLanguageModel", "EagerMultiHeadAttention", "EagerTransformer", "to_eager", "to_reference"]
 
@@ -74,6 +75,7 @@ EAGER: dict[type[nn.Module], type[nn.Module]] = {
     MultiHeadAttention: EagerMultiHeadAttention, LanguageModel: EagerLanguageModel, Transformer: EagerTransformer,
     LoRALinear: EagerLoRALinear}
 REFERENCE: dict[type[nn.Module], type[nn.Module]] = {eager: textbook for textbook, eager in EAGER.items()}
+REFERENCE[OneDNNLinear] = nn.Linear  # a training run's linear layers where oneDNN measured faster (engine/onednn.py)
 
 
 def to_eager(model: nn.Module) -> nn.Module:

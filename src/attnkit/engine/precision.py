@@ -8,7 +8,8 @@ step. So ``precision: auto`` times the model's own products, float32 against bf1
     shapes    the model's nn.Linear weights grouped by shape s = (out, in): count_s matrices of each
               (a weight tied to another is one matrix)
     workload  train:   rows = the tokens of one pass; y = x W^T, then dx and dW (forward and backward),
-                       float32 against bf16 autocast over float32 weights, as the trainer computes
+                       float32 against bf16 autocast over float32 weights, as the trainer computes, and
+                       float32 through oneDNN rather than the BLAS (:mod:`.onednn`), where torch has it
               forward: rows = a prompt's (or a batch's) tokens; y = x W^T, float32 against bf16 weights
               decode:  rows = the batch (1: one matrix-vector product per weight), float32 against bf16 weights
     timed     train, forward: one product per shape, its rows m_s <= rows and output rows o_s <= out cut down
@@ -16,10 +17,13 @@ step. So ``precision: auto`` times the model's own products, float32 against bf1
               decode:  the model's own matrices, k_s of each shape (or the first o_s rows of one), the same
                        share of each shape's, at most DECODE_BYTES of float32 and DECODE_FLOPS in all, so that
                        they stream from memory as a decoding step's weights do
-    rounds    after a warm-up, each shape in float32 then bf16, or bf16 then float32 (alternating by round),
-              ROUNDS rounds (fewer, but MIN_ROUNDS, past TIME_LIMIT seconds); per shape the median of the rounds
-    estimate  t_p = sum_s median_s,p * count_s / k_s * rows / m_s * out / o_s   (seconds per pass, precision p)
-    choice    bf16 when t_float32 >= MARGIN * t_bf16, else float32
+    rounds    after a warm-up, each shape in float32 then bf16 (then oneDNN), the order reversed every other
+              round, ROUNDS rounds (fewer, but MIN_ROUNDS, past TIME_LIMIT seconds); per shape the median of the
+              rounds
+    estimate  t_p = sum_s median_s,p * count_s / k_s * rows / m_s * out / o_s   (seconds per pass, way p)
+    choice    float32's time t_32 = t_onednn when t_float32 >= MARGIN * t_onednn (then the run's float32
+              linear layers compute through oneDNN), else t_float32; bf16 when t_32 >= MARGIN * t_bf16, else
+              float32
 
 Timing fewer rows than a pass has counts a product's fixed cost (autocast's cast of the weight) ``rows / m_s``
 times: a bias toward float32, the side the margin errs on anyway. Only the ``nn.Linear`` products are timed:
@@ -53,15 +57,20 @@ from torch import Tensor, nn
 from ..common.errors import UserError
 from ..common.files import atomic_write_text, cache_dir
 from .native import cpu_features
+from .onednn import available as onednn_available
+from .onednn import onednn_linear
 
-__all__ = ["BF16_LOGIT_TOLERANCE", "Choice", "MARGIN", "PRECISIONS", "Workload", "bf16_weights", "calibrate",
+__all__ = ["BF16_LOGIT_TOLERANCE", "Choice", "MARGIN", "PRECISIONS", "WAYS", "Workload", "bf16_weights", "calibrate",
            "choose_precision", "linear_weights", "training_precision"]
 
 Precision = Literal["float32", "bf16"]
 PRECISIONS: tuple[Precision, ...] = ("float32", "bf16")
+#: What a calibration may time: the precisions, and float32 through oneDNN (training workloads, where torch has it).
+WAYS: tuple[str, ...] = (*PRECISIONS, "onednn")
 Kind = Literal["train", "forward", "decode"]
 
-#: bf16 is chosen only when float32 takes at least this many times as long: noise must not decide.
+#: bf16 (or oneDNN) is chosen only when float32 (through the BLAS) takes at least this many times as long: noise
+#: must not decide.
 MARGIN = 1.10
 #: The floating-point operations a timed product of a train or forward workload is cut down to.
 FLOPS_PER_PRODUCT = 2e8
@@ -80,7 +89,7 @@ ROUNDS, MIN_ROUNDS, TIME_LIMIT = 7, 3, 0.3
 #: The rows an inference workload has when the caller does not say: a prompt's tokens, a batch of one.
 DEFAULT_ROWS: dict[str, int] = {"forward": 128, "decode": 1}
 #: Part of every cache key: a change in how the calibration measures makes earlier choices stale.
-CALIBRATION_VERSION = 1
+CALIBRATION_VERSION = 2  # 2: training workloads time float32 through oneDNN too
 #: :func:`bf16_weights`' logits differ from float32's by at most this times the largest float32 logit
 #: (``tests/test_precision.py`` holds a tiny LM and a tiny translation model to it): four times bf16's relative
 #: precision, 2^-8, for the roundings of a whole model.
@@ -97,7 +106,7 @@ class Workload:
     shapes: tuple[tuple[int, int, int], ...]
 
     def describe(self) -> str:
-        what = {"train": "forward and backward, float32 against bf16 autocast",
+        what = {"train": "forward and backward, float32 against bf16 autocast and float32 through oneDNN",
                 "forward": "float32 against bf16 weights", "decode": "float32 against bf16 weights"}[self.kind]
         rows = f"{self.rows} row{'s' if self.rows > 1 else ''}"
         return f"the model's {len(self.shapes)} matrix shapes at {rows} ({what})"
@@ -118,7 +127,9 @@ class Choice:
     """A precision and why: ``source`` is ``measured``, ``cached`` (measured by an earlier run on this host),
     ``asked`` (set explicitly), ``cuda`` (bf16 where the GPU supports it), ``resumed`` (a resumed training run
     computes as it started) or ``no matrices`` (nothing to time). ``seconds`` are the estimated seconds of one pass's
-    products per precision (``t_p`` of the module docstring), ``rounds`` the rounds measured."""
+    products per way (``t_p`` of the module docstring: ``float32``, ``bf16``, and ``onednn`` where timed),
+    ``rounds`` the rounds measured; ``onednn``, whether float32 linear layers compute through oneDNN
+    (:func:`~.onednn.use_onednn`)."""
 
     precision: Precision
     source: str
@@ -126,6 +137,7 @@ class Choice:
     seconds: dict[str, float] | None = None
     rounds: int = 0
     host: dict | None = None  # cpu, torch, threads: where it was measured
+    onednn: bool = False
 
     @property
     def bf16(self) -> bool:
@@ -144,12 +156,15 @@ class Choice:
         name = self.precision
         if self.bf16 and self.workload is not None:
             name = "bf16 autocast" if self.workload.kind == "train" else "bf16 weights"
+        if self.onednn:
+            name += " through oneDNN"
         if self.seconds is None or self.workload is None:
             return f"{name} ({self.source})"
-        t32, t16 = self.seconds["float32"], self.seconds["bf16"]
+        t32, t16, dnn = self.seconds["float32"], self.seconds["bf16"], self.seconds.get("onednn")
+        onednn = "" if dnn is None else f", float32 through oneDNN {dnn * 1e3:.3f} ms ({t32 / dnn:.2f}x)"
         return (f"{name} ({self.source}: {self.workload.describe()}, {self.rounds} rounds: float32 "
-                f"{t32 * 1e3:.3f} ms, bf16 {t16 * 1e3:.3f} ms per pass, bf16 {t32 / t16:.2f}x float32's speed; "
-                f"bf16 is taken from {MARGIN:.2f}x)")
+                f"{t32 * 1e3:.3f} ms, bf16 {t16 * 1e3:.3f} ms per pass, bf16 {t32 / t16:.2f}x float32's speed"
+                f"{onednn}; either is taken from {MARGIN:.2f}x)")
 
     def to_json(self) -> dict:
         """What a run records (and the cache keeps)."""
@@ -160,7 +175,7 @@ class Choice:
                 "seconds": seconds,
                 "speedup": None if seconds is None else round(seconds["float32"] / seconds["bf16"], 3),
                 "margin": MARGIN,
-                "rounds": self.rounds, "host": self.host}
+                "rounds": self.rounds, "host": self.host, "onednn": self.onednn}
 
     @classmethod
     def from_json(cls, data: dict) -> Choice:
@@ -169,15 +184,18 @@ class Choice:
             raise ValueError(f"unknown precision {data['precision']!r}")
         seconds = data.get("seconds")
         if seconds is not None:
-            seconds = {p: float(seconds[p]) for p in PRECISIONS}
+            seconds = {p: float(seconds[p]) for p in WAYS if p in PRECISIONS or p in seconds}  # float32, bf16 needed
             if not all(math.isfinite(s) and s > 0 for s in seconds.values()):
                 raise ValueError(f"timings must be positive, got {seconds}")
         workload = data.get("workload")
         host = data.get("host")
         if host is not None and not isinstance(host, dict):
             raise TypeError("host must be an object")
+        onednn = data.get("onednn", False)  # absent in what runs before it recorded
+        if not isinstance(onednn, bool):
+            raise TypeError("onednn must be true or false")
         return cls(data["precision"], str(data["source"]), None if workload is None else Workload.from_json(workload),
-                   seconds, int(data.get("rounds", 0)), host)
+                   seconds, int(data.get("rounds", 0)), host, onednn)
 
 
 # -- the model's matrices ------------------------------------------------------------------------------------------
@@ -208,19 +226,20 @@ def workload_of(groups: dict[tuple[int, int], list[Tensor]], kind: Kind, rows: i
 
 @dataclass
 class Timed:
-    """One shape's timed products: a call per precision, and ``scale``, the factor from a call's time to the
-    shape's share of a pass (``count_s / k_s * rows / m_s * out / o_s``); ``repeats``, the calls per measurement
-    (set by :func:`measure`)."""
+    """One shape's timed products: a call per way (:data:`WAYS`), and ``scale``, the factor from a call's time to
+    the shape's share of a pass (``count_s / k_s * rows / m_s * out / o_s``); ``repeats``, the calls per
+    measurement (set by :func:`measure`)."""
 
     shape: tuple[int, int]
-    run: dict[Precision, Callable[[], object]]
+    run: dict[str, Callable[[], object]]
     scale: float
-    repeats: dict[Precision, int] = field(default_factory=lambda: dict.fromkeys(PRECISIONS, 1))
+    repeats: dict[str, int] = field(default_factory=dict)
 
 
 def _train_products(weight: Tensor, rows: int, outputs: int, generator: torch.Generator) -> dict:
-    """Forward and backward of ``y = x W^T`` over the first ``outputs`` rows of ``weight``, float32 and under bf16
-    autocast (the weight stays float32 and is cast by autocast, as in training)."""
+    """Forward and backward of ``y = x W^T`` over the first ``outputs`` rows of ``weight``, float32, under bf16
+    autocast (the weight stays float32 and is cast by autocast, as in training) and, where torch has it, float32
+    through oneDNN (:func:`~.onednn.onednn_linear`)."""
     w = weight.detach()[:outputs].float().clone().requires_grad_()  # (o, in)
     x = torch.randn(rows, w.size(1), generator=generator).requires_grad_()  # (m, in)
     grads = {p: torch.randn(rows, outputs, generator=generator).to(dtype)
@@ -233,7 +252,10 @@ def _train_products(weight: Tensor, rows: int, outputs: int, generator: torch.Ge
         with torch.autocast("cpu", dtype=torch.bfloat16):
             y = F.linear(x, w)  # (m, o) bf16
         return torch.autograd.grad(y, (x, w), grads["bf16"])
-    return {"float32": float32, "bf16": bf16}
+
+    def onednn() -> object:
+        return torch.autograd.grad(onednn_linear(x, w), (x, w), grads["float32"])
+    return {"float32": float32, "bf16": bf16, **({"onednn": onednn} if onednn_available() else {})}
 
 
 def _inference_products(weights: list[Tensor], rows: int, outputs: int, generator: torch.Generator) -> dict:
@@ -286,22 +308,24 @@ def _seconds(call: Callable[[], object], repeats: int) -> float:
 
 
 def measure(timed: list[Timed]) -> tuple[dict[str, float], int]:
-    """``({precision: estimated seconds per pass}, rounds)``: a warm-up, then rounds of measurements alternating
-    the precisions, the median per shape and precision, scaled and summed (the module docstring's ``t_p``)."""
+    """``({way: estimated seconds per pass}, rounds)``: a warm-up, then rounds of measurements alternating the
+    ways (the precisions, and oneDNN where timed), the median per shape and way, scaled and summed (the module
+    docstring's ``t_p``)."""
+    ways = [p for p in WAYS if all(p in t.run for t in timed)]
     for t in timed:
-        for p in PRECISIONS:
+        for p in ways:
             t.run[p]()  # the first call builds the kernels and touches the memory
             once = max(_seconds(t.run[p], 1), 1e-9)
             t.repeats[p] = min(MAX_REPEATS, math.ceil(MIN_BLOCK_SECONDS / once))
-    samples: dict[tuple[int, str], list[float]] = {(i, p): [] for i in range(len(timed)) for p in PRECISIONS}
+    samples: dict[tuple[int, str], list[float]] = {(i, p): [] for i in range(len(timed)) for p in ways}
     start, rounds = time.perf_counter(), 0
     while rounds < ROUNDS and (rounds < MIN_ROUNDS or time.perf_counter() - start < TIME_LIMIT):
-        order = PRECISIONS if rounds % 2 == 0 else PRECISIONS[::-1]
+        order = ways if rounds % 2 == 0 else ways[::-1]
         for i, t in enumerate(timed):
             for p in order:
                 samples[i, p].append(_seconds(t.run[p], t.repeats[p]))
         rounds += 1
-    seconds = {p: sum(t.scale * statistics.median(samples[i, p]) for i, t in enumerate(timed)) for p in PRECISIONS}
+    seconds = {p: sum(t.scale * statistics.median(samples[i, p]) for i, t in enumerate(timed)) for p in ways}
     return seconds, rounds
 
 
@@ -351,7 +375,8 @@ def write_cached(path: Path, choice: Choice) -> None:
 
 def calibrate(model: nn.Module, kind: Kind, rows: int) -> Choice:
     """The faster precision on this CPU for ``model``'s products in workload ``kind`` with ``rows`` rows: cached, or
-    measured (and cached). bf16 only when float32 takes :data:`MARGIN` times as long."""
+    measured (and cached). oneDNN (where timed) only when float32 through the BLAS takes :data:`MARGIN` times as
+    long; bf16 only when float32 (the faster way) takes :data:`MARGIN` times as long."""
     groups = linear_weights(model)
     if not groups:
         return Choice("float32", "no matrices")
@@ -361,8 +386,10 @@ def calibrate(model: nn.Module, kind: Kind, rows: int) -> Choice:
     if cached is not None:
         return cached
     seconds, rounds = measure(plan(groups, workload))
-    precision: Precision = "bf16" if seconds["float32"] >= MARGIN * seconds["bf16"] else "float32"
-    choice = Choice(precision, "measured", workload, seconds, rounds, host())
+    onednn = "onednn" in seconds and seconds["float32"] >= MARGIN * seconds["onednn"]
+    float32 = seconds["onednn"] if onednn else seconds["float32"]
+    precision: Precision = "bf16" if float32 >= MARGIN * seconds["bf16"] else "float32"
+    choice = Choice(precision, "measured", workload, seconds, rounds, host(), onednn and precision == "float32")
     if path is not None:
         write_cached(path, choice)
     return choice

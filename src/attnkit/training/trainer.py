@@ -49,6 +49,7 @@ from ..common.log import silent, to_stderr
 from ..config.schema import RunConfig, TrainConfig
 from ..engine import Engine, prepare
 from ..engine.memory import hold_freed_memory
+from ..engine.onednn import use_onednn
 from ..engine.precision import Choice, training_precision
 from ..lora import is_adapted, lora_state_dict
 from ..runs.checkpoint import capture_rng_state, check_compatible, restore_rng_state
@@ -160,6 +161,8 @@ class Trainer:
         choice = self.workers.agree(lambda: self._choose_precision(resume_from) if self.workers.is_main else None)
         self.precision: Choice = self.workers.broadcast(choice)
         self.bf16 = self.precision.bf16
+        if self.precision.onednn and self.tc.engine != "reference":  # measured faster here (engine/onednn.py)
+            use_onednn(self.model)
         self.objective = self.task.objective(self.model)  # the model and its loss: what DDP wraps
         if self.workers.enabled:  # one dropout stream per rank
             torch.manual_seed(distributed.rank_seed(self.tc.seed, self.workers.rank, 0))
@@ -216,6 +219,8 @@ class Trainer:
                 pass  # none recorded (a run from before precisions were recorded): chosen again
         # the rows of each product: a pass's padded tokens (accumulation repeats passes)
         choice = training_precision(self.tc.precision, self.model, self.device, self.tc.max_tokens)
+        if self.tc.engine == "reference":  # the textbook's plain ops: the BLAS, whatever measures faster
+            choice = replace(choice, onednn=False)
         self.run_dir.write_precision(choice.to_json())
         return choice
 
