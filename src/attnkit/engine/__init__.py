@@ -49,15 +49,20 @@ a hand-written kernel (C++, built here)
 a frozen base as one autograd node
 :func:`hold_freed_memory`: freed memory kept  (the C library's ``malloc`` as it is)          ``engine/memory.py``
 for the next update (training on a CPU)
+:class:`OneDNNLinear`: float32 products      ``nn.Linear`` (torch's BLAS)                  ``engine/onednn.py``
+through oneDNN, where training's
+calibration measures them faster
 ============================================  ============================================  =======================
 
 Each has a test against its reference (``tests/test_engine.py``, ``tests/test_compiled_decoding.py``,
 ``tests/test_quantize.py``: int8 against the dequantized float layer, since rounding moves the logits;
-``tests/test_native.py``: the kernel against the widened product), and
+``tests/test_native.py``: the kernel against the widened product; ``tests/test_onednn.py``: oneDNN's products
+against ``F.linear``), and
 ``tests/test_modes.py`` holds every mode to ``reference`` for every kind of model.
 
 Precision: :mod:`attnkit.engine.precision` times the model's own matrix products in float32 and in bf16 on this host
-(``precision: auto`` in training and at inference, :func:`~.precision.choose_precision`), and
+(``precision: auto`` in training and at inference, :func:`~.precision.choose_precision`; in training float32
+through oneDNN as well, :mod:`.onednn`), and
 :func:`~.precision.bf16_weights` stores a model's weights in bf16 for inference (``tests/test_precision.py``).
 """
 
