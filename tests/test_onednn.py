@@ -110,3 +110,11 @@ def test_a_run_through_onednn_trains_as_the_blas_does_and_resumes_bit_for_bit(tm
     def valid_losses(run):
         return [json.loads(line)["valid_loss"] for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert valid_losses(straight) == pytest.approx(valid_losses(blas), rel=1e-4)
+
+
+def test_a_traced_layer_is_f_linear():
+    """Compiled code (torch.export, torch.compile) gets the plain product, which the compiler knows."""
+    layer = OneDNNLinear(8, 4)
+    program = torch.export.export(layer, (torch.randn(2, 8),))
+    assert not any("mkldnn" in str(node.target) for node in program.graph.nodes)
+    assert torch.equal(program.module()(x := torch.randn(2, 8)), F.linear(x, layer.weight, layer.bias))

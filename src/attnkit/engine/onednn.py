@@ -60,7 +60,7 @@ def onednn_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tens
     """``F.linear(x, weight, bias)`` with its products through oneDNN where it applies (float32 on a CPU, no
     autocast, not compiling, at least one row; otherwise ``F.linear`` itself): ``x`` ``(..., in)`` -> ``(..., out)``."""
     if (x.dtype != torch.float32 or weight.dtype != torch.float32 or x.device.type != "cpu" or x.numel() == 0
-            or torch.is_autocast_enabled("cpu") or torch.compiler.is_compiling()):
+            or torch.is_autocast_enabled("cpu") or torch.compiler.is_compiling() or torch.compiler.is_exporting()):
         return F.linear(x, weight, bias)
     y = _OneDNNLinear.apply(x, weight)  # (..., out)
     return y if bias is None else y + bias
