@@ -161,7 +161,8 @@ class Choice:
         if self.seconds is None or self.workload is None:
             return f"{name} ({self.source})"
         t32, t16, dnn = self.seconds["float32"], self.seconds["bf16"], self.seconds.get("onednn")
-        onednn = "" if dnn is None else f", float32 through oneDNN {dnn * 1e3:.3f} ms ({t32 / dnn:.2f}x)"
+        onednn = "" if dnn is None else (f", float32 through oneDNN {dnn * 1e3:.3f} ms "
+                                         f"({t32 / dnn:.2f}x the BLAS's speed)")
         return (f"{name} ({self.source}: {self.workload.describe()}, {self.rounds} rounds: float32 "
                 f"{t32 * 1e3:.3f} ms, bf16 {t16 * 1e3:.3f} ms per pass, bf16 {t32 / t16:.2f}x float32's speed"
                 f"{onednn}; either is taken from {MARGIN:.2f}x)")
