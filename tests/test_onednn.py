@@ -52,6 +52,15 @@ def test_forward_and_gradients_equal_f_linear(shape, bias, grads):
         assert got.shape == expected.shape and close(got, expected)
 
 
+def test_strided_inputs_and_an_expanded_gradient():
+    """A transposed input, and the gradient of a sum (stride 0), which autograd hands over unexpanded."""
+    torch.manual_seed(0)
+    x, w = torch.randn(24, 6).t().requires_grad_(), torch.randn(16, 24).requires_grad_()  # x (6, 24), not contiguous
+    got = torch.autograd.grad(onednn_linear(x, w).sum(), (x, w))
+    expected = torch.autograd.grad(F.linear(x, w).sum(), (x, w))
+    assert all(close(g, e) for g, e in zip(got, expected, strict=True))
+
+
 def test_where_onednn_does_not_apply_it_is_f_linear_exactly():
     torch.manual_seed(0)
     x, w, b = torch.randn(4, 8), torch.randn(6, 8), torch.randn(6)
