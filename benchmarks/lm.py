@@ -430,7 +430,10 @@ def markdown_table(runs: list[dict]) -> str:
                 value = f"not measured: {r['not_run']}"
             else:
                 value = f"{num(r['tok_s'])} tok/s"
-            chose = f" ({r['precision']['precision']})" if r.get("precision") else ""  # what precision: auto chose
+            chose = ""  # what precision: auto chose
+            if r.get("precision"):
+                onednn = " through oneDNN" if r["precision"].get("onednn") else ""
+                chose = f" ({r['precision']['precision']}{onednn})"
             rows.append([_what(run, r), r["contender"] + chose, value, where, measured(run)])
         for t in run.get("targets") or []:  # a run's targets, once, however many of its measurements are shown
             if (t, where) not in judged:
