@@ -210,3 +210,25 @@ def test_average_weights_mismatch_names_file(tmp_path: Path) -> None:
         average_weights([a, c])
     with pytest.raises(UserError, match="no checkpoints"):
         average_weights([])
+
+
+def test_training_state_is_safetensors_with_its_structure_as_json(tmp_path: Path) -> None:
+    """No pickle: the tensors are the file's, the rest JSON in its header; int keys, tuples, sizes, bytes and
+    infinities come back as they went in."""
+    import math
+
+    from safetensors import safe_open
+
+    state = {"optimizer": {"state": {0: {"step": torch.tensor(3.0), "exp_avg": torch.ones(2, 3)[:, 1]}},
+                           "param_groups": [{"params": [0], "betas": (0.9, 0.99)}]},
+             "best_score": -math.inf, "shape": torch.Size([2, 3]), "raw": b"\x00\xff", "none": None}
+    path = tmp_path / "state.safetensors"
+    save_training_state(path, state)
+    with safe_open(str(path), framework="pt") as f:
+        assert "attnkit.training_state" in f.metadata() and len(list(f.keys())) == 2
+    loaded = load_training_state(path)
+    assert loaded.keys() == state.keys() and loaded["best_score"] == -math.inf
+    assert loaded["optimizer"]["param_groups"] == state["optimizer"]["param_groups"]
+    assert (loaded["shape"], loaded["raw"], loaded["none"]) == (torch.Size([2, 3]), b"\x00\xff", None)
+    for key, tensor in state["optimizer"]["state"][0].items():
+        assert torch.equal(loaded["optimizer"]["state"][0][key], tensor)

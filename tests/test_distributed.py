@@ -95,7 +95,7 @@ def validated_steps(run: Path) -> list[int]:
 
 def checkpoint(run: Path, step: int) -> tuple[dict[str, torch.Tensor], dict]:
     path = run / "checkpoints" / f"step-{step:08d}"
-    return load_weights(path / "model.safetensors")[0], load_training_state(path / "trainer.pt")
+    return load_weights(path / "model.safetensors")[0], load_training_state(path / "trainer.safetensors")
 
 
 @pytest.fixture(scope="module")

@@ -177,8 +177,8 @@ def assert_same_checkpoint(straight: Path, resumed: Path, step: int) -> tuple[di
     assert a.keys() == b.keys()
     for key in a:
         assert torch.equal(a[key], b[key]), key
-    sa = load_training_state(straight / "checkpoints" / f"step-{step:08d}" / "trainer.pt")
-    sb = load_training_state(resumed / "checkpoints" / f"step-{step:08d}" / "trainer.pt")
+    sa = load_training_state(straight / "checkpoints" / f"step-{step:08d}" / "trainer.safetensors")
+    sb = load_training_state(resumed / "checkpoints" / f"step-{step:08d}" / "trainer.safetensors")
     assert (sa["step"], sa["epoch"], sa["batch_pos"]) == (sb["step"], sb["epoch"], sb["batch_pos"])
     for key, state in sa["optimizer"]["state"].items():
         assert torch.equal(state["exp_avg_sq"], sb["optimizer"]["state"][key]["exp_avg_sq"])

@@ -4,9 +4,11 @@ Two rules hold everywhere in this module:
 
 1. **Atomic writes** (:mod:`attnkit.common.files`): a crash or ^C mid-write leaves either the old
    file or the new one, never half of one.
-2. **Never unpickle untrusted data.** Weights are safetensors (a JSON header plus raw
-   bytes); training state goes through ``torch.load(..., weights_only=True)``, which only
-   rebuilds tensors and plain Python values and refuses arbitrary objects.
+2. **No pickle.** Weights are safetensors (a JSON header plus raw bytes); so is training state, its
+   tensors under flat names and the structure around them as JSON in the header. A training state
+   written by attnkit before that (``torch.save``) is still read, only through
+   ``torch.load(..., weights_only=True)``, which rebuilds tensors and plain Python values and refuses
+   arbitrary objects.
 
 A bad or mismatched file is the user's to fix, so it raises :class:`UserError` naming it.
 """
@@ -194,24 +196,73 @@ def _check_plain(value: Any, where: str) -> None:
         )
 
 
-def save_training_state(path: str | Path, state: dict[str, Any]) -> None:
-    """Save optimizer/scheduler state, counters and RNG states with ``torch.save``, atomically.
+STATE_KEY = "attnkit.training_state"
+"""Metadata key of a training-state file: the state as JSON, each tensor replaced by ``{"$tensor": name}``."""
 
-    Everything must be a tensor or a plain Python value so that :func:`load_training_state`
-    can read it with ``weights_only=True``; anything else raises ``TypeError`` now rather
-    than at resume time.
+
+def _to_json(value: Any, tensors: dict[str, torch.Tensor]) -> Any:
+    """``value`` as JSON, its tensors moved into ``tensors`` under names ``"0"``, ``"1"``, ...: tuples, dicts (whose
+    keys may be ints), sizes and bytes tagged, so that :func:`_from_json` rebuilds them as they were."""
+    if isinstance(value, torch.Tensor):
+        name = str(len(tensors))
+        tensors[name] = value.detach().cpu().contiguous().clone()  # its own storage: safetensors refuses shared ones
+        return {"$tensor": name}
+    if isinstance(value, torch.Size):
+        return {"$size": list(value)}
+    if isinstance(value, bytes):
+        return {"$bytes": value.hex()}
+    if isinstance(value, tuple):
+        return {"$tuple": [_to_json(v, tensors) for v in value]}
+    if isinstance(value, list):
+        return [_to_json(v, tensors) for v in value]
+    if isinstance(value, dict):
+        return {"$dict": [[k, _to_json(v, tensors)] for k, v in value.items()]}
+    return value  # None, bool, int, float, str
+
+
+def _from_json(value: Any, tensors: Mapping[str, torch.Tensor]) -> Any:
+    """What :func:`_to_json` made of a value, rebuilt."""
+    if isinstance(value, list):
+        return [_from_json(v, tensors) for v in value]
+    if not isinstance(value, dict):
+        return value
+    [(tag, inner)] = value.items()
+    if tag == "$tensor":
+        return tensors[inner]
+    if tag == "$size":
+        return torch.Size(inner)
+    if tag == "$bytes":
+        return bytes.fromhex(inner)
+    if tag == "$tuple":
+        return tuple(_from_json(v, tensors) for v in inner)
+    if tag == "$dict":
+        return {k: _from_json(v, tensors) for k, v in inner}
+    raise ValueError(f"unknown tag {tag!r}")
+
+
+def save_training_state(path: str | Path, state: dict[str, Any]) -> None:
+    """Save optimizer/scheduler state, counters and RNG states as safetensors, atomically: the tensors as the file's
+    tensors, the rest as JSON in its header (:data:`STATE_KEY`).
+
+    Everything must be a tensor or a plain Python value; anything else raises ``TypeError`` now rather than at
+    resume time.
     """
     _check_plain(state, "state")
-    atomic_write(path, lambda tmp: torch.save(state, tmp))
+    tensors: dict[str, torch.Tensor] = {}
+    tree = json.dumps(_to_json(state, tensors))
+    atomic_write(path, lambda tmp: save_file(tensors, str(tmp), metadata={STATE_KEY: tree}))
 
 
 def load_training_state(path: str | Path) -> dict[str, Any]:
-    """Load a training state written by :func:`save_training_state` (always ``weights_only=True``)."""
+    """Load a training state written by :func:`save_training_state`; one that attnkit wrote with ``torch.save``
+    before is read with ``weights_only=True``."""
     path = Path(path)
     if not path.is_file():
         raise UserError(f"{path}: no such training-state file; check the run directory to resume from")
+    with open(path, "rb") as f:
+        legacy = f.read(4) == b"PK\x03\x04"  # torch.save's zip archive
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        state = torch.load(path, map_location="cpu", weights_only=True) if legacy else _read_state(path)
     except Exception as err:
         reason = _load_failure_reason(err)
         raise UserError(
@@ -221,6 +272,16 @@ def load_training_state(path: str | Path) -> dict[str, Any]:
     if not isinstance(state, dict):
         raise UserError(f"{path}: is not an attnkit training state (expected a dict, got {type(state).__name__})")
     return state
+
+
+def _read_state(path: Path) -> Any:
+    """The state in a safetensors file :func:`save_training_state` wrote (ValueError where there is none)."""
+    with safe_open(str(path), framework="pt", device="cpu") as f:
+        tree = (f.metadata() or {}).get(STATE_KEY)
+        if tree is None:
+            raise ValueError(f"no {STATE_KEY} in its header")
+        tensors = {name: f.get_tensor(name) for name in f.keys()}  # noqa: SIM118 (safe_open has no iteration)
+    return _from_json(json.loads(tree), tensors)
 
 
 def _load_failure_reason(err: Exception) -> str:

@@ -27,6 +27,7 @@ from .layout import (
     CHECKPOINTS_DIR,
     CLASSES_FILE,
     CONFIG_FILE,
+    LEGACY_STATE_FILE,
     METRICS_FILE,
     MODEL_FILE,
     PRECISION_FILE,
@@ -86,7 +87,8 @@ class RunDirectory:
     def load_checkpoint(path: Path) -> tuple[dict[str, Tensor], dict]:
         """``(weights, trainer state)`` of one checkpoint directory."""
         weights, _ = load_weights(path / MODEL_FILE)
-        return weights, load_training_state(path / STATE_FILE)
+        state = path / STATE_FILE
+        return weights, load_training_state(state if state.exists() else path / LEGACY_STATE_FILE)
 
     def log_metrics(self, metrics: dict) -> None:
         with open(self.path / METRICS_FILE, "a", encoding="utf-8") as f:

@@ -29,13 +29,14 @@ from ..data.prepare import MANIFEST_FILE
 from ..data.tokenizer import TOKENIZER_FILE, tokenizer_files
 
 __all__ = ["AVERAGED_FILE", "BEST_FILE", "CHECKPOINTS_DIR", "CLASSES_FILE", "CONFIG_FILE", "DATA_DIR", "IMPORTED_FILE",
-           "LORA_BASE_FILE", "MANIFEST_FILE", "METRICS_FILE", "MODEL_FILE", "PRECISION_FILE", "STATE_FILE",
-           "TOKENIZER_FILE", "checkpoints", "find_run", "find_weights", "tokenizer_files"]
+           "LEGACY_STATE_FILE", "LORA_BASE_FILE", "MANIFEST_FILE", "METRICS_FILE", "MODEL_FILE", "PRECISION_FILE",
+           "STATE_FILE", "TOKENIZER_FILE", "checkpoints", "find_run", "find_weights", "tokenizer_files"]
 
 CONFIG_FILE = "config.yaml"
 CLASSES_FILE = "classes.json"
 DATA_DIR = "data"
-CHECKPOINTS_DIR, MODEL_FILE, STATE_FILE = "checkpoints", "model.safetensors", "trainer.pt"
+CHECKPOINTS_DIR, MODEL_FILE, STATE_FILE = "checkpoints", "model.safetensors", "trainer.safetensors"
+LEGACY_STATE_FILE = "trainer.pt"  # the training state of checkpoints written before it was safetensors
 BEST_FILE, AVERAGED_FILE, IMPORTED_FILE = "best.safetensors", "averaged.safetensors", "imported.safetensors"
 METRICS_FILE = "metrics.jsonl"
 PRECISION_FILE = "precision.json"
