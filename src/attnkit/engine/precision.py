@@ -106,7 +106,7 @@ class Workload:
     shapes: tuple[tuple[int, int, int], ...]
 
     def describe(self) -> str:
-        what = {"train": "forward and backward, float32 against bf16 autocast and float32 through oneDNN",
+        what = {"train": "forward and backward, float32 against bf16 autocast",
                 "forward": "float32 against bf16 weights", "decode": "float32 against bf16 weights"}[self.kind]
         rows = f"{self.rows} row{'s' if self.rows > 1 else ''}"
         return f"the model's {len(self.shapes)} matrix shapes at {rows} ({what})"
